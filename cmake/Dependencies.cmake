@@ -1,0 +1,30 @@
+# Finds every external dependency once, so subdirectories only link targets.
+
+find_package(Threads REQUIRED)
+find_package(absl CONFIG REQUIRED)
+find_package(Protobuf REQUIRED)
+find_package(gRPC CONFIG REQUIRED)
+find_package(yaml-cpp CONFIG REQUIRED)
+find_package(SQLite3 REQUIRED)
+find_package(ZLIB REQUIRED)
+find_package(GTest CONFIG REQUIRED)
+
+# LibTorch: Debian's CPU 1.13 by default; point CMAKE_PREFIX_PATH (or Torch_DIR) at a
+# CUDA LibTorch, e.g. $(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)'),
+# to build the NCCL path as well.
+find_package(Torch REQUIRED)
+# TORCH_CXX_FLAGS carries the ABI define; it is applied only to the trainer targets.
+separate_arguments(DDP_TORCH_CXX_FLAGS UNIX_COMMAND "${TORCH_CXX_FLAGS}")
+
+set(DDP_WITH_CUDA OFF)
+if(TARGET torch_cuda OR CAFFE2_USE_CUDA OR TORCH_CUDA_LIBRARIES)
+  set(DDP_WITH_CUDA ON)
+endif()
+message(STATUS "ddp: LibTorch ${Torch_VERSION} at ${Torch_DIR}; CUDA/NCCL path: ${DDP_WITH_CUDA}")
+
+find_program(DDP_PYTHON3 NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)
+if(NOT DDP_PYTHON3)
+  find_program(DDP_PYTHON3 python3)
+endif()
+
+find_program(GRPC_CPP_PLUGIN grpc_cpp_plugin REQUIRED)

@@ -1,0 +1,171 @@
+// job.yaml as a validated C++ value.
+//
+// The one parser and validator of job files, shared by ddpctl (errors at submit
+// time), the coordinator (re-validates what it stores) and ddp-trainer (reads the same
+// file users submit). No LibTorch and no gRPC here.
+//
+// Names are design.md's; fields beyond it are documented in docs/job-spec.md.
+// Defaults follow PyTorch's where PyTorch has one (DataLoader drop_last=False,
+// Adam lr=1e-3, AdamW weight_decay=1e-2, ...).
+#ifndef DDP_COMMON_JOBSPEC_JOB_SPEC_H_
+#define DDP_COMMON_JOBSPEC_JOB_SPEC_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace ddp {
+
+enum class Backend { kAuto, kNccl, kGloo };
+enum class LossKind { kCrossEntropy, kMse, kBceWithLogits };
+enum class OptimizerKind { kSgd, kAdam, kAdamW };
+enum class Precision { kFp32, kBf16 };
+
+struct NodeRange {
+  int min = 1;
+  int max = 1;
+  bool elastic() const { return min != max; }
+};
+
+struct MlpSpec {
+  std::vector<int64_t> hidden;  // Widths of the hidden Linear+ReLU layers.
+};
+
+// conv(k, pad k/2) + ReLU + maxpool(2) per entry of `channels`, then
+// Linear(hidden) + ReLU + Linear(classes). Input: images [N, C, H, W].
+struct CnnSpec {
+  std::vector<int64_t> channels = {16, 32};
+  int64_t kernel = 5;
+  int64_t hidden = 128;
+};
+
+struct TorchScriptSpec {
+  std::string path;  // A torch.jit.save()d module; its forward(x) returns the output.
+};
+
+struct ModelSpec {
+  enum class Kind { kMlp, kCnn, kTorchScript };
+  Kind kind = Kind::kMlp;
+  MlpSpec mlp;
+  CnnSpec cnn;
+  TorchScriptSpec torchscript;
+};
+
+struct CsvSpec {
+  std::string path;
+  int64_t skip_rows = 0;
+  int64_t label_column = -1;  // Negative counts from the end.
+  bool standardize = false;
+};
+
+struct IdxSpec {
+  std::string images;  // IDX3 (uint8 images), ".gz" allowed.
+  std::string labels;  // IDX1 (uint8 labels), ".gz" allowed.
+};
+
+struct SyntheticSpec {
+  int64_t samples = 4096;
+  int64_t features = 64;
+  int64_t classes = 10;
+};
+
+struct ValidationSpec {
+  double fraction = 0.0;  // Held out from the training data (design.md split).
+  bool has_idx = false;   // Or a separate IDX set (e.g. Fashion-MNIST's t10k files).
+  IdxSpec idx;
+};
+
+struct DataSpec {
+  enum class Kind { kCsv, kIdx, kSynthetic };
+  Kind kind = Kind::kCsv;
+  CsvSpec csv;
+  IdxSpec idx;
+  SyntheticSpec synthetic;
+  ValidationSpec validation;
+  int64_t seed = 0;
+};
+
+struct OptimizerSpec {
+  OptimizerKind kind = OptimizerKind::kAdam;
+  double lr = 1e-3;
+  double momentum = 0.0;  // sgd
+  bool nesterov = false;  // sgd
+  double weight_decay = 0.0;  // adamw default 1e-2
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  bool amsgrad = false;
+};
+
+struct TrainSpec {
+  int64_t epochs = 1;
+  int64_t batch_size = 0;  // Per rank; required.
+  bool drop_last = false;
+  bool shuffle = true;
+  OptimizerSpec optimizer;
+  LossKind loss = LossKind::kCrossEntropy;
+  double bucket_cap_mb = 25.0;
+  int64_t grad_accum_steps = 1;
+  int64_t seed = 0;
+  double collective_timeout_s = 300.0;
+  int64_t threads = 0;    // Intra-op threads per rank; 0: cores / LOCAL_WORLD_SIZE.
+  int64_t max_steps = 0;  // Stop after this many optimizer steps in total; 0: no cap.
+  Precision precision = Precision::kFp32;
+};
+
+struct RdzvSpec {
+  double last_call_s = 5.0;  // Elastic jobs: wait this long past `min` for more nodes.
+  double timeout_s = 120.0;  // Trainers must all connect within this.
+};
+
+struct CheckpointSpec {
+  std::string dir;  // Empty: no checkpoints.
+  int64_t every_epochs = 0;
+  int64_t every_steps = 0;
+  bool resume = true;  // Start from dir/checkpoint.pt when it exists.
+};
+
+struct MetricsSpec {
+  int64_t every_steps = 1;
+  bool trace_buckets = false;  // Emit a `trace` event per step (reducer timeline).
+};
+
+struct JobSpec {
+  std::string name;
+  std::string rdzv_id;  // Empty: the job id.
+  NodeRange nodes;
+  int nproc_per_node = 1;  // 0 means "auto": one per GPU, 1 on CPU.
+  Backend backend = Backend::kAuto;
+  int max_restarts = 0;
+  std::string workdir;  // Trainers' working directory; relative paths resolve here.
+  std::map<std::string, std::string> env;  // Extra environment for the trainers.
+  ModelSpec model;
+  DataSpec data;
+  TrainSpec train;
+  RdzvSpec rdzv;
+  CheckpointSpec checkpoint;
+  MetricsSpec metrics;
+};
+
+// Parses and validates YAML text. `source` names it in messages ("job.yaml").
+// On error returns INVALID_ARGUMENT whose message has one line per problem, each
+// "<source>:<line>: <field.path>: <what is wrong>", e.g.
+//   job.yaml:14: train.batch_size: must be > 0 (got 0)
+absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text,
+                                     const std::string& source = "job.yaml");
+// Reads then parses a file; NOT_FOUND if it cannot be read.
+absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path);
+
+const char* BackendName(Backend b);
+const char* LossName(LossKind l);
+const char* OptimizerName(OptimizerKind o);
+const char* PrecisionName(Precision p);
+// "2" or "1:4".
+std::string NodeRangeString(const NodeRange& r);
+
+}  // namespace ddp
+
+#endif  // DDP_COMMON_JOBSPEC_JOB_SPEC_H_

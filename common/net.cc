@@ -1,0 +1,93 @@
+#include "common/net.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace ddp {
+
+std::string HostPort::ToString() const {
+  if (host.find(':') != std::string::npos) return absl::StrCat("[", host, "]:", port);
+  return absl::StrCat(host, ":", port);
+}
+
+absl::StatusOr<HostPort> ParseHostPort(const std::string& text) {
+  HostPort hp;
+  std::string port_text;
+  if (!text.empty() && text[0] == '[') {
+    size_t close = text.find(']');
+    if (close == std::string::npos || close + 1 >= text.size() || text[close + 1] != ':') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", text, "' is not HOST:PORT (expected [v6-address]:port)"));
+    }
+    hp.host = text.substr(1, close - 1);
+    port_text = text.substr(close + 2);
+  } else {
+    size_t colon = text.rfind(':');
+    if (colon == std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", text, "' is not HOST:PORT (for example 127.0.0.1:29400)"));
+    }
+    hp.host = text.substr(0, colon);
+    port_text = text.substr(colon + 1);
+  }
+  if (!absl::SimpleAtoi(port_text, &hp.port) || hp.port < 0 || hp.port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", text, "': port must be a number in 0..65535"));
+  }
+  return hp;
+}
+
+absl::StatusOr<int> PickFreePort(const std::string& host) {
+  struct addrinfo hints;
+  std::memset(&hints, 0, sizeof(hints));
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  struct addrinfo* res = nullptr;
+  int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), "0", &hints, &res);
+  if (rc != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot resolve '", host, "': ", gai_strerror(rc)));
+  }
+  absl::Status last = absl::UnavailableError("no address to bind");
+  for (struct addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+    int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) continue;
+    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
+      struct sockaddr_storage addr;
+      socklen_t len = sizeof(addr);
+      if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+        int port = addr.ss_family == AF_INET6
+                       ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
+                       : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+        ::close(fd);
+        ::freeaddrinfo(res);
+        return port;
+      }
+    }
+    last = absl::UnavailableError(
+        absl::StrCat("cannot bind a port on '", host, "': ", std::strerror(errno)));
+    ::close(fd);
+  }
+  ::freeaddrinfo(res);
+  return last;
+}
+
+std::string LocalHostname() {
+  char buf[256];
+  if (::gethostname(buf, sizeof(buf)) != 0) return "localhost";
+  buf[sizeof(buf) - 1] = '\0';
+  return buf;
+}
+
+}  // namespace ddp

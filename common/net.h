@@ -1,0 +1,31 @@
+// Host:port parsing and port probing shared by the daemons, ddpctl and tests.
+#ifndef DDP_COMMON_NET_H_
+#define DDP_COMMON_NET_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace ddp {
+
+struct HostPort {
+  std::string host;
+  int port = 0;
+  std::string ToString() const;  // "[::1]:80" for IPv6 literals.
+};
+
+// Parses "host:port", "[v6]:port" or ":port" (host empty). Port 0 is allowed
+// ("pick one"). Errors name the input: INVALID_ARGUMENT.
+absl::StatusOr<HostPort> ParseHostPort(const std::string& text);
+
+// Asks the kernel for a currently free TCP port on `host` (bind to port 0, read it,
+// close). Another process may take it before it is used, exactly as with torchrun's
+// free-port probe; users of the port must treat a bind failure as retryable.
+absl::StatusOr<int> PickFreePort(const std::string& host = "127.0.0.1");
+
+// The machine's host name, for worker registration defaults.
+std::string LocalHostname();
+
+}  // namespace ddp
+
+#endif  // DDP_COMMON_NET_H_

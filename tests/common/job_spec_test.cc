@@ -1,0 +1,230 @@
+#include "common/jobspec/job_spec.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/common/status_matchers.h"
+
+namespace ddp {
+namespace {
+
+using ::ddp::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+// design.md's example, verbatim.
+constexpr char kDesignExample[] = R"(name: cancer-ddp
+rdzv_id: cancer-2026        # optional; default: the job id. A live rdzv_id can't be reused.
+nodes: 2                    # or "1:4" (elastic min:max)
+nproc_per_node: 1           # or auto: one per GPU, 1 on CPU
+backend: auto               # auto | nccl | gloo
+max_restarts: 3
+model:
+  mlp: {hidden: [64, 32]}   # or cnn: {...}, or torchscript: {path: model.pt}
+data:
+  csv: {path: breast_cancer.csv, skip_rows: 1, label_column: -1, standardize: true}
+  validation: {fraction: 0.2}
+  seed: 0
+train:
+  epochs: 10
+  batch_size: 8             # per rank
+  drop_last: true
+  shuffle: true
+  optimizer: {name: adam, lr: 0.001}   # sgd (momentum), adam, adamw
+  loss: cross_entropy
+  bucket_cap_mb: 25
+  grad_accum_steps: 1
+  seed: 0
+checkpoint: {dir: ./checkpoints/cancer, every_epochs: 1}
+metrics: {every_steps: 1}
+)";
+
+TEST(JobSpecTest, ParsesTheDesignExample) {
+  DDP_ASSERT_OK_AND_ASSIGN(JobSpec spec, ParseJobSpec(kDesignExample));
+  EXPECT_EQ(spec.name, "cancer-ddp");
+  EXPECT_EQ(spec.rdzv_id, "cancer-2026");
+  EXPECT_EQ(spec.nodes.min, 2);
+  EXPECT_EQ(spec.nodes.max, 2);
+  EXPECT_EQ(spec.nproc_per_node, 1);
+  EXPECT_EQ(spec.backend, Backend::kAuto);
+  EXPECT_EQ(spec.max_restarts, 3);
+  EXPECT_EQ(spec.model.kind, ModelSpec::Kind::kMlp);
+  EXPECT_EQ(spec.model.mlp.hidden, (std::vector<int64_t>{64, 32}));
+  EXPECT_EQ(spec.data.kind, DataSpec::Kind::kCsv);
+  EXPECT_EQ(spec.data.csv.path, "breast_cancer.csv");
+  EXPECT_EQ(spec.data.csv.skip_rows, 1);
+  EXPECT_EQ(spec.data.csv.label_column, -1);
+  EXPECT_TRUE(spec.data.csv.standardize);
+  EXPECT_DOUBLE_EQ(spec.data.validation.fraction, 0.2);
+  EXPECT_EQ(spec.train.epochs, 10);
+  EXPECT_EQ(spec.train.batch_size, 8);
+  EXPECT_TRUE(spec.train.drop_last);
+  EXPECT_EQ(spec.train.optimizer.kind, OptimizerKind::kAdam);
+  EXPECT_DOUBLE_EQ(spec.train.optimizer.lr, 0.001);
+  EXPECT_EQ(spec.train.loss, LossKind::kCrossEntropy);
+  EXPECT_DOUBLE_EQ(spec.train.bucket_cap_mb, 25);
+  EXPECT_EQ(spec.checkpoint.dir, "./checkpoints/cancer");
+  EXPECT_EQ(spec.checkpoint.every_epochs, 1);
+  EXPECT_EQ(spec.metrics.every_steps, 1);
+}
+
+TEST(JobSpecTest, AppliesPyTorchDefaults) {
+  DDP_ASSERT_OK_AND_ASSIGN(JobSpec spec, ParseJobSpec(R"(
+name: d
+model: {mlp: {}}
+data: {synthetic: {}}
+train: {batch_size: 4}
+)"));
+  EXPECT_FALSE(spec.train.drop_last);
+  EXPECT_TRUE(spec.train.shuffle);
+  EXPECT_EQ(spec.train.optimizer.kind, OptimizerKind::kAdam);
+  EXPECT_DOUBLE_EQ(spec.train.optimizer.lr, 1e-3);
+  EXPECT_EQ(spec.train.grad_accum_steps, 1);
+  EXPECT_DOUBLE_EQ(spec.train.bucket_cap_mb, 25);
+  EXPECT_EQ(spec.max_restarts, 0);
+  EXPECT_EQ(spec.data.synthetic.samples, 4096);
+  EXPECT_TRUE(spec.checkpoint.dir.empty());
+}
+
+TEST(JobSpecTest, AdamWDefaultsToPyTorchWeightDecay) {
+  DDP_ASSERT_OK_AND_ASSIGN(JobSpec spec, ParseJobSpec(R"(
+name: d
+model: {mlp: {}}
+data: {synthetic: {}}
+train: {batch_size: 4, optimizer: {name: adamw}}
+)"));
+  EXPECT_DOUBLE_EQ(spec.train.optimizer.weight_decay, 1e-2);
+}
+
+TEST(JobSpecTest, ZeroBatchSizeNamesTheFieldAndItsLine) {
+  auto spec = ParseJobSpec("name: d\nmodel: {mlp: {}}\ndata: {synthetic: {}}\ntrain:\n"
+                           "  epochs: 2\n  batch_size: 0\n",
+                           "job.yaml");
+  EXPECT_THAT(spec, StatusIs(absl::StatusCode::kInvalidArgument,
+                             HasSubstr("job.yaml:6: train.batch_size: must be > 0 (got 0)")));
+}
+
+TEST(JobSpecTest, UnknownFieldSuggestsTheNearestName) {
+  auto spec = ParseJobSpec("name: d\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n"
+                           "train: {batch_size: 4, epoch: 3}\n");
+  EXPECT_THAT(spec, StatusIs(absl::StatusCode::kInvalidArgument,
+                             HasSubstr("job.yaml:4: train.epoch: unknown field (did you mean "
+                                       "epochs?)")));
+}
+
+TEST(JobSpecTest, MalformedYamlReportsTheLine) {
+  auto spec = ParseJobSpec("name: d\ntrain: {batch_size: 4\nmodel: x\n");
+  EXPECT_THAT(spec, StatusIs(absl::StatusCode::kInvalidArgument,
+                             AllOf(HasSubstr("job.yaml:"), HasSubstr("not valid YAML"))));
+}
+
+TEST(JobSpecTest, ReportsEveryProblemAtOnce) {
+  auto spec = ParseJobSpec(R"(name: d
+nodes: "4:1"
+model: {mlp: {hidden: [8, -1]}}
+data: {csv: {path: x.csv}, validation: {fraction: 1.5}}
+train: {batch_size: 4, loss: hinge}
+)");
+  ASSERT_FALSE(spec.ok());
+  const std::string msg(spec.status().message());
+  EXPECT_THAT(msg, HasSubstr("job.yaml:2: nodes: need 1 <= min <= max (got 4:1)"));
+  EXPECT_THAT(msg, HasSubstr("job.yaml:3: model.mlp.hidden[1]: must be > 0 (got -1)"));
+  EXPECT_THAT(msg, HasSubstr("job.yaml:4: data.validation.fraction: must be in [0, 1)"));
+  EXPECT_THAT(msg, HasSubstr("job.yaml:5: train.loss: must be cross_entropy, mse or"));
+}
+
+TEST(JobSpecTest, ParsesElasticNodesAndAutoProcs) {
+  DDP_ASSERT_OK_AND_ASSIGN(JobSpec spec, ParseJobSpec(R"(
+name: e
+nodes: "1:4"
+nproc_per_node: auto
+model: {mlp: {}}
+data: {synthetic: {}}
+train: {batch_size: 4}
+)"));
+  EXPECT_EQ(spec.nodes.min, 1);
+  EXPECT_EQ(spec.nodes.max, 4);
+  EXPECT_TRUE(spec.nodes.elastic());
+  EXPECT_EQ(spec.nproc_per_node, 0);
+  EXPECT_EQ(NodeRangeString(spec.nodes), "1:4");
+}
+
+TEST(JobSpecTest, RequiresExactlyOneModel) {
+  EXPECT_THAT(ParseJobSpec("name: d\nmodel: {mlp: {}, cnn: {}}\ndata: {synthetic: {}}\n"
+                           "train: {batch_size: 4}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("model: give only one of mlp and cnn")));
+  EXPECT_THAT(ParseJobSpec("name: d\nmodel: {}\ndata: {synthetic: {}}\ntrain: {batch_size: 4}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("model: one of mlp, cnn, torchscript is required")));
+}
+
+TEST(JobSpecTest, MissingRequiredSectionsAreNamed) {
+  auto spec = ParseJobSpec("name: d\n");
+  ASSERT_FALSE(spec.ok());
+  const std::string msg(spec.status().message());
+  EXPECT_THAT(msg, HasSubstr("model: is required"));
+  EXPECT_THAT(msg, HasSubstr("data: is required"));
+  EXPECT_THAT(msg, HasSubstr("train: is required"));
+}
+
+TEST(JobSpecTest, CnnNeedsImageData) {
+  EXPECT_THAT(ParseJobSpec("name: d\nmodel: {cnn: {}}\ndata: {synthetic: {}}\n"
+                           "train: {batch_size: 4}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("model.cnn: needs image data (data.idx)")));
+}
+
+TEST(JobSpecTest, CollectiveTimeoutMustExceedRendezvousTimeout) {
+  EXPECT_THAT(ParseJobSpec("name: d\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n"
+                           "rdzv: {timeout_s: 60}\ntrain: {batch_size: 4, "
+                           "collective_timeout_s: 30}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.collective_timeout_s: must be greater than "
+                                 "rdzv.timeout_s")));
+}
+
+TEST(JobSpecTest, TorchrunVariablesCannotBeOverridden) {
+  EXPECT_THAT(ParseJobSpec("name: d\nenv: {RANK: '3', OMP_NUM_THREADS: '1'}\n"
+                           "model: {mlp: {}}\ndata: {synthetic: {}}\ntrain: {batch_size: 4}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("env.RANK: is set by ddp and cannot be overridden")));
+}
+
+TEST(JobSpecTest, ParsesIdxWithSeparateValidationSet) {
+  DDP_ASSERT_OK_AND_ASSIGN(JobSpec spec, ParseJobSpec(R"(
+name: fmnist
+model: {cnn: {channels: [8, 16], kernel: 3, hidden: 64}}
+data:
+  idx: {images: a.gz, labels: b.gz}
+  validation: {idx: {images: c.gz, labels: d.gz}}
+train: {batch_size: 32, optimizer: {name: sgd, lr: 0.1, momentum: 0.9, nesterov: true}}
+)"));
+  EXPECT_EQ(spec.model.cnn.channels, (std::vector<int64_t>{8, 16}));
+  EXPECT_EQ(spec.model.cnn.kernel, 3);
+  EXPECT_TRUE(spec.data.validation.has_idx);
+  EXPECT_EQ(spec.data.validation.idx.labels, "d.gz");
+  EXPECT_TRUE(spec.train.optimizer.nesterov);
+  EXPECT_DOUBLE_EQ(spec.train.optimizer.momentum, 0.9);
+}
+
+TEST(JobSpecTest, SgdNeedsAnExplicitLearningRate) {
+  EXPECT_THAT(ParseJobSpec("name: d\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n"
+                           "train: {batch_size: 4, optimizer: {name: sgd}}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.optimizer.lr: is required for sgd")));
+}
+
+TEST(JobSpecTest, TypeErrorsShowTheValue) {
+  EXPECT_THAT(ParseJobSpec("name: d\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n"
+                           "train: {batch_size: eight}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.batch_size: expected an integer, got 'eight'")));
+}
+
+TEST(JobSpecTest, MissingFileIsNotFound) {
+  EXPECT_THAT(LoadJobSpecFile("/nonexistent/job.yaml"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("/nonexistent/job.yaml")));
+}
+
+}  // namespace
+}  // namespace ddp
