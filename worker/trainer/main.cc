@@ -1,0 +1,67 @@
+// ddp-trainer: one rank of a distributed data-parallel training job.
+//
+//   RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29777 ddp-trainer --spec job.yaml
+//
+// Exit codes (common/exit_codes.h): 0 trained to the end; 2 permanent (bad spec, data
+// or model: restarting cannot help); 1 retryable (a peer died, a timeout, I/O).
+#include <signal.h>
+
+#include <iostream>
+
+#include "common/exit_codes.h"
+#include "common/flags.h"
+#include "common/jobspec/job_spec.h"
+#include "common/logging.h"
+#include "worker/trainer/events.h"
+#include "worker/trainer/torchrun_env.h"
+#include "worker/trainer/trainer.h"
+
+namespace {
+
+int Fail(ddp::EventSink* events, const absl::Status& status, bool permanent) {
+  std::string message(status.message());
+  DDP_LOG(ERROR) << (permanent ? "permanent error: " : "error: ") << message;
+  if (events != nullptr) {
+    ddp::JsonObject e = events->Make("error");
+    e.Add("message", message).Add("retryable", !permanent);
+    events->Emit(e);
+  }
+  return permanent ? ddp::kExitPermanent : ddp::kExitRetryable;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ::signal(SIGPIPE, SIG_IGN);  // A closed events reader must not kill training.
+  std::string spec_path;
+  bool check_only = false;
+  ddp::FlagSet flags("ddp-trainer", "Trains one rank of a DDP job (torchrun environment).");
+  flags.String("spec", &spec_path, "job.yaml to train");
+  flags.Bool("check", &check_only, "validate the spec and environment, then exit");
+  auto positional = flags.Parse(argc, argv);
+  if (flags.help_requested()) {
+    std::cout << flags.Usage(" --spec job.yaml") << "\nenvironment: RANK, WORLD_SIZE, "
+              << "MASTER_ADDR, MASTER_PORT (required); LOCAL_RANK, LOCAL_WORLD_SIZE, "
+              << "GROUP_RANK, DDP_EVENTS_FD, GLOO_SOCKET_IFNAME (optional)\n";
+    return ddp::kExitOk;
+  }
+  if (!positional.ok()) return Fail(nullptr, positional.status(), true);
+  if (spec_path.empty() || !positional->empty()) {
+    std::cerr << flags.Usage(" --spec job.yaml");
+    return ddp::kExitPermanent;
+  }
+
+  auto env = ddp::ReadTorchrunEnv();
+  if (!env.ok()) return Fail(nullptr, env.status(), true);
+  ddp::SetLogPrefix("[rank " + std::to_string(env->rank) + "] ");
+  ddp::EventSink events(env->events_fd, env->rank);
+
+  auto spec = ddp::LoadJobSpecFile(spec_path);
+  if (!spec.ok()) return Fail(&events, spec.status(), true);
+  if (check_only) return ddp::kExitOk;
+
+  ddp::Trainer trainer(*std::move(spec), *env, &events);
+  absl::Status st = trainer.Run();
+  if (!st.ok()) return Fail(&events, st, ddp::IsPermanent(st));
+  return ddp::kExitOk;
+}

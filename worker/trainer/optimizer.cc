@@ -1,0 +1,195 @@
+#include "worker/trainer/optimizer.h"
+
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include "absl/strings/str_cat.h"
+#include "worker/trainer/torch_compat.h"
+
+namespace ddp {
+namespace {
+
+using c10::IValue;
+using GenericDict = c10::impl::GenericDict;
+
+GenericDict StringDict() { return GenericDict(c10::StringType::get(), c10::AnyType::get()); }
+
+IValue Get(const GenericDict& d, const std::string& key) {
+  auto it = d.find(key);
+  return it == d.end() ? IValue() : it->value();
+}
+
+// Adam and AdamW keep the same per-parameter state.
+template <typename State>
+IValue AdamState(const State& s) {
+  GenericDict d = StringDict();
+  // torch.optim.Adam keeps `step` as a float tensor since 1.12.
+  d.insert("step", at::scalar_tensor(static_cast<double>(s.step()), at::kFloat));
+  d.insert("exp_avg", s.exp_avg());
+  d.insert("exp_avg_sq", s.exp_avg_sq());
+  if (s.max_exp_avg_sq().defined()) d.insert("max_exp_avg_sq", s.max_exp_avg_sq());
+  return d;
+}
+
+template <typename State>
+absl::Status RestoreAdam(const GenericDict& d, const at::Tensor& p, State* s) {
+  IValue step = Get(d, "step"), avg = Get(d, "exp_avg"), avg_sq = Get(d, "exp_avg_sq");
+  if (!step.isTensor() || !avg.isTensor() || !avg_sq.isTensor() ||
+      avg.toTensor().sizes() != p.sizes() || avg_sq.toTensor().sizes() != p.sizes()) {
+    return absl::InvalidArgumentError("optimizer state does not fit adam for these parameters");
+  }
+  s->step(static_cast<int64_t>(step.toTensor().item<double>()));
+  s->exp_avg(avg.toTensor().to(p.device()).clone());
+  s->exp_avg_sq(avg_sq.toTensor().to(p.device()).clone());
+  IValue max_sq = Get(d, "max_exp_avg_sq");
+  if (max_sq.isTensor()) s->max_exp_avg_sq(max_sq.toTensor().to(p.device()).clone());
+  return absl::OkStatus();
+}
+
+template <typename State>
+void SaveStates(torch::optim::Optimizer& opt, const std::vector<at::Tensor>& params,
+                const std::function<IValue(const State&)>& encode, GenericDict* state) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto it = opt.state().find(OptimizerStateKey(opt, params[i]));
+    if (it == opt.state().end()) continue;  // No step taken yet.
+    state->insert(static_cast<int64_t>(i), encode(static_cast<const State&>(*it->second)));
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const OptimizerSpec& spec,
+                                                       const std::vector<at::Tensor>& params) {
+  switch (spec.kind) {
+    case OptimizerKind::kSgd:
+      return std::make_unique<torch::optim::SGD>(
+          params, torch::optim::SGDOptions(spec.lr)
+                      .momentum(spec.momentum)
+                      .nesterov(spec.nesterov)
+                      .weight_decay(spec.weight_decay));
+    case OptimizerKind::kAdam:
+      return std::make_unique<torch::optim::Adam>(
+          params, torch::optim::AdamOptions(spec.lr)
+                      .betas({spec.beta1, spec.beta2})
+                      .eps(spec.eps)
+                      .weight_decay(spec.weight_decay)
+                      .amsgrad(spec.amsgrad));
+    case OptimizerKind::kAdamW:
+      return std::make_unique<torch::optim::AdamW>(
+          params, torch::optim::AdamWOptions(spec.lr)
+                      .betas({spec.beta1, spec.beta2})
+                      .eps(spec.eps)
+                      .weight_decay(spec.weight_decay)
+                      .amsgrad(spec.amsgrad));
+  }
+  return nullptr;
+}
+
+c10::IValue OptimizerStateDict(const OptimizerSpec& spec, torch::optim::Optimizer& opt,
+                               const std::vector<at::Tensor>& params) {
+  GenericDict state(c10::IntType::get(), c10::AnyType::get());
+  GenericDict group = StringDict();
+  group.insert("lr", spec.lr);
+  group.insert("weight_decay", spec.weight_decay);
+  group.insert("maximize", false);
+  group.insert("foreach", IValue());
+  group.insert("differentiable", false);
+  switch (spec.kind) {
+    case OptimizerKind::kSgd:
+      group.insert("momentum", spec.momentum);
+      group.insert("dampening", 0.0);
+      group.insert("nesterov", spec.nesterov);
+      SaveStates<torch::optim::SGDParamState>(
+          opt, params,
+          [](const torch::optim::SGDParamState& s) -> IValue {
+            GenericDict d = StringDict();
+            d.insert("momentum_buffer",
+                     s.momentum_buffer().defined() ? IValue(s.momentum_buffer()) : IValue());
+            return d;
+          },
+          &state);
+      break;
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW:
+      group.insert("betas", c10::ivalue::Tuple::create({spec.beta1, spec.beta2}));
+      group.insert("eps", spec.eps);
+      group.insert("amsgrad", spec.amsgrad);
+      group.insert("capturable", false);
+      if (spec.kind == OptimizerKind::kAdam) {
+        SaveStates<torch::optim::AdamParamState>(
+            opt, params, [](const torch::optim::AdamParamState& s) { return AdamState(s); },
+            &state);
+      } else {
+        SaveStates<torch::optim::AdamWParamState>(
+            opt, params, [](const torch::optim::AdamWParamState& s) { return AdamState(s); },
+            &state);
+      }
+      break;
+  }
+  c10::List<int64_t> ids;
+  for (size_t i = 0; i < params.size(); ++i) ids.push_back(static_cast<int64_t>(i));
+  group.insert("params", ids);
+  c10::impl::GenericList groups(c10::AnyType::get());
+  groups.push_back(group);
+  GenericDict out = StringDict();
+  out.insert("state", state);
+  out.insert("param_groups", groups);
+  return out;
+}
+
+absl::Status LoadOptimizerStateDict(const OptimizerSpec& spec, torch::optim::Optimizer& opt,
+                                    const std::vector<at::Tensor>& params,
+                                    const c10::IValue& state_dict) {
+  if (!state_dict.isGenericDict()) {
+    return absl::InvalidArgumentError("checkpoint: optimizer entry is not a state dict");
+  }
+  IValue state_iv = Get(state_dict.toGenericDict(), "state");
+  if (!state_iv.isGenericDict()) {
+    return absl::InvalidArgumentError("checkpoint: optimizer state dict has no 'state'");
+  }
+  for (const auto& entry : state_iv.toGenericDict()) {
+    const int64_t i = entry.key().toInt();
+    if (i < 0 || i >= static_cast<int64_t>(params.size()) || !entry.value().isGenericDict()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("checkpoint: optimizer state for parameter ", i, " does not fit"));
+    }
+    const GenericDict d = entry.value().toGenericDict();
+    const at::Tensor& p = params[static_cast<size_t>(i)];
+    auto key = OptimizerStateKey(opt, p);
+    switch (spec.kind) {
+      case OptimizerKind::kSgd: {
+        auto s = std::make_unique<torch::optim::SGDParamState>();
+        IValue buf = Get(d, "momentum_buffer");
+        if (buf.isTensor()) {
+          if (buf.toTensor().sizes() != p.sizes()) {
+            return absl::InvalidArgumentError("checkpoint: sgd momentum does not fit the model");
+          }
+          s->momentum_buffer(buf.toTensor().to(p.device()).clone());
+        } else if (!d.contains("momentum_buffer")) {
+          return absl::InvalidArgumentError(
+              "checkpoint: optimizer state is not sgd's (train.optimizer changed?)");
+        }
+        opt.state()[key] = std::move(s);
+        break;
+      }
+      case OptimizerKind::kAdam: {
+        auto s = std::make_unique<torch::optim::AdamParamState>();
+        absl::Status st = RestoreAdam(d, p, s.get());
+        if (!st.ok()) return st;
+        opt.state()[key] = std::move(s);
+        break;
+      }
+      case OptimizerKind::kAdamW: {
+        auto s = std::make_unique<torch::optim::AdamWParamState>();
+        absl::Status st = RestoreAdam(d, p, s.get());
+        if (!st.ok()) return st;
+        opt.state()[key] = std::move(s);
+        break;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ddp

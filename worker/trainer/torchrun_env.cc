@@ -1,0 +1,86 @@
+#include "worker/trainer/torchrun_env.h"
+
+#include <cstdlib>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace ddp {
+namespace {
+
+using Getenv = std::function<std::optional<std::string>(const char*)>;
+
+absl::StatusOr<int> IntVar(const Getenv& getenv, const char* name, int min,
+                           std::optional<int> fallback) {
+  std::optional<std::string> v = getenv(name);
+  if (!v.has_value() || v->empty()) {
+    if (fallback.has_value()) return *fallback;
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, " is not set: ddp-trainer needs torchrun's environment (RANK, WORLD_SIZE, "
+              "MASTER_ADDR, MASTER_PORT); start it through ddp-worker or torchrun"));
+  }
+  int out;
+  if (!absl::SimpleAtoi(*v, &out) || out < min) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": expected an integer >= ", min, ", got '", *v, "'"));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<TorchrunEnv> ReadTorchrunEnv(const Getenv& getenv) {
+  TorchrunEnv env;
+  auto rank = IntVar(getenv, "RANK", 0, std::nullopt);
+  if (!rank.ok()) return rank.status();
+  auto world = IntVar(getenv, "WORLD_SIZE", 1, std::nullopt);
+  if (!world.ok()) return world.status();
+  env.rank = *rank;
+  env.world_size = *world;
+  if (env.rank >= env.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RANK=", env.rank, " is out of range for WORLD_SIZE=", env.world_size));
+  }
+  auto local_rank = IntVar(getenv, "LOCAL_RANK", 0, env.rank);
+  if (!local_rank.ok()) return local_rank.status();
+  auto local_world = IntVar(getenv, "LOCAL_WORLD_SIZE", 1, env.world_size);
+  if (!local_world.ok()) return local_world.status();
+  auto group_rank = IntVar(getenv, "GROUP_RANK", 0, 0);
+  if (!group_rank.ok()) return group_rank.status();
+  env.local_rank = *local_rank;
+  env.local_world_size = *local_world;
+  env.group_rank = *group_rank;
+  if (env.local_rank >= env.local_world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("LOCAL_RANK=", env.local_rank,
+                                                   " is out of range for LOCAL_WORLD_SIZE=",
+                                                   env.local_world_size));
+  }
+  std::optional<std::string> addr = getenv("MASTER_ADDR");
+  if (!addr.has_value() || addr->empty()) {
+    return absl::InvalidArgumentError(
+        "MASTER_ADDR is not set: it names the host of rank 0's TCPStore");
+  }
+  env.master_addr = *addr;
+  auto port = IntVar(getenv, "MASTER_PORT", 1, std::nullopt);
+  if (!port.ok()) return port.status();
+  if (*port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("MASTER_PORT: ", *port, " is not a port"));
+  }
+  env.master_port = *port;
+  auto events_fd = IntVar(getenv, "DDP_EVENTS_FD", 0, -1);
+  if (!events_fd.ok()) return events_fd.status();
+  env.events_fd = *events_fd;
+  env.gloo_socket_ifname = getenv("GLOO_SOCKET_IFNAME").value_or("");
+  return env;
+}
+
+absl::StatusOr<TorchrunEnv> ReadTorchrunEnv() {
+  return ReadTorchrunEnv([](const char* name) -> std::optional<std::string> {
+    const char* v = std::getenv(name);
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  });
+}
+
+}  // namespace ddp

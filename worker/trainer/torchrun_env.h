@@ -1,0 +1,42 @@
+// The torchrun environment contract of ddp-trainer (design.md), parsed and checked.
+//
+// The trainer reads exactly torchrun's variables, so both
+//   ddp-worker (which sets them per local rank) and
+//   torchrun --no-python --nproc_per_node=2 ddp-trainer --spec job.yaml
+// launch it. No LibTorch here.
+#ifndef DDP_WORKER_TRAINER_TORCHRUN_ENV_H_
+#define DDP_WORKER_TRAINER_TORCHRUN_ENV_H_
+
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace ddp {
+
+struct TorchrunEnv {
+  int rank = 0;              // RANK: global rank, 0..WORLD_SIZE-1.
+  int local_rank = 0;        // LOCAL_RANK: rank on this node; picks cuda:LOCAL_RANK.
+  int world_size = 1;        // WORLD_SIZE
+  int local_world_size = 1;  // LOCAL_WORLD_SIZE: ranks on this node.
+  int group_rank = 0;        // GROUP_RANK: this node's index in the job.
+  std::string master_addr;   // MASTER_ADDR: rank 0's host; its TCPStore listens here.
+  int master_port = 0;       // MASTER_PORT
+  int events_fd = -1;        // DDP_EVENTS_FD, or -1 for stdout.
+  // GLOO_SOCKET_IFNAME (PyTorch's own variable): the interface Gloo binds to.
+  std::string gloo_socket_ifname;
+};
+
+// Reads the variables through `getenv` (injectable for tests). Errors are
+// INVALID_ARGUMENT and name the variable: "WORLD_SIZE: expected an integer >= 1, got 'x'".
+// RANK/WORLD_SIZE/MASTER_* are required; LOCAL_* and GROUP_RANK default to a single
+// node (LOCAL_RANK = RANK, LOCAL_WORLD_SIZE = WORLD_SIZE, GROUP_RANK = 0).
+absl::StatusOr<TorchrunEnv> ReadTorchrunEnv(
+    const std::function<std::optional<std::string>(const char*)>& getenv);
+// The process environment.
+absl::StatusOr<TorchrunEnv> ReadTorchrunEnv();
+
+}  // namespace ddp
+
+#endif  // DDP_WORKER_TRAINER_TORCHRUN_ENV_H_

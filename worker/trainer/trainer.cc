@@ -1,0 +1,548 @@
+#include "worker/trainer/trainer.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+#include <torch/optim/optimizer.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "worker/trainer/checkpoint.h"
+#include "worker/trainer/comm.h"
+#include "worker/trainer/dataset.h"
+#include "worker/trainer/model.h"
+#include "worker/trainer/optimizer.h"
+#include "worker/trainer/reducer.h"
+#include "worker/trainer/sampler.h"
+
+namespace ddp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double MillisSince(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+std::chrono::milliseconds Seconds(double s) {
+  return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+}
+
+std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+// Mean loss of a batch (reduction "mean") or its sum ("sum", for validation).
+at::Tensor Loss(LossKind kind, const at::Tensor& out, const at::Tensor& target, bool sum) {
+  const int64_t reduction = sum ? at::Reduction::Sum : at::Reduction::Mean;
+  switch (kind) {
+    case LossKind::kCrossEntropy:
+      return at::cross_entropy_loss(out, target, {}, reduction);
+    case LossKind::kMse:
+      return at::mse_loss(out.reshape({-1}), target, reduction);
+    case LossKind::kBceWithLogits:
+      return at::binary_cross_entropy_with_logits(out.reshape({-1}), target, {}, {}, reduction);
+  }
+  return {};
+}
+
+// FNV-1a over every parameter's bytes: equal on all ranks iff they hold the same model.
+std::string Fingerprint(const std::vector<at::Tensor>& params) {
+  uint64_t h = 1469598103934665603ULL;
+  for (const at::Tensor& p : params) {
+    at::Tensor c = p.detach().cpu().contiguous();
+    const auto* b = static_cast<const unsigned char*>(c.data_ptr());
+    for (size_t i = 0; i < c.nbytes(); ++i) {
+      h ^= b[i];
+      h *= 1099511628211ULL;
+    }
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+}  // namespace
+
+bool IsPermanent(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kFailedPrecondition:
+      return true;
+    default:
+      return false;
+  }
+}
+
+class TrainerImpl {
+ public:
+  TrainerImpl(JobSpec spec, TorchrunEnv env, EventSink* events)
+      : spec_(std::move(spec)), env_(env), events_(*events) {}
+
+  absl::Status Run();
+
+ private:
+  absl::Status Setup();
+  absl::Status Resume();
+  absl::Status TrainEpoch(int64_t epoch, int64_t first_step);
+  // `complete`: false when train.max_steps stopped the epoch early.
+  absl::Status EndEpoch(int64_t epoch, bool complete, bool checkpoint_due);
+  absl::Status Checkpoint(const TrainingPosition& pos);
+  absl::Status TakeStep(const std::vector<int64_t>& order, int64_t first_micro,
+                        int64_t num_micro, double* loss, double* comm_ms, int64_t* samples);
+  void EmitStart();
+  void EmitTrace();
+
+  bool trace_enabled() const { return spec_.metrics.trace_buckets; }
+  bool IsLastStep() const {
+    return spec_.train.max_steps > 0 && pos_.global_step >= spec_.train.max_steps;
+  }
+
+  const JobSpec spec_;
+  const TorchrunEnv env_;
+  EventSink& events_;
+
+  TrainValData data_;
+  std::unique_ptr<Model> model_;
+  std::vector<at::Tensor> params_;
+  std::vector<at::Tensor> buffers_;
+  DeviceChoice device_;
+  std::optional<Comm> comm_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<GradientReducer> reducer_;
+  std::unique_ptr<BatchAssembler> train_batches_;
+  ReducerTrace trace_;
+  SamplerOptions sampler_;
+
+  TrainingPosition pos_;
+  bool resumed_ = false;
+  TrainingPosition resumed_from_;
+  // Per-epoch running totals for the epoch event's train_loss.
+  double epoch_loss_sum_ = 0;
+  int64_t epoch_steps_ = 0;
+  // Throughput window since the last step event.
+  int64_t window_samples_ = 0;
+  Clock::time_point window_start_;
+  TrainingPosition last_saved_{-1, -1, -1};
+  double last_val_accuracy_ = -1;  // Of the last validation; < 0 when there is none.
+};
+
+absl::Status TrainerImpl::Setup() {
+  const int64_t threads =
+      spec_.train.threads > 0
+          ? spec_.train.threads
+          : std::max<int64_t>(1, std::thread::hardware_concurrency() / env_.local_world_size);
+  at::set_num_threads(static_cast<int>(threads));
+
+  DDP_ASSIGN_OR_RETURN(data_, LoadData(spec_.data, spec_.train.loss));
+  at::manual_seed(static_cast<uint64_t>(spec_.train.seed));
+  DDP_ASSIGN_OR_RETURN(model_, BuildModel(spec_.model, data_, spec_.train.loss));
+  DDP_ASSIGN_OR_RETURN(device_, ChooseDevice(spec_, env_));
+  if (spec_.train.precision == Precision::kBf16 && device_.device.is_cpu()) {
+    return absl::FailedPreconditionError(
+        "train.precision: bf16 autocast needs a CUDA device (this rank trains on CPU)");
+  }
+  model_->To(device_.device);
+  for (auto& [name, p] : model_->Parameters()) params_.push_back(p);
+  for (auto& [name, b] : model_->Buffers()) buffers_.push_back(b);
+
+  DDP_ASSIGN_OR_RETURN(comm_, Comm::Connect(env_, device_, Seconds(spec_.rdzv.timeout_s),
+                                            Seconds(spec_.train.collective_timeout_s)));
+  // Every rank starts from rank 0's weights, as DDP's constructor does.
+  std::vector<at::Tensor> state = params_;
+  state.insert(state.end(), buffers_.begin(), buffers_.end());
+  DDP_RETURN_IF_ERROR(comm_->Broadcast(state));
+
+  optimizer_ = MakeOptimizer(spec_.train.optimizer, params_);
+  sampler_.num_replicas = env_.world_size;
+  sampler_.rank = env_.rank;
+  sampler_.shuffle = spec_.train.shuffle;
+  sampler_.seed = spec_.train.seed;
+  sampler_.drop_last = false;  // design.md: the sampler pads; train.drop_last drops batches.
+  if (!spec_.checkpoint.dir.empty() && spec_.checkpoint.resume) DDP_RETURN_IF_ERROR(Resume());
+
+  GradientReducer::Options ro;
+  ro.bucket_cap_bytes = static_cast<int64_t>(spec_.train.bucket_cap_mb * 1024 * 1024);
+  ro.timeout = comm_->timeout();
+  reducer_ = std::make_unique<GradientReducer>(params_, comm_->backend_ptr(), env_.world_size, ro,
+                                               spec_.metrics.trace_buckets ? &trace_ : nullptr);
+  train_batches_ = std::make_unique<BatchAssembler>(data_.train, spec_.train.batch_size);
+  const int64_t per_rank = DistributedSamplerLength(data_.train.size(), sampler_);
+  if (NumBatches(per_rank, spec_.train.batch_size, spec_.train.drop_last) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.batch_size: ", spec_.train.batch_size, " is more than the ", per_rank,
+        " samples each of ", env_.world_size, " ranks gets, and train.drop_last drops the "
+        "only batch"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TrainerImpl::Resume() {
+  // Rank 0 reads and checks the file, then sends it to every rank over the process
+  // group, so resuming needs no shared filesystem. First byte: N(one), C(heckpoint)
+  // or E(rror) followed by the message.
+  const std::string path = CheckpointPath(spec_.checkpoint.dir);
+  std::vector<char> payload;
+  if (env_.rank == 0) {
+    auto bytes = ReadFileBytes(path);
+    if (!bytes.ok()) {
+      payload = {'N'};
+    } else if (auto decoded = DecodeCheckpoint(*bytes, path); !decoded.ok()) {
+      payload.push_back('E');
+      std::string msg(decoded.status().message());
+      payload.insert(payload.end(), msg.begin(), msg.end());
+    } else {
+      payload.push_back('C');
+      payload.insert(payload.end(), bytes->begin(), bytes->end());
+    }
+  }
+  DDP_ASSIGN_OR_RETURN(payload, comm_->BroadcastBytes(payload));
+  if (payload.empty() || payload[0] == 'N') return absl::OkStatus();
+  if (payload[0] == 'E') {
+    return absl::InvalidArgumentError(std::string(payload.begin() + 1, payload.end()));
+  }
+  DDP_ASSIGN_OR_RETURN(c10::impl::GenericDict ckpt,
+                       DecodeCheckpoint(std::vector<char>(payload.begin() + 1, payload.end()),
+                                        path));
+  auto get = [&](const char* key) {
+    auto it = ckpt.find(key);
+    return it == ckpt.end() ? c10::IValue() : it->value();
+  };
+  c10::IValue model_iv = get("model");
+  if (!model_iv.isGenericDict()) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", path, " has no model"));
+  }
+  c10::impl::GenericDict weights = model_iv.toGenericDict();
+  std::vector<NamedTensor> named = model_->Parameters();
+  for (auto& b : model_->Buffers()) named.push_back(b);
+  if (weights.size() != named.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint ", path, " holds ", weights.size(), " tensors but the model has ",
+        named.size(), ": it belongs to another model (move it away or set "
+                      "checkpoint.resume: false)"));
+  }
+  {
+    at::NoGradGuard no_grad;
+    for (auto& [name, t] : named) {
+      auto it = weights.find(name);
+      if (it == weights.end() || !it->value().isTensor() ||
+          it->value().toTensor().sizes() != t.sizes()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("checkpoint ", path, ": tensor '", name,
+                         "' is missing or has another shape: it belongs to another model"));
+      }
+      t.copy_(it->value().toTensor());
+    }
+  }
+  DDP_RETURN_IF_ERROR(
+      LoadOptimizerStateDict(spec_.train.optimizer, *optimizer_, params_, get("optimizer")));
+  pos_.epoch = get("epoch").toInt();
+  pos_.step = get("step").toInt();
+  pos_.global_step = get("global_step").toInt();
+  const bool same_order = get("world_size").toInt() == env_.world_size &&
+                          get("batch_size").toInt() == spec_.train.batch_size &&
+                          get("grad_accum_steps").toInt() == spec_.train.grad_accum_steps &&
+                          get("seed").toInt() == spec_.train.seed &&
+                          get("shuffle").toBool() == spec_.train.shuffle;
+  if (!same_order && pos_.step != 0) {
+    DDP_LOG(WARNING) << "checkpoint was taken with another world size, batch size or "
+                        "sampler seed: epoch "
+                     << pos_.epoch << " restarts from its first batch";
+    pos_.step = 0;
+  }
+  if (c10::IValue rng = get("rng_state"); rng.isTensor()) {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(rng.toTensor());
+  }
+  resumed_ = true;
+  resumed_from_ = pos_;
+  last_saved_ = pos_;
+  DDP_LOG(INFO) << "resumed from " << path << " at epoch " << pos_.epoch << " step "
+                << pos_.step;
+  return absl::OkStatus();
+}
+
+void TrainerImpl::EmitStart() {
+  const int64_t per_rank = DistributedSamplerLength(data_.train.size(), sampler_);
+  const int64_t micro = NumBatches(per_rank, spec_.train.batch_size, spec_.train.drop_last);
+  JsonObject e = events_.Make("start");
+  e.Add("world_size", env_.world_size)
+      .Add("local_rank", env_.local_rank)
+      .Add("group_rank", env_.group_rank)
+      .Add("backend", device_.backend)
+      .Add("device", device_.device.str())
+      .Add("model", model_->Describe())
+      .Add("params", CountParameters(*model_))
+      .Add("train_samples", data_.train.size())
+      .Add("val_samples", data_.val.size())
+      .Add("batch_size", spec_.train.batch_size)
+      .Add("steps_per_epoch",
+           (micro + spec_.train.grad_accum_steps - 1) / spec_.train.grad_accum_steps)
+      .Add("epochs", spec_.train.epochs)
+      .Add("threads", static_cast<int64_t>(at::get_num_threads()));
+  if (resumed_) {
+    JsonObject r;
+    r.Add("epoch", resumed_from_.epoch).Add("step", resumed_from_.step)
+        .Add("global_step", resumed_from_.global_step);
+    e.AddRaw("resumed_from", r.str());
+  } else {
+    e.AddNull("resumed_from");
+  }
+  events_.Emit(e);
+  if (env_.rank == 0) {
+    std::vector<std::string> items;
+    for (size_t i = 0; i < reducer_->buckets().size(); ++i) {
+      const BucketLayout& b = reducer_->buckets()[i];
+      JsonObject o;
+      o.Add("index", static_cast<int64_t>(i))
+          .Add("params", static_cast<int64_t>(b.params.size()))
+          .Add("numel", b.numel)
+          .Add("bytes", b.bytes);
+      items.push_back(o.str());
+    }
+    JsonObject be = events_.Make("buckets");
+    be.Add("cap_mb", spec_.train.bucket_cap_mb).AddRaw("buckets", JsonArray(items));
+    events_.Emit(be);
+  }
+}
+
+absl::Status TrainerImpl::TakeStep(const std::vector<int64_t>& order, int64_t first_micro,
+                                   int64_t num_micro, double* loss, double* comm_ms,
+                                   int64_t* samples) {
+  const int64_t bs = spec_.train.batch_size;
+  const int64_t total = static_cast<int64_t>(order.size());
+  if (trace_enabled()) trace_.Reset();
+  double loss_sum = 0;
+  *samples = 0;
+  for (int64_t j = 0; j < num_micro; ++j) {
+    const int64_t begin = (first_micro + j) * bs;
+    const int64_t n = std::min(bs, total - begin);
+    reducer_->PrepareForBackward(/*sync=*/j == num_micro - 1);
+    auto [x, y] = train_batches_->Gather(order.data() + begin, n);
+    at::Tensor xd = x.to(device_.device, /*non_blocking=*/true);
+    at::Tensor yd = y.to(device_.device, /*non_blocking=*/true);
+    // DDP's broadcast_buffers=True: rank 0's buffers before every forward.
+    if (!buffers_.empty()) DDP_RETURN_IF_ERROR(comm_->Broadcast(buffers_));
+    at::Tensor l = Loss(spec_.train.loss, model_->Forward(xd), yd, /*sum=*/false);
+    if (num_micro == 1) {
+      l.backward();
+    } else {
+      (l / static_cast<double>(num_micro)).backward();
+    }
+    loss_sum += l.item<double>();
+    *samples += n;
+  }
+  if (trace_enabled()) trace_.Record(ReducerTrace::Kind::kBackwardEnd, -1);
+  DDP_ASSIGN_OR_RETURN(absl::Duration waited, reducer_->FinishBackward());
+  optimizer_->step();
+  for (at::Tensor& p : params_) p.mutable_grad().reset();  // zero_grad(set_to_none=True)
+  *loss = loss_sum / static_cast<double>(num_micro);
+  *comm_ms = absl::ToDoubleMilliseconds(waited);
+  return absl::OkStatus();
+}
+
+void TrainerImpl::EmitTrace() {
+  std::vector<std::string> items;
+  for (const ReducerTrace::Entry& t : trace_.Take()) {
+    JsonObject o;
+    o.Add("kind", ReducerTrace::KindName(t.kind)).Add("index", t.index).Add("us", t.micros);
+    items.push_back(o.str());
+  }
+  JsonObject e = events_.Make("trace");
+  e.Add("epoch", pos_.epoch).Add("global_step", pos_.global_step - 1)
+      .AddRaw("entries", JsonArray(items));
+  events_.Emit(e);
+}
+
+absl::Status TrainerImpl::TrainEpoch(int64_t epoch, int64_t first_step) {
+  const std::vector<int64_t> order =
+      DistributedSamplerIndices(data_.train.size(), sampler_, epoch);
+  const int64_t accum = spec_.train.grad_accum_steps;
+  const int64_t micro_total =
+      NumBatches(static_cast<int64_t>(order.size()), spec_.train.batch_size, spec_.train.drop_last);
+  const int64_t steps = (micro_total + accum - 1) / accum;
+  epoch_loss_sum_ = 0;
+  epoch_steps_ = 0;
+  window_samples_ = 0;
+  window_start_ = Clock::now();
+  model_->SetTraining(true);
+  bool checkpoint_due = false;
+  bool complete = true;
+  for (int64_t step = first_step; step < steps; ++step) {
+    const auto t0 = Clock::now();
+    const int64_t first_micro = step * accum;
+    const int64_t num_micro = std::min(accum, micro_total - first_micro);
+    double loss = 0, comm_ms = 0;
+    int64_t samples = 0;
+    DDP_RETURN_IF_ERROR(TakeStep(order, first_micro, num_micro, &loss, &comm_ms, &samples));
+    const double step_ms = MillisSince(t0);
+    pos_ = {epoch, step + 1, pos_.global_step + 1};
+    epoch_loss_sum_ += loss;
+    ++epoch_steps_;
+    window_samples_ += samples;
+    const bool last_in_epoch = step + 1 == steps || IsLastStep();
+    if (pos_.global_step % spec_.metrics.every_steps == 0 || last_in_epoch) {
+      const double window_s = MillisSince(window_start_) / 1000.0;
+      JsonObject e = events_.Make("step");
+      e.Add("epoch", epoch)
+          .Add("step", step)
+          .Add("steps", steps)
+          .Add("global_step", pos_.global_step - 1)
+          .Add("loss", loss)
+          .Add("samples_per_s", window_s > 0 ? window_samples_ / window_s : 0.0)
+          .Add("step_ms", step_ms)
+          .Add("comm_ms", comm_ms)
+          .Add("lr", spec_.train.optimizer.lr);
+      events_.Emit(e);
+      window_samples_ = 0;
+      window_start_ = Clock::now();
+    }
+    if (spec_.metrics.trace_buckets) EmitTrace();
+    const bool step_ckpt = spec_.checkpoint.every_steps > 0 &&
+                           pos_.global_step % spec_.checkpoint.every_steps == 0;
+    if (last_in_epoch) {
+      checkpoint_due = step_ckpt;
+      complete = step + 1 == steps;
+      break;
+    }
+    if (step_ckpt && !spec_.checkpoint.dir.empty()) DDP_RETURN_IF_ERROR(Checkpoint(pos_));
+  }
+  return EndEpoch(epoch, complete, checkpoint_due);
+}
+
+absl::Status TrainerImpl::EndEpoch(int64_t epoch, bool complete, bool checkpoint_due) {
+  const auto t0 = Clock::now();
+  const at::TensorOptions f64 = at::TensorOptions().dtype(at::kDouble).device(device_.device);
+  // [train loss sum, train steps, val loss sum, val correct, val count], summed over ranks.
+  double val_loss = 0, correct = 0, count = 0;
+  if (data_.val.size() > 0) {
+    at::NoGradGuard no_grad;
+    model_->SetTraining(false);
+    // Every rank evaluates val[rank::world] without padding, so the reduced totals
+    // count each validation sample exactly once.
+    std::vector<int64_t> idx;
+    for (int64_t i = env_.rank; i < data_.val.size(); i += env_.world_size) idx.push_back(i);
+    BatchAssembler batches(data_.val, std::max<int64_t>(spec_.train.batch_size, 256));
+    const int64_t bs = std::max<int64_t>(spec_.train.batch_size, 256);
+    for (size_t b = 0; b < idx.size(); b += static_cast<size_t>(bs)) {
+      const int64_t n = std::min<int64_t>(bs, static_cast<int64_t>(idx.size() - b));
+      auto [x, y] = batches.Gather(idx.data() + b, n);
+      at::Tensor yd = y.to(device_.device);
+      at::Tensor out = model_->Forward(x.to(device_.device));
+      val_loss += Loss(spec_.train.loss, out, yd, /*sum=*/true).item<double>();
+      if (spec_.train.loss == LossKind::kCrossEntropy) {
+        correct += out.argmax(1).eq(yd).sum().item<double>();
+      } else if (spec_.train.loss == LossKind::kBceWithLogits) {
+        correct += out.reshape({-1}).gt(0).eq(yd.gt(0.5)).sum().item<double>();
+      }
+      count += static_cast<double>(n);
+    }
+    model_->SetTraining(true);
+  }
+  at::Tensor totals = at::tensor(
+      {epoch_loss_sum_, static_cast<double>(epoch_steps_), val_loss, correct, count}, f64);
+  DDP_RETURN_IF_ERROR(comm_->AllReduceSum(totals));
+  at::Tensor t = totals.cpu();
+  const double* v = t.data_ptr<double>();
+  if (env_.rank == 0) {
+    JsonObject e = events_.Make("epoch");
+    e.Add("epoch", epoch).Add("train_loss", v[1] > 0 ? v[0] / v[1] : 0.0);
+    if (v[4] > 0) {
+      e.Add("val_loss", v[2] / v[4]).Add("val_samples", static_cast<int64_t>(v[4]));
+      if (spec_.train.loss != LossKind::kMse) {
+        e.Add("val_accuracy", v[3] / v[4]);
+      } else {
+        e.AddNull("val_accuracy");
+      }
+    } else {
+      e.AddNull("val_loss").AddNull("val_accuracy");
+    }
+    e.Add("validate_ms", MillisSince(t0));
+    events_.Emit(e);
+  }
+  last_val_accuracy_ = v[4] > 0 && spec_.train.loss != LossKind::kMse ? v[3] / v[4] : -1;
+  if (complete) pos_ = {epoch + 1, 0, pos_.global_step};
+  if (spec_.checkpoint.dir.empty()) return absl::OkStatus();
+  const bool final_epoch = epoch + 1 == spec_.train.epochs || IsLastStep();
+  const bool epoch_ckpt = spec_.checkpoint.every_epochs > 0 &&
+                          (epoch + 1) % spec_.checkpoint.every_epochs == 0;
+  if (checkpoint_due || epoch_ckpt || final_epoch) return Checkpoint(pos_);
+  return absl::OkStatus();
+}
+
+absl::Status TrainerImpl::Checkpoint(const TrainingPosition& pos) {
+  if (env_.rank != 0) return absl::OkStatus();
+  if (pos.epoch == last_saved_.epoch && pos.step == last_saved_.step) return absl::OkStatus();
+  const auto t0 = Clock::now();
+  c10::impl::GenericDict model(c10::StringType::get(), c10::TensorType::get());
+  for (auto& [name, p] : model_->Parameters()) model.insert(name, p.detach().cpu());
+  for (auto& [name, b] : model_->Buffers()) model.insert(name, b.detach().cpu());
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  d.insert("format", std::string(kCheckpointFormat));
+  d.insert("model", model);
+  d.insert("optimizer", OptimizerStateDict(spec_.train.optimizer, *optimizer_, params_));
+  d.insert("epoch", pos.epoch);
+  d.insert("step", pos.step);
+  d.insert("global_step", pos.global_step);
+  d.insert("world_size", static_cast<int64_t>(env_.world_size));
+  d.insert("batch_size", spec_.train.batch_size);
+  d.insert("grad_accum_steps", spec_.train.grad_accum_steps);
+  d.insert("seed", spec_.train.seed);
+  d.insert("shuffle", spec_.train.shuffle);
+  {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    d.insert("rng_state", gen.get_state());
+  }
+  d.insert("job", spec_.name);
+  const std::string path = CheckpointPath(spec_.checkpoint.dir);
+  DDP_RETURN_IF_ERROR(WriteFileAtomically(path, EncodeCheckpoint(d)));
+  last_saved_ = pos;
+  JsonObject e = events_.Make("checkpoint");
+  e.Add("path", std::filesystem::absolute(path).string())
+      .Add("epoch", pos.epoch)
+      .Add("step", pos.step)
+      .Add("global_step", pos.global_step)
+      .Add("write_ms", MillisSince(t0));
+  events_.Emit(e);
+  return absl::OkStatus();
+}
+
+absl::Status TrainerImpl::Run() {
+  DDP_RETURN_IF_ERROR(Setup());
+  EmitStart();
+  while (pos_.epoch < spec_.train.epochs && !IsLastStep()) {
+    DDP_RETURN_IF_ERROR(TrainEpoch(pos_.epoch, pos_.step));
+  }
+  JsonObject e = events_.Make("done");
+  e.Add("epochs", pos_.epoch).Add("global_step", pos_.global_step)
+      .Add("params_fingerprint", Fingerprint(params_));
+  if (last_val_accuracy_ >= 0) e.Add("val_accuracy", last_val_accuracy_);
+  events_.Emit(e);
+  // Let every rank finish before rank 0's store goes away with its process.
+  return comm_->Barrier();
+}
+
+Trainer::Trainer(JobSpec spec, TorchrunEnv env, EventSink* events)
+    : impl_(std::make_unique<TrainerImpl>(std::move(spec), env, events)) {}
+
+Trainer::~Trainer() = default;
+
+absl::Status Trainer::Run() {
+  try {
+    return impl_->Run();
+  } catch (const std::exception& e) {
+    // LibTorch/c10d errors not already mapped: a collective that failed inside
+    // backward, an allocation failure. Worth a retry from the last checkpoint.
+    return absl::InternalError(FirstLine(e.what()));
+  }
+}
+
+}  // namespace ddp
