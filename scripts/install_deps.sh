@@ -13,7 +13,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libyaml-cpp-dev libsqlite3-dev zlib1g-dev
   libgtest-dev libgmock-dev googletest
-  python3 python3-torch                 # reference fixtures and the PyTorch benchmark
+  python3 python3-torch python3-yaml    # reference fixtures and the PyTorch benchmark
   dataset-fashion-mnist
 )
 

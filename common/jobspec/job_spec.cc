@@ -538,7 +538,7 @@ void ParseTrain(Reader& r, const YAML::Node& root, JobSpec* spec) {
   }
   if (!r.Map(n, "train",
              {"epochs", "batch_size", "drop_last", "shuffle", "optimizer", "loss",
-              "bucket_cap_mb", "grad_accum_steps", "seed", "collective_timeout_s", "threads",
+              "bucket_cap_mb", "first_bucket_cap_mb", "grad_accum_steps", "seed", "collective_timeout_s", "threads",
               "max_steps", "precision"})) {
     return;
   }
@@ -565,6 +565,9 @@ void ParseTrain(Reader& r, const YAML::Node& root, JobSpec* spec) {
   }
   if (r.Double(n, "bucket_cap_mb", "train", &t.bucket_cap_mb)) {
     Positive(r, n, "bucket_cap_mb", "train", t.bucket_cap_mb);
+  }
+  if (r.Double(n, "first_bucket_cap_mb", "train", &t.first_bucket_cap_mb)) {
+    Positive(r, n, "first_bucket_cap_mb", "train", t.first_bucket_cap_mb);
   }
   if (r.Int(n, "grad_accum_steps", "train", &t.grad_accum_steps)) {
     Positive(r, n, "grad_accum_steps", "train", t.grad_accum_steps);

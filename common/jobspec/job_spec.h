@@ -108,6 +108,9 @@ struct TrainSpec {
   OptimizerSpec optimizer;
   LossKind loss = LossKind::kCrossEntropy;
   double bucket_cap_mb = 25.0;
+  // Cap of the first bucket (backward's last layers), PyTorch's
+  // _DEFAULT_FIRST_BUCKET_BYTES: small so that communication starts early.
+  double first_bucket_cap_mb = 1.0;
   int64_t grad_accum_steps = 1;
   int64_t seed = 0;
   double collective_timeout_s = 300.0;

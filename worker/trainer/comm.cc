@@ -13,6 +13,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 
 namespace ddp {
 namespace {
@@ -37,6 +39,36 @@ std::shared_ptr<::gloo::transport::Device> GlooDevice(const TorchrunEnv& env) {
     return c10d::ProcessGroupGloo::createDeviceForInterface(env.gloo_socket_ifname);
   }
   return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+// Every rank announces itself in the store and waits for all the others, so that a
+// rank that never starts fails the job after rdzv.timeout_s with the missing ranks
+// named, rather than as an opaque process-group timeout.
+absl::Status RendezvousBarrier(c10d::Store& store, const TorchrunEnv& env,
+                               std::chrono::milliseconds timeout) {
+  auto key = [](int r) { return absl::StrCat("ddp/rdzv/rank/", r); };
+  std::vector<std::string> keys;
+  for (int r = 0; r < env.world_size; ++r) keys.push_back(key(r));
+  try {
+    store.set(key(env.rank), std::vector<uint8_t>{1});
+    store.wait(keys, timeout);
+  } catch (const std::exception& e) {
+    std::vector<int> missing;
+    try {
+      for (int r = 0; r < env.world_size; ++r) {
+        if (!store.check({key(r)})) missing.push_back(r);
+      }
+    } catch (const std::exception&) {
+      // The store itself went away (rank 0 died): report the original error.
+    }
+    return absl::UnavailableError(absl::StrCat(
+        "rendezvous incomplete after rdzv.timeout_s (",
+        std::chrono::duration<double>(timeout).count(), "s): ",
+        missing.empty() ? FirstLine(e)
+                        : absl::StrCat("ranks [", absl::StrJoin(missing, ", "),
+                                       "] never arrived")));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -77,7 +109,7 @@ absl::StatusOr<Comm> Comm::Connect(const TorchrunEnv& env, const DeviceChoice& d
     opts.port = static_cast<uint16_t>(env.master_port);
     opts.isServer = env.rank == 0;
     opts.numWorkers = static_cast<size_t>(env.world_size);
-    opts.waitWorkers = true;
+    opts.waitWorkers = false;  // Our own barrier below says who is missing.
     opts.timeout = rdzv_timeout;
     c.store_ = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
   } catch (const std::exception& e) {
@@ -85,6 +117,7 @@ absl::StatusOr<Comm> Comm::Connect(const TorchrunEnv& env, const DeviceChoice& d
         env.rank == 0 ? "cannot host" : "cannot reach", " the rendezvous store at ",
         env.master_addr, ":", env.master_port, " within rdzv.timeout_s: ", FirstLine(e)));
   }
+  DDP_RETURN_IF_ERROR(RendezvousBarrier(*c.store_, env, rdzv_timeout));
   try {
     if (device.backend == "gloo") {
       auto opts = c10d::ProcessGroupGloo::Options::create(collective_timeout);

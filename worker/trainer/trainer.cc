@@ -131,6 +131,8 @@ class TrainerImpl {
   Clock::time_point window_start_;
   TrainingPosition last_saved_{-1, -1, -1};
   double last_val_accuracy_ = -1;  // Of the last validation; < 0 when there is none.
+  double train_ms_ = 0;           // Time in training steps (no validation, no checkpoints).
+  int64_t total_samples_ = 0;     // Samples this rank trained on in this run.
 };
 
 absl::Status TrainerImpl::Setup() {
@@ -169,6 +171,8 @@ absl::Status TrainerImpl::Setup() {
 
   GradientReducer::Options ro;
   ro.bucket_cap_bytes = static_cast<int64_t>(spec_.train.bucket_cap_mb * 1024 * 1024);
+  ro.first_bucket_cap_bytes =
+      static_cast<int64_t>(spec_.train.first_bucket_cap_mb * 1024 * 1024);
   ro.timeout = comm_->timeout();
   reducer_ = std::make_unique<GradientReducer>(params_, comm_->backend_ptr(), env_.world_size, ro,
                                                spec_.metrics.trace_buckets ? &trace_ : nullptr);
@@ -383,6 +387,8 @@ absl::Status TrainerImpl::TrainEpoch(int64_t epoch, int64_t first_step) {
     int64_t samples = 0;
     DDP_RETURN_IF_ERROR(TakeStep(order, first_micro, num_micro, &loss, &comm_ms, &samples));
     const double step_ms = MillisSince(t0);
+    train_ms_ += step_ms;
+    total_samples_ += samples;
     pos_ = {epoch, step + 1, pos_.global_step + 1};
     epoch_loss_sum_ += loss;
     ++epoch_steps_;
@@ -523,7 +529,9 @@ absl::Status TrainerImpl::Run() {
   }
   JsonObject e = events_.Make("done");
   e.Add("epochs", pos_.epoch).Add("global_step", pos_.global_step)
-      .Add("params_fingerprint", Fingerprint(params_));
+      .Add("params_fingerprint", Fingerprint(params_))
+      .Add("samples", total_samples_)
+      .Add("train_s", train_ms_ / 1000.0);
   if (last_val_accuracy_ >= 0) e.Add("val_accuracy", last_val_accuracy_);
   events_.Emit(e);
   // Let every rank finish before rank 0's store goes away with its process.

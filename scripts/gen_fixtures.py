@@ -1,0 +1,62 @@
+#!/usr/bin/python3
+"""Regenerates tests/fixtures from Debian's python3-torch (the reference PyTorch).
+
+    /usr/bin/python3 scripts/gen_fixtures.py
+
+- sampler_grid.txt: torch.utils.data.DistributedSampler's indices over a grid of
+  (n, world, rank, seed, epoch, shuffle, drop_last), one case per line:
+      n world rank seed epoch shuffle drop_last : i0 i1 ...
+- <job>.losses.json: PyTorch DDP's per-rank, per-step losses for each
+  tests/fixtures/<job>.yaml, from scripts/pytorch_ddp_reference.py (2 ranks, gloo).
+"""
+
+import itertools
+import os
+import subprocess
+import sys
+
+import torch
+from torch.utils.data.distributed import DistributedSampler
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIXTURES = os.path.join(HERE, "..", "tests", "fixtures")
+
+
+class Sized:
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+
+def sampler_grid():
+    lines = [f"# torch {torch.__version__}: n world rank seed epoch shuffle drop_last : indices"]
+    for n, world, seed, epoch, shuffle, drop_last in itertools.product(
+            [1, 2, 5, 10, 17, 100, 455], [1, 2, 3, 4, 7], [0, 7], [0, 3], [1, 0], [0, 1]):
+        for rank in range(world):
+            s = DistributedSampler(Sized(n), num_replicas=world, rank=rank, shuffle=bool(shuffle),
+                                   seed=seed, drop_last=bool(drop_last))
+            s.set_epoch(epoch)
+            idx = list(iter(s))
+            assert len(idx) == len(s)
+            lines.append(f"{n} {world} {rank} {seed} {epoch} {shuffle} {drop_last} : "
+                         + " ".join(map(str, idx)))
+    with open(os.path.join(FIXTURES, "sampler_grid.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print(f"sampler_grid.txt: {len(lines) - 1} cases")
+
+
+def ddp_losses():
+    for job in ["cancer_adam", "synthetic_sgd_accum", "fmnist_cnn"]:
+        spec = os.path.join(FIXTURES, job + ".yaml")
+        out = os.path.join(FIXTURES, job + ".losses.json")
+        subprocess.run([sys.executable, os.path.join(HERE, "pytorch_ddp_reference.py"),
+                        "--spec", spec, "--world", "2", "--threads", "1", "--out", out],
+                       check=True)
+        print(f"{job}.losses.json written")
+
+
+if __name__ == "__main__":
+    sampler_grid()
+    ddp_losses()

@@ -1,0 +1,277 @@
+#!/usr/bin/python3
+"""PyTorch's own DDP on a ddp job.yaml: the reference ddp-trainer is held to.
+
+Runs torch.nn.parallel.DistributedDataParallel (gloo) with the same data split,
+model, initial weights, DistributedSampler, DataLoader, optimizer and loss that
+ddp-trainer builds from the same job file (docs/trainer.md), and writes every rank's
+per-step losses and throughput as JSON. Used to generate the test fixtures
+(scripts/gen_fixtures.py) and by the benchmark (bench/).
+
+Run it with Debian's interpreter (python3-torch 1.13 lives there):
+
+    /usr/bin/python3 scripts/pytorch_ddp_reference.py --spec job.yaml --world 2 \
+        --out losses.json [--threads 1] [--max-steps N]
+
+It launches its own ranks with torchrun's variables (Debian's torchrun is broken on
+Python 3.11). Relative paths in the spec resolve against the spec's directory.
+"""
+
+import argparse
+import gzip
+import json
+import math
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--spec", required=True)
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--out", required=True)
+    p.add_argument("--threads", type=int, default=0,
+                   help="intra-op threads per rank (0: cores / world, as ddp-trainer)")
+    p.add_argument("--max-steps", type=int, default=0,
+                   help="stop after this many optimizer steps (overrides train.max_steps)")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    return p.parse_args()
+
+
+# ---------------------------------------------------------------- the job, as ddp reads it
+
+def load_spec(path):
+    import yaml
+    with open(path) as f:
+        spec = yaml.safe_load(f)
+    train = spec.setdefault("train", {})
+    train.setdefault("epochs", 1)
+    train.setdefault("drop_last", False)
+    train.setdefault("shuffle", True)
+    train.setdefault("loss", "cross_entropy")
+    train.setdefault("bucket_cap_mb", 25)
+    train.setdefault("grad_accum_steps", 1)
+    train.setdefault("seed", 0)
+    train.setdefault("max_steps", 0)
+    opt = train.setdefault("optimizer", {"name": "adam"})
+    spec.setdefault("data", {}).setdefault("seed", 0)
+    return spec, opt
+
+
+def read_idx(images, labels):
+    import torch
+    with gzip.open(images, "rb") if images.endswith(".gz") else open(images, "rb") as f:
+        raw = f.read()
+    magic, n, rows, cols = struct.unpack(">IIII", raw[:16])
+    assert magic == 0x803, images
+    x = torch.frombuffer(bytearray(raw[16:]), dtype=torch.uint8).reshape(n, 1, rows, cols)
+    with gzip.open(labels, "rb") if labels.endswith(".gz") else open(labels, "rb") as f:
+        raw = f.read()
+    y = torch.frombuffer(bytearray(raw[8:]), dtype=torch.uint8)
+    return x.float().div_(255.0), y.double()
+
+
+def load_data(spec, loss):
+    """design.md's split and standardization, as worker/trainer/dataset.cc does."""
+    import torch
+    d = spec["data"]
+    val = None
+    if "csv" in d:
+        c = d["csv"]
+        rows = []
+        with open(c["path"]) as f:
+            for i, line in enumerate(f):
+                if i < c.get("skip_rows", 0) or not line.strip():
+                    continue
+                rows.append([float(v) for v in line.strip().split(",")])
+        t = torch.tensor(rows, dtype=torch.float64)
+        lc = c.get("label_column", -1) % t.shape[1]
+        keep = [i for i in range(t.shape[1]) if i != lc]
+        x, y = t[:, keep].float(), t[:, lc]
+    elif "idx" in d:
+        x, y = read_idx(d["idx"]["images"], d["idx"]["labels"])
+    else:
+        s = d.get("synthetic") or {}
+        n, f, k = s.get("samples", 4096), s.get("features", 64), s.get("classes", 10)
+        torch.manual_seed(d["seed"])
+        x = torch.randn(n, f)
+        if loss == "cross_entropy":
+            y = x.matmul(torch.randn(f, k)).argmax(1).double()
+        else:
+            score = x.matmul(torch.randn(f, 1) / math.sqrt(f)).squeeze(1)
+            y = (score.gt(0) if loss == "bce_with_logits" else score).double()
+    v = d.get("validation") or {}
+    if "idx" in v:
+        val = read_idx(v["idx"]["images"], v["idx"]["labels"])
+    elif v.get("fraction", 0) > 0:
+        n = x.shape[0]
+        n_val = round(v["fraction"] * n)  # Python rounds half to even, as ddp does.
+        torch.manual_seed(d["seed"])
+        perm = torch.randperm(n)
+        val = (x[perm[n - n_val:]], y[perm[n - n_val:]])
+        x, y = x[perm[:n - n_val]], y[perm[:n - n_val]]
+    if "csv" in d and d["csv"].get("standardize"):
+        mean = x.mean(0, keepdim=True)
+        std = x.std(0, unbiased=False, keepdim=True)
+        std = torch.where(std.eq(0), torch.ones_like(std), std)
+        x = (x - mean) / std
+        if val is not None:
+            val = ((val[0] - mean) / std, val[1])
+    num_classes = 0
+    if loss == "cross_entropy":
+        num_classes = max(2, int(y.max()) + 1, int(val[1].max()) + 1 if val else 0)
+        y = y.long()
+        val = (val[0], val[1].long()) if val else None
+    else:
+        y = y.float()
+        val = (val[0], val[1].float()) if val else None
+    return x, y, val, num_classes
+
+
+def build_model(spec, sample_shape, out):
+    """nn.Sequential equivalents of ddp's built-in models (worker/trainer/model.h)."""
+    import torch
+    from torch import nn
+    m = spec["model"]
+    if "torchscript" in m:
+        return torch.jit.load(m["torchscript"]["path"])
+    if "mlp" in m:
+        hidden = (m["mlp"] or {}).get("hidden", [])
+        layers, width = [nn.Flatten()], int(torch.tensor(sample_shape).prod())
+        for h in hidden:
+            layers += [nn.Linear(width, h), nn.ReLU()]
+            width = h
+        return nn.Sequential(*layers, nn.Linear(width, out))
+    c = m["cnn"] or {}
+    channels, k, hidden = c.get("channels", [16, 32]), c.get("kernel", 5), c.get("hidden", 128)
+    ch, h, w = sample_shape
+    layers = []
+    for co in channels:
+        layers += [nn.Conv2d(ch, co, k, padding=k // 2), nn.ReLU(), nn.MaxPool2d(2)]
+        ch, h, w = co, h // 2, w // 2
+    layers += [nn.Flatten(), nn.Linear(ch * h * w, hidden), nn.ReLU(), nn.Linear(hidden, out)]
+    return nn.Sequential(*layers)
+
+
+def make_optimizer(opt, params):
+    import torch
+    name = opt.get("name", "adam")
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=opt["lr"], momentum=opt.get("momentum", 0),
+                               nesterov=opt.get("nesterov", False),
+                               weight_decay=opt.get("weight_decay", 0))
+    cls = torch.optim.Adam if name == "adam" else torch.optim.AdamW
+    return cls(params, lr=opt.get("lr", 1e-3), betas=tuple(opt.get("betas", (0.9, 0.999))),
+               eps=opt.get("eps", 1e-8), amsgrad=opt.get("amsgrad", False),
+               weight_decay=opt.get("weight_decay", 0 if name == "adam" else 1e-2))
+
+
+def loss_fn(kind, out, y):
+    import torch.nn.functional as F
+    if kind == "cross_entropy":
+        return F.cross_entropy(out, y)
+    if kind == "mse":
+        return F.mse_loss(out.reshape(-1), y)
+    return F.binary_cross_entropy_with_logits(out.reshape(-1), y)
+
+
+# ---------------------------------------------------------------- one rank
+
+def child(args):
+    import contextlib
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data.distributed import DistributedSampler
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    spec, opt = load_spec(args.spec)
+    os.chdir(os.path.dirname(os.path.abspath(args.spec)))
+    train = spec["train"]
+    threads = args.threads or train.get("threads") or max(1, (os.cpu_count() or 1) // world)
+    torch.set_num_threads(threads)
+    x, y, _, num_classes = load_data(spec, train["loss"])
+    torch.manual_seed(train["seed"])
+    out = num_classes if train["loss"] == "cross_entropy" else 1
+    model = build_model(spec, list(x.shape[1:]), out)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    ddp = DDP(model, bucket_cap_mb=train["bucket_cap_mb"])
+    optimizer = make_optimizer(opt, ddp.parameters())
+    sampler = DistributedSampler(TensorDataset(x, y), num_replicas=world, rank=rank,
+                                 shuffle=train["shuffle"], seed=train["seed"], drop_last=False)
+    loader = DataLoader(TensorDataset(x, y), batch_size=train["batch_size"], sampler=sampler,
+                        drop_last=train["drop_last"])
+    accum = train["grad_accum_steps"]
+    max_steps = args.max_steps or train["max_steps"]
+    losses, samples, global_step = [], 0, 0
+    dist.barrier()
+    start = time.perf_counter()
+    for epoch in range(train["epochs"]):
+        sampler.set_epoch(epoch)
+        batches = list(loader)
+        steps = math.ceil(len(batches) / accum)
+        for step in range(steps):
+            group = batches[step * accum:(step + 1) * accum]
+            total = 0.0
+            for j, (bx, by) in enumerate(group):
+                sync = j == len(group) - 1
+                with contextlib.nullcontext() if sync else ddp.no_sync():
+                    loss = loss_fn(train["loss"], ddp(bx), by)
+                    (loss if len(group) == 1 else loss / len(group)).backward()
+                total += loss.item()
+                samples += bx.shape[0]
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append([epoch, step, total / len(group)])
+            global_step += 1
+            if max_steps and global_step >= max_steps:
+                break
+        if max_steps and global_step >= max_steps:
+            break
+    wall = time.perf_counter() - start
+    fingerprint = [p.detach().sum().item() for p in ddp.module.parameters()]
+    dist.barrier()
+    dist.destroy_process_group()
+    print(json.dumps({"rank": rank, "losses": losses, "samples": samples, "train_s": wall,
+                      "threads": threads, "param_sums": fingerprint}))
+
+
+def main():
+    args = parse_args()
+    if args.child:
+        child(args)
+        return
+    port = free_port()
+    procs = []
+    for rank in range(args.world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(args.world), LOCAL_RANK=str(rank),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", "--spec",
+               os.path.abspath(args.spec), "--world", str(args.world), "--out", args.out,
+               "--threads", str(args.threads), "--max-steps", str(args.max_steps)]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE))
+    ranks = {}
+    for rank, p in enumerate(procs):
+        stdout, _ = p.communicate()
+        if p.returncode != 0:
+            sys.exit(f"rank {rank} failed with exit code {p.returncode}")
+        ranks[str(rank)] = json.loads(stdout.decode().strip().splitlines()[-1])
+    result = {"torch": __import__("torch").__version__, "world": args.world,
+              "spec": os.path.basename(args.spec), "ranks": ranks}
+    with open(args.out, "w") as f:
+        json.dump(result, f, separators=(",", ":"))
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+#include "worker/trainer/torchrun_env.h"
+
+#include <map>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/common/status_matchers.h"
+
+namespace ddp {
+namespace {
+
+using ::ddp::testing::StatusIs;
+using ::testing::HasSubstr;
+
+absl::StatusOr<TorchrunEnv> Read(std::map<std::string, std::string> vars) {
+  return ReadTorchrunEnv([&](const char* name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  });
+}
+
+TEST(TorchrunEnvTest, ReadsTorchrunVariables) {
+  DDP_ASSERT_OK_AND_ASSIGN(
+      TorchrunEnv env, Read({{"RANK", "3"}, {"LOCAL_RANK", "1"}, {"WORLD_SIZE", "4"},
+                             {"LOCAL_WORLD_SIZE", "2"}, {"GROUP_RANK", "1"},
+                             {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "31000"},
+                             {"DDP_EVENTS_FD", "3"}}));
+  EXPECT_EQ(env.rank, 3);
+  EXPECT_EQ(env.local_rank, 1);
+  EXPECT_EQ(env.world_size, 4);
+  EXPECT_EQ(env.local_world_size, 2);
+  EXPECT_EQ(env.group_rank, 1);
+  EXPECT_EQ(env.master_addr, "10.0.0.1");
+  EXPECT_EQ(env.master_port, 31000);
+  EXPECT_EQ(env.events_fd, 3);
+}
+
+TEST(TorchrunEnvTest, LocalVariablesDefaultToOneNode) {
+  DDP_ASSERT_OK_AND_ASSIGN(TorchrunEnv env, Read({{"RANK", "1"}, {"WORLD_SIZE", "2"},
+                                                  {"MASTER_ADDR", "127.0.0.1"},
+                                                  {"MASTER_PORT", "29600"}}));
+  EXPECT_EQ(env.local_rank, 1);
+  EXPECT_EQ(env.local_world_size, 2);
+  EXPECT_EQ(env.events_fd, -1);
+}
+
+TEST(TorchrunEnvTest, ErrorsNameTheVariable) {
+  EXPECT_THAT(Read({}), StatusIs(absl::StatusCode::kInvalidArgument,
+                                 HasSubstr("RANK is not set")));
+  EXPECT_THAT(Read({{"RANK", "0"}, {"WORLD_SIZE", "two"}}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("WORLD_SIZE: expected an integer >= 1, got 'two'")));
+  EXPECT_THAT(Read({{"RANK", "2"}, {"WORLD_SIZE", "2"}}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("RANK=2 is out of range for WORLD_SIZE=2")));
+  EXPECT_THAT(Read({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_PORT", "1"}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("MASTER_ADDR is not set")));
+}
+
+}  // namespace
+}  // namespace ddp

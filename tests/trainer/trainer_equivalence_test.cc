@@ -1,0 +1,229 @@
+// ddp-trainer computes what PyTorch's DDP computes: real trainer processes forming
+// real Gloo groups, compared with PyTorch's own DDP (fixtures) and with
+// single-process training on the concatenated batch.
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/common/status_matchers.h"
+#include "tests/trainer/trainer_harness.h"
+#include "worker/trainer/checkpoint.h"
+
+namespace ddp {
+namespace {
+
+using testing::Event;
+using testing::RankResult;
+
+// A small classification job on synthetic data; placeholders filled per test.
+constexpr char kSyntheticJob[] = R"(name: equivalence
+model: {mlp: {hidden: [$HIDDEN]}}
+data: {synthetic: {samples: 512, features: $FEATURES, classes: 4}, seed: 1}
+train:
+  epochs: 1
+  batch_size: $BATCH
+  grad_accum_steps: $ACCUM
+  max_steps: $STEPS
+  threads: 1
+  bucket_cap_mb: $CAP
+  first_bucket_cap_mb: $CAP
+  optimizer: {name: sgd, lr: 0.1, momentum: 0.5}
+  seed: 3
+checkpoint: {dir: ckpt}
+metrics: {trace_buckets: $TRACE}
+)";
+
+struct JobKnobs {
+  int world = 2;
+  int batch = 8;
+  int accum = 1;
+  int steps = 1;
+  std::string hidden = "32, 16";
+  int features = 20;
+  std::string cap = "25";
+  bool trace = false;
+};
+
+class TrainerEquivalenceTest : public ::testing::Test {
+ protected:
+  // Runs the job to the end; every rank must succeed. Leaves the checkpoint in dir_.
+  std::vector<RankResult> Run(const JobKnobs& k) {
+    dir_ = testing::MakeTempDir("equiv");
+    std::string yaml = absl::StrReplaceAll(
+        kSyntheticJob, {{"$HIDDEN", k.hidden}, {"$FEATURES", absl::StrCat(k.features)},
+                        {"$BATCH", absl::StrCat(k.batch)}, {"$ACCUM", absl::StrCat(k.accum)},
+                        {"$STEPS", absl::StrCat(k.steps)}, {"$CAP", k.cap},
+                        {"$TRACE", k.trace ? "true" : "false"}});
+    testing::WriteFile(dir_ + "/job.yaml", yaml);
+    testing::TrainerLaunch launch;
+    launch.spec_path = dir_ + "/job.yaml";
+    launch.world_size = k.world;
+    auto results = testing::RunTrainers(launch);
+    EXPECT_TRUE(results.ok()) << results.status();
+    if (!results.ok()) return {};
+    for (const RankResult& r : *results) {
+      EXPECT_TRUE(r.exit.ok()) << "rank " << r.rank << " " << r.exit.ToString() << "\n"
+                               << r.stderr_text;
+    }
+    return *results;
+  }
+
+  // The model rank 0 saved at the end of the last Run().
+  std::map<std::string, at::Tensor> SavedModel() {
+    std::string path = CheckpointPath(dir_ + "/ckpt");
+    auto bytes = ReadFileBytes(path);
+    EXPECT_TRUE(bytes.ok()) << bytes.status();
+    if (!bytes.ok()) return {};
+    auto dict = DecodeCheckpoint(*bytes, path);
+    EXPECT_TRUE(dict.ok()) << dict.status();
+    std::map<std::string, at::Tensor> out;
+    for (const auto& e : dict->at("model").toGenericDict()) {
+      out[e.key().toStringRef()] = e.value().toTensor();
+    }
+    return out;
+  }
+
+  static double MaxAbsDiff(const std::map<std::string, at::Tensor>& a,
+                           const std::map<std::string, at::Tensor>& b) {
+    EXPECT_EQ(a.size(), b.size());
+    double worst = 0;
+    for (const auto& [name, t] : a) {
+      auto it = b.find(name);
+      if (it == b.end()) {
+        ADD_FAILURE() << "missing " << name;
+        return INFINITY;
+      }
+      worst = std::max(worst, (t - it->second).abs().max().item<double>());
+    }
+    return worst;
+  }
+
+  std::string dir_;
+};
+
+TEST_F(TrainerEquivalenceTest, OneStepOnWorldNEqualsOneProcessOnTheConcatenatedBatch) {
+  for (int world : {2, 3}) {
+    SCOPED_TRACE(absl::StrCat("world ", world));
+    // Rank r's first batch is perm[r::world][:8]; together they are perm[:8 * world],
+    // which is exactly the first batch of one process with batch_size 8 * world.
+    Run({.world = world, .batch = 8});
+    auto distributed = SavedModel();
+    Run({.world = 1, .batch = 8 * world});
+    auto single = SavedModel();
+    ASSERT_FALSE(distributed.empty());
+    EXPECT_LE(MaxAbsDiff(distributed, single), 1e-6);
+  }
+}
+
+TEST_F(TrainerEquivalenceTest, RanksHoldIdenticalParametersAfterManySteps) {
+  // 512 samples over 3 ranks: 171 per rank, 22 steps of 8 per epoch.
+  auto results = Run({.world = 3, .steps = 20});
+  ASSERT_EQ(results.size(), 3u);
+  std::string fingerprint;
+  for (const RankResult& r : results) {
+    auto done = r.OfType("done");
+    ASSERT_EQ(done.size(), 1u) << r.stderr_text;
+    EXPECT_EQ(done[0].Number("global_step"), 20);
+    if (fingerprint.empty()) fingerprint = done[0].String("params_fingerprint");
+    EXPECT_EQ(done[0].String("params_fingerprint"), fingerprint) << "rank " << r.rank;
+  }
+  EXPECT_EQ(fingerprint.size(), 16u);
+}
+
+TEST_F(TrainerEquivalenceTest, SmallBucketsOverlapBackwardAndMatchOneBucket) {
+  // Five Linear layers; a 0.05 MB cap closes a bucket at each 64 KB weight.
+  JobKnobs small{.steps = 4, .hidden = "128, 128, 128, 128", .features = 64, .cap = "0.05",
+                 .trace = true};
+  auto results = Run(small);
+  ASSERT_FALSE(results.empty());
+  const RankResult& r0 = results[0];
+  auto buckets = r0.OfType("buckets");
+  ASSERT_EQ(buckets.size(), 1u);
+  const auto& list = buckets[0].fields.fields().at("buckets").list_value();
+  EXPECT_EQ(list.values_size(), 4);
+
+  auto traces = r0.OfType("trace");
+  ASSERT_EQ(traces.size(), 4u);
+  for (const Event& trace : traces) {
+    // The timeline in recorded order: gradients arrive, buckets launch, backward ends.
+    int first_launch = -1, last_grad = -1, backward_end = -1, launches = 0;
+    const auto& entries = trace.fields.fields().at("entries").list_value().values();
+    for (int i = 0; i < entries.size(); ++i) {
+      const std::string kind = entries[i].struct_value().fields().at("kind").string_value();
+      if (kind == "allreduce_launch") {
+        ++launches;
+        if (first_launch < 0) first_launch = i;
+      } else if (kind == "grad_ready") {
+        last_grad = i;
+      } else if (kind == "backward_end") {
+        backward_end = i;
+      }
+    }
+    EXPECT_EQ(launches, list.values_size());
+    // Bucket 0's all-reduce started while later gradients were still being computed.
+    EXPECT_GE(first_launch, 0);
+    EXPECT_LT(first_launch, last_grad);
+    EXPECT_LT(first_launch, backward_end);
+  }
+  auto bucketed = SavedModel();
+
+  JobKnobs one = small;
+  one.cap = "100";
+  one.trace = false;
+  auto one_results = Run(one);
+  ASSERT_FALSE(one_results.empty());
+  auto one_buckets = one_results[0].OfType("buckets");
+  ASSERT_EQ(one_buckets.size(), 1u);
+  EXPECT_EQ(one_buckets[0].fields.fields().at("buckets").list_value().values_size(), 1);
+  EXPECT_LE(MaxAbsDiff(bucketed, SavedModel()), 1e-6);
+}
+
+TEST_F(TrainerEquivalenceTest, GradAccumulationEqualsOneStepOnTheLargerBatch) {
+  // Rank r's micro-batches perm[r::2][0:4] and [4:8] make up its batch of 8.
+  auto accumulated = Run({.world = 2, .batch = 4, .accum = 2, .steps = 3});
+  ASSERT_FALSE(accumulated.empty());
+  EXPECT_EQ(accumulated[0].OfType("step").size(), 3u);
+  auto a = SavedModel();
+  Run({.world = 2, .batch = 8, .accum = 1, .steps = 3});
+  EXPECT_LE(MaxAbsDiff(a, SavedModel()), 1e-6);
+}
+
+// Per-step losses of every rank equal those of PyTorch's Python DDP on the same job
+// (tests/fixtures/<job>.losses.json, made by scripts/gen_fixtures.py).
+class MatchesPyTorchDdpTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MatchesPyTorchDdpTest, PerStepLossesMatchWithin1e5) {
+  const std::string fixtures = testing::SourceDir() + "/tests/fixtures/";
+  auto reference = testing::ParseJson(testing::ReadFile(fixtures + GetParam() + ".losses.json"));
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  testing::TrainerLaunch launch;
+  launch.spec_path = fixtures + GetParam() + ".yaml";
+  launch.world_size = 2;
+  DDP_ASSERT_OK_AND_ASSIGN(auto results, testing::RunTrainers(launch));
+  const auto& ranks = reference->struct_value().fields().at("ranks").struct_value().fields();
+  for (const RankResult& r : results) {
+    ASSERT_TRUE(r.exit.ok()) << r.stderr_text;
+    const auto& expected =
+        ranks.at(std::to_string(r.rank)).struct_value().fields().at("losses").list_value();
+    auto steps = r.OfType("step");
+    ASSERT_EQ(static_cast<int>(steps.size()), expected.values_size()) << "rank " << r.rank;
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const auto& row = expected.values(static_cast<int>(i)).list_value();
+      EXPECT_EQ(steps[i].Number("epoch"), row.values(0).number_value());
+      EXPECT_EQ(steps[i].Number("step"), row.values(1).number_value());
+      EXPECT_NEAR(steps[i].Number("loss"), row.values(2).number_value(), 1e-5)
+          << "rank " << r.rank << " step " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, MatchesPyTorchDdpTest,
+                         ::testing::Values("cancer_adam", "synthetic_sgd_accum", "fmnist_cnn"));
+
+}  // namespace
+}  // namespace ddp

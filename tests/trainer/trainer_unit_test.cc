@@ -1,0 +1,170 @@
+// In-process tests of the trainer's building blocks against PyTorch's behaviour.
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/common/status_matchers.h"
+#include "tests/trainer/trainer_harness.h"
+#include "worker/trainer/checkpoint.h"
+#include "worker/trainer/dataset.h"
+#include "worker/trainer/reducer.h"
+#include "worker/trainer/sampler.h"
+
+namespace ddp {
+namespace {
+
+using ::ddp::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+TEST(DistributedSamplerTest, MatchesPyTorchOverTheFixtureGrid) {
+  std::ifstream in(testing::SourceDir() + "/tests/fixtures/sampler_grid.txt");
+  ASSERT_TRUE(in) << "run scripts/gen_fixtures.py";
+  std::string line;
+  int cases = 0;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::vector<std::string> halves = absl::StrSplit(line, " : ");
+    ASSERT_EQ(halves.size(), 2u) << line;
+    std::vector<std::string> p = absl::StrSplit(halves[0], ' ');
+    ASSERT_EQ(p.size(), 7u);
+    int64_t n, world, rank, seed, epoch, shuffle, drop_last;
+    ASSERT_TRUE(absl::SimpleAtoi(p[0], &n) && absl::SimpleAtoi(p[1], &world) &&
+                absl::SimpleAtoi(p[2], &rank) && absl::SimpleAtoi(p[3], &seed) &&
+                absl::SimpleAtoi(p[4], &epoch) && absl::SimpleAtoi(p[5], &shuffle) &&
+                absl::SimpleAtoi(p[6], &drop_last));
+    std::vector<int64_t> expected;
+    for (absl::string_view tok : absl::StrSplit(halves[1], ' ', absl::SkipEmpty())) {
+      int64_t v;
+      ASSERT_TRUE(absl::SimpleAtoi(tok, &v));
+      expected.push_back(v);
+    }
+    SamplerOptions o{world, rank, shuffle != 0, seed, drop_last != 0};
+    EXPECT_EQ(DistributedSamplerIndices(n, o, epoch), expected) << "case: " << halves[0];
+    EXPECT_EQ(DistributedSamplerLength(n, o), static_cast<int64_t>(expected.size()));
+    ++cases;
+  }
+  EXPECT_GT(cases, 1000);
+}
+
+TEST(DistributedSamplerTest, SeedTutorialCaseGives28BatchesPerRank) {
+  // 455 training rows, batch 8, 2 ranks, drop_last: 228 samples -> 28 batches.
+  for (int64_t rank = 0; rank < 2; ++rank) {
+    SamplerOptions o{2, rank, true, 0, false};
+    auto idx = DistributedSamplerIndices(455, o, 0);
+    EXPECT_EQ(idx.size(), 228u);
+    EXPECT_EQ(NumBatches(static_cast<int64_t>(idx.size()), 8, /*drop_last=*/true), 28);
+  }
+}
+
+TEST(DistributedSamplerTest, EpochsReshuffleAndRanksPartitionTheData) {
+  SamplerOptions r0{2, 0, true, 5, false}, r1{2, 1, true, 5, false};
+  auto a = DistributedSamplerIndices(10, r0, 0), b = DistributedSamplerIndices(10, r1, 0);
+  std::vector<int64_t> all(a);
+  all.insert(all.end(), b.begin(), b.end());
+  std::sort(all.begin(), all.end());
+  EXPECT_THAT(all, ElementsAre(0, 1, 2, 3, 4, 5, 6, 7, 8, 9));
+  EXPECT_NE(DistributedSamplerIndices(10, r0, 1), a);
+}
+
+TEST(BucketAssignmentTest, ReverseOrderFirstBucketSmallThenCap) {
+  // Parameters 0..4 of 600, 600, 600, 600, 600 bytes; first cap 1000, then 1500.
+  auto b = AssignBuckets({600, 600, 600, 600, 600}, 1000, 1500);
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_THAT(b[0].params, ElementsAre(4, 3));     // Closes at 1200 >= 1000.
+  EXPECT_THAT(b[1].params, ElementsAre(2, 1, 0));  // 1200 < 1500 stays open; 1800 closes.
+  EXPECT_EQ(b[0].bytes, 1200);
+  auto one = AssignBuckets({600, 600}, 1 << 20, 25 << 20);
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_THAT(one[0].params, ElementsAre(1, 0));
+}
+
+DataSpec CancerSpec() {
+  DataSpec d;
+  d.kind = DataSpec::Kind::kCsv;
+  d.csv.path = testing::SourceDir() + "/data/breast_cancer.csv";
+  d.csv.skip_rows = 1;
+  d.csv.standardize = true;
+  d.validation.fraction = 0.2;
+  return d;
+}
+
+TEST(DatasetTest, SplitsBreastCancerAsDesignSays) {
+  DDP_ASSERT_OK_AND_ASSIGN(TrainValData data, LoadData(CancerSpec(), LossKind::kCrossEntropy));
+  EXPECT_EQ(data.train.size(), 455);
+  EXPECT_EQ(data.val.size(), 114);
+  EXPECT_EQ(data.num_classes, 2);
+  EXPECT_THAT(data.sample_shape, ElementsAre(30));
+  // z-scored with the training split's population statistics.
+  EXPECT_LT(data.train.features.mean(0).abs().max().item<float>(), 1e-5);
+  EXPECT_NEAR(data.train.features.std(0, /*unbiased=*/false).mean().item<float>(), 1.0, 1e-5);
+  EXPECT_EQ(data.train.targets.scalar_type(), at::kLong);
+}
+
+TEST(DatasetTest, ReadsGzippedIdx) {
+  DataSpec d;
+  d.kind = DataSpec::Kind::kIdx;
+  d.idx.images = "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz";
+  d.idx.labels = "/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz";
+  DDP_ASSERT_OK_AND_ASSIGN(TrainValData data, LoadData(d, LossKind::kCrossEntropy));
+  EXPECT_EQ(data.train.size(), 10000);
+  EXPECT_THAT(data.sample_shape, ElementsAre(1, 28, 28));
+  EXPECT_EQ(data.num_classes, 10);
+  EXPECT_LE(data.train.features.max().item<float>(), 1.0f);
+}
+
+TEST(DatasetTest, ErrorsNameTheFileAndLine) {
+  std::string dir = testing::MakeTempDir("csv");
+  testing::WriteFile(dir + "/bad.csv", "a,b,label\n1,2,0\n3,x,1\n");
+  DataSpec d;
+  d.csv.path = dir + "/bad.csv";
+  d.csv.skip_rows = 1;
+  EXPECT_THAT(LoadData(d, LossKind::kCrossEntropy),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("bad.csv:3: column 2 is not a number: 'x'")));
+  d.csv.path = dir + "/missing.csv";
+  EXPECT_THAT(LoadData(d, LossKind::kCrossEntropy),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("missing.csv")));
+  testing::WriteFile(dir + "/labels.csv", "1,2,0.5\n3,4,1\n");
+  d.csv.path = dir + "/labels.csv";
+  d.csv.skip_rows = 0;
+  EXPECT_THAT(LoadData(d, LossKind::kCrossEntropy),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("integer class ids")));
+}
+
+TEST(BatchAssemblerTest, GathersRowsIntoReusedBuffers) {
+  Dataset d{at::arange(20, at::kFloat).reshape({10, 2}), at::arange(10, at::kLong)};
+  BatchAssembler batches(d, 4);
+  std::vector<int64_t> idx = {7, 2, 9};
+  auto [x, y] = batches.Gather(idx.data(), 3);
+  EXPECT_TRUE(at::equal(y, at::tensor({7, 2, 9}, at::kLong)));
+  EXPECT_TRUE(at::equal(x[0], at::tensor({14.f, 15.f})));
+  const void* storage = x.data_ptr();
+  auto [x2, y2] = batches.Gather(idx.data(), 2);
+  EXPECT_EQ(x2.data_ptr(), storage);  // Same buffer, no new allocation.
+  EXPECT_EQ(x2.size(0), 2);
+}
+
+TEST(CheckpointFileTest, ReplacesAtomicallyAndLeavesNoTemporaries) {
+  std::string dir = testing::MakeTempDir("ckpt");
+  std::string path = CheckpointPath(dir + "/nested");
+  ASSERT_TRUE(WriteFileAtomically(path, {'a', 'b'}).ok());
+  ASSERT_TRUE(WriteFileAtomically(path, {'c'}).ok());
+  DDP_ASSERT_OK_AND_ASSIGN(std::vector<char> bytes, ReadFileBytes(path));
+  EXPECT_THAT(bytes, ElementsAre('c'));
+  int files = 0;
+  for (auto& e : std::filesystem::directory_iterator(dir + "/nested")) {
+    (void)e;
+    ++files;
+  }
+  EXPECT_EQ(files, 1);
+  EXPECT_THAT(DecodeCheckpoint(bytes, path),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unreadable")));
+}
+
+}  // namespace
+}  // namespace ddp
