@@ -43,6 +43,9 @@ def parse_args():
                    help="intra-op threads per rank (0: cores / world, as ddp-trainer)")
     p.add_argument("--max-steps", type=int, default=0,
                    help="stop after this many optimizer steps (overrides train.max_steps)")
+    p.add_argument("--index-loader", action="store_true",
+                   help="gather each batch with one index_select instead of DataLoader's "
+                        "per-sample collate (the data path ddp-trainer uses)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args()
 
@@ -218,7 +221,14 @@ def child(args):
     start = time.perf_counter()
     for epoch in range(train["epochs"]):
         sampler.set_epoch(epoch)
-        batches = list(loader)
+        if args.index_loader:
+            order = torch.tensor(list(iter(sampler)))
+            bs = train["batch_size"]
+            cuts = range(0, len(order) - (len(order) % bs if train["drop_last"] else 0), bs)
+            batches = [(x.index_select(0, order[i:i + bs]), y.index_select(0, order[i:i + bs]))
+                       for i in cuts]
+        else:
+            batches = list(loader)
         steps = math.ceil(len(batches) / accum)
         for step in range(steps):
             group = batches[step * accum:(step + 1) * accum]
@@ -259,6 +269,8 @@ def main():
         cmd = [sys.executable, os.path.abspath(__file__), "--child", "--spec",
                os.path.abspath(args.spec), "--world", str(args.world), "--out", args.out,
                "--threads", str(args.threads), "--max-steps", str(args.max_steps)]
+        if args.index_loader:
+            cmd.append("--index-loader")
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE))
     ranks = {}
     for rank, p in enumerate(procs):
