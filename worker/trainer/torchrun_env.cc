@@ -72,6 +72,10 @@ absl::StatusOr<TorchrunEnv> ReadTorchrunEnv(const Getenv& getenv) {
   if (!events_fd.ok()) return events_fd.status();
   env.events_fd = *events_fd;
   env.gloo_socket_ifname = getenv("GLOO_SOCKET_IFNAME").value_or("");
+  auto omp = IntVar(getenv, "OMP_NUM_THREADS", 1, 0);
+  if (!omp.ok()) return omp.status();
+  env.omp_num_threads = *omp;
+  if (auto id = getenv("DDP_JOB_ID"); id.has_value() && !id->empty()) env.job_id = *id;
   return env;
 }
 

@@ -26,6 +26,11 @@ struct TorchrunEnv {
   int events_fd = -1;        // DDP_EVENTS_FD, or -1 for stdout.
   // GLOO_SOCKET_IFNAME (PyTorch's own variable): the interface Gloo binds to.
   std::string gloo_socket_ifname;
+  // OMP_NUM_THREADS (torchrun sets it): intra-op threads unless train.threads says.
+  int omp_num_threads = 0;
+  // DDP_JOB_ID (set by ddp-worker; "local" otherwise): replaces {job_id} in
+  // checkpoint.dir, so a job's restarts share a checkpoint and new jobs start fresh.
+  std::string job_id = "local";
 };
 
 // Reads the variables through `getenv` (injectable for tests). Errors are

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "worker/trainer/checkpoint.h"
@@ -67,6 +68,11 @@ std::string Fingerprint(const std::vector<at::Tensor>& params) {
   return buf;
 }
 
+JobSpec WithJobId(JobSpec spec, const std::string& job_id) {
+  spec.checkpoint.dir = absl::StrReplaceAll(spec.checkpoint.dir, {{"{job_id}", job_id}});
+  return spec;
+}
+
 }  // namespace
 
 bool IsPermanent(const absl::Status& status) {
@@ -83,7 +89,7 @@ bool IsPermanent(const absl::Status& status) {
 class TrainerImpl {
  public:
   TrainerImpl(JobSpec spec, TorchrunEnv env, EventSink* events)
-      : spec_(std::move(spec)), env_(env), events_(*events) {}
+      : spec_(WithJobId(std::move(spec), env.job_id)), env_(env), events_(*events) {}
 
   absl::Status Run();
 
@@ -137,9 +143,10 @@ class TrainerImpl {
 
 absl::Status TrainerImpl::Setup() {
   const int64_t threads =
-      spec_.train.threads > 0
-          ? spec_.train.threads
-          : std::max<int64_t>(1, std::thread::hardware_concurrency() / env_.local_world_size);
+      spec_.train.threads > 0   ? spec_.train.threads
+      : env_.omp_num_threads > 0 ? env_.omp_num_threads
+                                 : std::max<int64_t>(1, std::thread::hardware_concurrency() /
+                                                            env_.local_world_size);
   at::set_num_threads(static_cast<int>(threads));
 
   DDP_ASSIGN_OR_RETURN(data_, LoadData(spec_.data, spec_.train.loss));

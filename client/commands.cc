@@ -1,0 +1,307 @@
+#include "client/commands.h"
+
+#include <grpcpp/client_context.h>
+#include <grpcpp/create_channel.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "client/render.h"
+#include "common/jobspec/job_spec.h"
+#include "common/rpc/status.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace ddp {
+namespace {
+
+constexpr absl::Duration kUnaryDeadline = absl::Seconds(15);
+
+void SetDeadline(grpc::ClientContext& ctx) {
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + kUnaryDeadline));
+}
+
+std::string ToJson(const google::protobuf::Message& m) {
+  google::protobuf::util::JsonPrintOptions o;
+  o.preserve_proto_field_names = true;
+  o.always_print_primitive_fields = true;
+  std::string s;
+  (void)google::protobuf::util::MessageToJsonString(m, &s, o);
+  return s;
+}
+
+absl::StatusOr<v1::Job> FetchJob(CtlContext& ctx, const std::string& job_id, bool history) {
+  grpc::ClientContext rpc;
+  SetDeadline(rpc);
+  v1::GetJobRequest req;
+  req.set_job_id(job_id);
+  req.set_metric_history(history);
+  v1::Job job;
+  absl::Status st = FromGrpcStatus(ctx.stub->GetJob(&rpc, req, &job));
+  if (!st.ok()) return st;
+  return job;
+}
+
+int OutcomeCode(v1::JobState s) {
+  switch (s) {
+    case v1::SUCCEEDED: return kCtlOk;
+    case v1::CANCELLED: return kCtlCancelled;
+    default: return kCtlFailed;
+  }
+}
+
+}  // namespace
+
+CtlContext MakeContext(const std::string& coordinator, bool json, bool tty, std::ostream* out,
+                       std::ostream* err) {
+  CtlContext ctx;
+  ctx.coordinator = coordinator;
+  ctx.json = json;
+  ctx.tty = tty;
+  ctx.out = out;
+  ctx.err = err;
+  ctx.stub = v1::JobService::NewStub(
+      grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials()));
+  return ctx;
+}
+
+int ReportError(CtlContext& ctx, const absl::Status& st, const std::string& job_id) {
+  std::ostream& err = *ctx.err;
+  switch (st.code()) {
+    case absl::StatusCode::kUnavailable:
+      err << "ddpctl: no coordinator at " << ctx.coordinator
+          << ": is ddp-coordinator running? (set --coordinator or DDP_COORDINATOR)\n";
+      return kCtlFailed;
+    case absl::StatusCode::kDeadlineExceeded:
+      err << "ddpctl: the coordinator at " << ctx.coordinator
+          << " did not answer in time: is it overloaded or partitioned?\n";
+      return kCtlFailed;
+    case absl::StatusCode::kNotFound:
+      err << "ddpctl: " << st.message()
+          << (job_id.empty() ? "" : ": `ddpctl list` shows the jobs the coordinator knows") << "\n";
+      return kCtlFailed;
+    case absl::StatusCode::kInvalidArgument:
+      err << "ddpctl: invalid job:\n" << st.message() << "\n";
+      return kCtlUsage;
+    default:
+      err << "ddpctl: " << st.message() << "\n";
+      return kCtlFailed;
+  }
+}
+
+int Submit(CtlContext& ctx, const std::string& path, bool watch) {
+  std::ifstream in(path);
+  if (!in) {
+    *ctx.err << "ddpctl: cannot read " << path << "\n";
+    return kCtlUsage;
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  // Validate here first: a bad file never reaches the coordinator's queue.
+  auto spec = ParseJobSpec(text.str(), path);
+  if (!spec.ok()) {
+    *ctx.err << "ddpctl: " << path << " is not a valid job:\n" << spec.status().message() << "\n";
+    return kCtlUsage;
+  }
+  v1::SubmitJobRequest req;
+  req.set_spec_yaml(text.str());
+  req.set_source_name(path);
+  if (spec->workdir.empty()) {
+    // Relative paths in the job resolve against the job file's directory.
+    req.set_workdir(std::filesystem::absolute(path).parent_path().lexically_normal().string());
+  }
+  grpc::ClientContext rpc;
+  SetDeadline(rpc);
+  v1::SubmitJobResponse resp;
+  absl::Status st = FromGrpcStatus(ctx.stub->SubmitJob(&rpc, req, &resp));
+  if (!st.ok()) return ReportError(ctx, st);
+  if (ctx.json) {
+    *ctx.out << ToJson(resp.job()) << "\n";
+  } else {
+    *ctx.out << resp.job_id() << "\n";
+    *ctx.err << "submitted " << resp.job_id() << " (" << StateName(resp.job().state())
+             << (resp.job().queue_position() ? absl::StrCat(", queue position ",
+                                                            resp.job().queue_position())
+                                             : "")
+             << ")\n";
+  }
+  ctx.out->flush();
+  return watch ? Watch(ctx, resp.job_id()) : kCtlOk;
+}
+
+int Watch(CtlContext& ctx, const std::string& job_id) {
+  grpc::ClientContext rpc;
+  v1::WatchJobRequest req;
+  req.set_job_id(job_id);
+  auto reader = ctx.stub->WatchJob(&rpc, req);
+
+  // A reader thread keeps the newest update; the main thread draws it, and on a
+  // terminal also redraws every second so "updated ... ago" and ETA stay current.
+  absl::Mutex mu;
+  v1::Job latest;
+  bool have = false, done = false, fresh = false;
+  std::thread pump([&] {
+    v1::Job job;
+    while (reader->Read(&job)) {
+      absl::MutexLock lock(&mu);
+      latest = job;
+      have = fresh = true;
+    }
+    absl::MutexLock lock(&mu);
+    done = true;
+  });
+
+  ProgressEstimator progress;
+  size_t drawn = 0;
+  v1::Job previous;
+  bool has_previous = false;
+  auto draw = [&](const v1::Job& job) {
+    const absl::Time now = absl::Now();
+    if (ctx.json) {
+      *ctx.out << ToJson(job) << "\n";
+    } else if (ctx.tty) {
+      std::vector<std::string> lines = RenderWatch(job, progress, now, /*color=*/true);
+      std::string frame;
+      if (drawn > 0) frame += absl::StrCat("\x1b[", drawn, "A");  // Back to the top.
+      for (const std::string& l : lines) frame += "\x1b[2K" + l + "\n";
+      frame += "\x1b[J";  // Clear what a longer previous frame left below.
+      *ctx.out << frame;
+      drawn = lines.size();
+    } else {
+      for (const std::string& l : RenderWatchLines(job, has_previous ? &previous : nullptr, now)) {
+        *ctx.out << l << "\n";
+      }
+      previous = job;
+      has_previous = true;
+    }
+    ctx.out->flush();
+  };
+
+  bool finished = false;
+  while (!finished) {
+    v1::Job job;
+    bool draw_now = false;
+    {
+      absl::MutexLock lock(&mu);
+      auto ready = [&] { return fresh || done; };
+      mu.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(1));
+      finished = done;
+      if (have && (fresh || (ctx.tty && !ctx.json))) {
+        job = latest;
+        draw_now = true;
+        if (fresh) progress.Observe(latest, absl::Now());
+        fresh = false;
+      }
+    }
+    if (draw_now) draw(job);
+  }
+  pump.join();
+  absl::Status st = FromGrpcStatus(reader->Finish());
+  if (!st.ok()) return ReportError(ctx, st, job_id);
+  if (!have) return kCtlFailed;
+  if (!ctx.json) {
+    *ctx.err << "job " << latest.id() << " " << StateName(latest.state())
+             << (latest.reason().empty() ? "" : ": " + latest.reason()) << "\n";
+  }
+  return OutcomeCode(latest.state());
+}
+
+int Get(CtlContext& ctx, const std::string& job_id, bool history) {
+  auto job = FetchJob(ctx, job_id, history);
+  if (!job.ok()) return ReportError(ctx, job.status(), job_id);
+  *ctx.out << (ctx.json ? ToJson(*job) + "\n" : RenderJob(*job, absl::Now()));
+  return kCtlOk;
+}
+
+int List(CtlContext& ctx, int limit) {
+  grpc::ClientContext rpc;
+  SetDeadline(rpc);
+  v1::ListJobsRequest req;
+  req.set_limit(limit);
+  v1::ListJobsResponse resp;
+  absl::Status st = FromGrpcStatus(ctx.stub->ListJobs(&rpc, req, &resp));
+  if (!st.ok()) return ReportError(ctx, st);
+  if (ctx.json) {
+    *ctx.out << ToJson(resp) << "\n";
+  } else {
+    *ctx.out << RenderJobList({resp.jobs().begin(), resp.jobs().end()}, absl::Now());
+  }
+  return kCtlOk;
+}
+
+int Cancel(CtlContext& ctx, const std::string& job_id, bool wait) {
+  grpc::ClientContext rpc;
+  SetDeadline(rpc);
+  v1::CancelJobRequest req;
+  req.set_job_id(job_id);
+  v1::Job job;
+  absl::Status st = FromGrpcStatus(ctx.stub->CancelJob(&rpc, req, &job));
+  if (!st.ok()) return ReportError(ctx, st, job_id);
+  // Wait until the workers report every trainer of the attempt gone.
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  auto stopped = [](const v1::Job& j) {
+    if (j.attempts().empty()) return true;
+    for (const auto& r : j.attempts(j.attempts_size() - 1).ranks()) {
+      if (r.pid() != 0 && !r.exited()) return false;
+    }
+    return true;
+  };
+  while (wait && !stopped(job) && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(200));
+    auto fresh = FetchJob(ctx, job_id, false);
+    if (!fresh.ok()) return ReportError(ctx, fresh.status(), job_id);
+    job = *std::move(fresh);
+  }
+  if (ctx.json) {
+    *ctx.out << ToJson(job) << "\n";
+  } else {
+    *ctx.out << "job " << job_id << " cancelled"
+             << (wait ? (stopped(job) ? "; its trainers have stopped"
+                                      : "; some trainers have not reported stopping yet")
+                      : "")
+             << "\n";
+  }
+  return kCtlOk;
+}
+
+int Logs(CtlContext& ctx, const std::string& job_id, bool follow, int rank, int tail) {
+  grpc::ClientContext rpc;
+  v1::StreamLogsRequest req;
+  req.set_job_id(job_id);
+  req.set_follow(follow);
+  req.set_tail(tail);
+  if (rank >= 0) {
+    req.set_has_rank(true);
+    req.set_rank(rank);
+  }
+  auto reader = ctx.stub->StreamLogs(&rpc, req);
+  v1::LogBatch batch;
+  while (reader->Read(&batch)) {
+    for (const v1::LogLine& l : batch.lines()) {
+      *ctx.out << (ctx.json ? ToJson(l) : RenderLogLine(l, rank < 0)) << "\n";
+    }
+    ctx.out->flush();
+  }
+  absl::Status st = FromGrpcStatus(reader->Finish());
+  return st.ok() ? kCtlOk : ReportError(ctx, st, job_id);
+}
+
+int Workers(CtlContext& ctx) {
+  grpc::ClientContext rpc;
+  SetDeadline(rpc);
+  v1::ListWorkersResponse resp;
+  absl::Status st = FromGrpcStatus(ctx.stub->ListWorkers(&rpc, v1::ListWorkersRequest(), &resp));
+  if (!st.ok()) return ReportError(ctx, st);
+  if (ctx.json) {
+    *ctx.out << ToJson(resp) << "\n";
+  } else {
+    *ctx.out << RenderWorkers({resp.workers().begin(), resp.workers().end()}, absl::Now());
+  }
+  return kCtlOk;
+}
+
+}  // namespace ddp

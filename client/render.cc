@@ -1,0 +1,334 @@
+#include "client/render.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+namespace ddp {
+namespace {
+
+absl::Time FromMillis(int64_t ms) { return absl::FromUnixMillis(ms); }
+
+// Display width: UTF-8 continuation bytes take no column.
+size_t Width(const std::string& s) {
+  size_t w = 0;
+  for (unsigned char c : s) w += (c & 0xC0) != 0x80;
+  return w;
+}
+
+std::string Metric(double v, const char* fmt) {
+  return std::isnan(v) ? "-" : absl::StrFormat(fmt, v);
+}
+
+const v1::Attempt* Current(const v1::Job& job) {
+  return job.attempts().empty() ? nullptr : &job.attempts(job.attempts_size() - 1);
+}
+
+std::string Ago(int64_t ms, absl::Time now) {
+  if (ms == 0) return "-";
+  absl::Duration d = now - FromMillis(ms);
+  if (d < absl::Seconds(10)) return absl::StrFormat("%.1fs ago", absl::ToDoubleSeconds(d));
+  return HumanDuration(d) + " ago";
+}
+
+std::string Elapsed(const v1::Job& job, absl::Time now) {
+  if (job.start_ms() == 0) return "-";
+  absl::Time end = job.end_ms() ? FromMillis(job.end_ms()) : now;
+  return HumanDuration(end - FromMillis(job.start_ms()));
+}
+
+std::string RankState(const v1::RankAssignment& r) {
+  if (!r.exited()) return r.pid() ? "running" : "starting";
+  if (r.signal()) return absl::StrCat("signal ", r.signal());
+  return absl::StrCat("exit ", r.exit_code());
+}
+
+}  // namespace
+
+const char* StateName(v1::JobState s) {
+  switch (s) {
+    case v1::PENDING: return "PENDING";
+    case v1::RENDEZVOUS: return "RENDEZVOUS";
+    case v1::RUNNING: return "RUNNING";
+    case v1::SUCCEEDED: return "SUCCEEDED";
+    case v1::FAILED: return "FAILED";
+    case v1::CANCELLED: return "CANCELLED";
+    default: return "UNKNOWN";
+  }
+}
+
+std::string FormatTable(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> widths;
+  for (const auto& row : rows) {
+    widths.resize(std::max(widths.size(), row.size()));
+    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], Width(row[i]));
+  }
+  std::string out;
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      line += row[i];
+      if (i + 1 < row.size()) line += std::string(widths[i] - Width(row[i]) + 2, ' ');
+    }
+    out += line + "\n";
+  }
+  return out;
+}
+
+std::string HumanDuration(absl::Duration d) {
+  if (d < absl::ZeroDuration()) d = absl::ZeroDuration();
+  int64_t s = absl::ToInt64Seconds(d);
+  if (s < 60) return absl::StrCat(s, "s");
+  if (s < 3600) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
+  return absl::StrFormat("%dh%02dm", s / 3600, (s % 3600) / 60);
+}
+
+std::string WithThousands(double value) {
+  if (std::isnan(value)) return "-";
+  std::string digits = absl::StrFormat("%.0f", std::fabs(value));
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return value < 0 ? "-" + out : out;
+}
+
+std::string ProgressBar(double fraction, int width) {
+  fraction = std::clamp(fraction, 0.0, 1.0);
+  const int full = static_cast<int>(std::round(fraction * width));
+  std::string bar = "[";
+  for (int i = 0; i < width; ++i) bar += i < full ? "█" : "░";
+  return absl::StrFormat("%s] %3d%%", bar, static_cast<int>(std::round(fraction * 100)));
+}
+
+void ProgressEstimator::Observe(const v1::Job& job, absl::Time now) {
+  for (const v1::RankMetrics& m : job.metrics()) {
+    if (m.rank() != 0) continue;
+    if (last_step_ >= 0 && m.global_step() > last_step_ && now > last_time_) {
+      const double rate = (m.global_step() - last_step_) / absl::ToDoubleSeconds(now - last_time_);
+      steps_per_s_ = steps_per_s_ == 0 ? rate : 0.7 * steps_per_s_ + 0.3 * rate;
+    }
+    if (m.global_step() != last_step_) {
+      last_step_ = m.global_step();
+      last_time_ = now;
+    }
+  }
+}
+
+double ProgressEstimator::Fraction(const v1::Job& job) const {
+  if (job.state() == v1::SUCCEEDED) return 1.0;
+  for (const v1::RankMetrics& m : job.metrics()) {
+    if (m.rank() != 0 || m.steps() <= 0 || job.epochs() <= 0) continue;
+    return (static_cast<double>(m.epoch()) + static_cast<double>(m.step() + 1) / m.steps()) /
+           static_cast<double>(job.epochs());
+  }
+  return -1;
+}
+
+absl::Duration ProgressEstimator::Eta(const v1::Job& job) const {
+  if (steps_per_s_ <= 0) return -absl::Seconds(1);
+  for (const v1::RankMetrics& m : job.metrics()) {
+    if (m.rank() != 0 || m.steps() <= 0) continue;
+    const double left = static_cast<double>((job.epochs() - m.epoch() - 1) * m.steps() +
+                                            (m.steps() - m.step() - 1));
+    return absl::Seconds(std::max(0.0, left) / steps_per_s_);
+  }
+  return -absl::Seconds(1);
+}
+
+std::vector<std::string> RenderWatch(const v1::Job& job, const ProgressEstimator& progress,
+                                     absl::Time now, bool color) {
+  auto paint = [&](const std::string& s, const char* code) {
+    return color ? absl::StrCat("\x1b[", code, "m", s, "\x1b[0m") : s;
+  };
+  const char* state_color = job.state() == v1::SUCCEEDED   ? "32"
+                            : job.state() == v1::FAILED    ? "31"
+                            : job.state() == v1::CANCELLED ? "33"
+                                                           : "36";
+  std::vector<std::string> lines;
+  const v1::Attempt* attempt = Current(job);
+  lines.push_back(absl::StrCat(
+      "job ", paint(job.id(), "1"), "  ", paint(StateName(job.state()), state_color),
+      attempt ? absl::StrCat("  attempt ", attempt->number(), "  world ", attempt->world_size())
+              : "",
+      "  elapsed ", Elapsed(job, now)));
+  if (!job.reason().empty()) lines.push_back(absl::StrCat("  ", job.reason()));
+
+  double total_rate = 0;
+  std::map<int, const v1::RankMetrics*> by_rank;
+  for (const v1::RankMetrics& m : job.metrics()) {
+    by_rank[m.rank()] = &m;
+    total_rate += m.samples_per_s();
+  }
+  const double fraction = progress.Fraction(job);
+  if (fraction >= 0 && by_rank.count(0)) {
+    const v1::RankMetrics& r0 = *by_rank[0];
+    const absl::Duration eta = progress.Eta(job);
+    lines.push_back(absl::StrCat("epoch ", std::min<int64_t>(r0.epoch() + 1, job.epochs()), "/",
+                                 job.epochs(), " ", ProgressBar(fraction, 30), "  ETA ",
+                                 eta < absl::ZeroDuration() ? "-" : HumanDuration(eta), "  ",
+                                 WithThousands(total_rate), " samples/s"));
+  }
+  std::vector<std::vector<std::string>> rows = {
+      {"RANK", "WORKER", "STATE", "EPOCH", "STEP", "LOSS", "SAMPLES/S", "STEP MS", "COMM MS",
+       "UPDATED"}};
+  if (attempt != nullptr) {
+    for (const v1::RankAssignment& r : attempt->ranks()) {
+      auto it = by_rank.find(r.rank());
+      const v1::RankMetrics* m = it == by_rank.end() ? nullptr : it->second;
+      rows.push_back({absl::StrCat(r.rank()), r.worker(), RankState(r),
+                      m ? absl::StrCat(m->epoch()) : "-",
+                      m ? absl::StrCat(m->step() + 1, "/", m->steps()) : "-",
+                      m ? Metric(m->loss(), "%.4f") : "-",
+                      m ? WithThousands(m->samples_per_s()) : "-",
+                      m ? Metric(m->step_ms(), "%.1f") : "-",
+                      m ? Metric(m->comm_ms(), "%.1f") : "-",
+                      m ? Ago(m->update_ms(), now) : "-"});
+    }
+  }
+  std::string table = FormatTable(rows);
+  for (absl::string_view l : absl::StrSplit(table, '\n', absl::SkipEmpty())) {
+    lines.emplace_back(l);
+  }
+  if (!job.epoch_history().empty()) {
+    const v1::EpochSummary& e = job.epoch_history(job.epoch_history_size() - 1);
+    lines.push_back(absl::StrCat("last epoch ", e.epoch(), ": train_loss ",
+                                 Metric(e.train_loss(), "%.4f"), "  val_loss ",
+                                 Metric(e.val_loss(), "%.4f"), "  val_accuracy ",
+                                 Metric(e.val_accuracy() * 100, "%.2f%%")));
+  }
+  return lines;
+}
+
+std::vector<std::string> RenderWatchLines(const v1::Job& job, const v1::Job* previous,
+                                          absl::Time now) {
+  std::vector<std::string> lines;
+  const std::string stamp = absl::FormatTime("%H:%M:%S", now, absl::LocalTimeZone());
+  if (previous == nullptr || previous->state() != job.state() ||
+      previous->reason() != job.reason()) {
+    lines.push_back(absl::StrCat(stamp, " job ", job.id(), " ", StateName(job.state()),
+                                 job.reason().empty() ? "" : ": " + job.reason()));
+  }
+  std::map<int, int64_t> before;
+  if (previous != nullptr) {
+    for (const auto& m : previous->metrics()) before[m.rank()] = m.global_step();
+  }
+  for (const v1::RankMetrics& m : job.metrics()) {
+    auto it = before.find(m.rank());
+    if (it != before.end() && it->second == m.global_step()) continue;
+    lines.push_back(absl::StrFormat(
+        "%s rank %d epoch %d step %d/%d loss %s samples/s %s step_ms %s comm_ms %s", stamp,
+        m.rank(), m.epoch(), m.step() + 1, m.steps(), Metric(m.loss(), "%.4f"),
+        WithThousands(m.samples_per_s()), Metric(m.step_ms(), "%.1f"),
+        Metric(m.comm_ms(), "%.1f")));
+  }
+  const int seen = previous ? previous->epoch_history_size() : 0;
+  for (int i = seen; i < job.epoch_history_size(); ++i) {
+    const v1::EpochSummary& e = job.epoch_history(i);
+    lines.push_back(absl::StrCat(stamp, " epoch ", e.epoch(), " train_loss ",
+                                 Metric(e.train_loss(), "%.4f"), " val_loss ",
+                                 Metric(e.val_loss(), "%.4f"), " val_accuracy ",
+                                 Metric(e.val_accuracy(), "%.4f")));
+  }
+  return lines;
+}
+
+std::string RenderJob(const v1::Job& job, absl::Time now) {
+  std::vector<std::vector<std::string>> info = {
+      {"Job:", job.id()},
+      {"Name:", job.name()},
+      {"State:", absl::StrCat(StateName(job.state()),
+                              job.queue_position() ? absl::StrCat(" (queue position ",
+                                                                  job.queue_position(), ")")
+                                                   : "")},
+      {"Reason:", job.reason()},
+      {"Rendezvous id:", job.rdzv_id()},
+      {"Nodes:", job.min_nodes() == job.max_nodes()
+                     ? absl::StrCat(job.min_nodes())
+                     : absl::StrCat(job.min_nodes(), ":", job.max_nodes())},
+      {"Procs per node:", job.nproc_per_node() ? absl::StrCat(job.nproc_per_node()) : "auto"},
+      {"Restarts:", absl::StrCat(job.restarts(), " of ", job.max_restarts())},
+      {"Workdir:", job.workdir().empty() ? "-" : job.workdir()},
+      {"Submitted:", Ago(job.submit_ms(), now)},
+      {"Elapsed:", Elapsed(job, now)},
+  };
+  std::string out = FormatTable(info);
+  for (const v1::Attempt& a : job.attempts()) {
+    absl::StrAppend(&out, "\nAttempt ", a.number(), ": ", StateName(a.state()),
+                    a.reason().empty() ? "" : " - " + a.reason(), "\n  rendezvous store ",
+                    a.master_addr(), ":", a.master_port(), ", world size ", a.world_size(), "\n");
+    std::vector<std::vector<std::string>> rows = {
+        {"  RANK", "LOCAL", "NODE", "WORKER", "ADDRESS", "PID", "STATE", "ERROR"}};
+    for (const v1::RankAssignment& r : a.ranks()) {
+      rows.push_back({absl::StrCat("  ", r.rank()), absl::StrCat(r.local_rank()),
+                      absl::StrCat(r.group_rank()), r.worker(), r.address(),
+                      r.pid() ? absl::StrCat(r.pid()) : "-", RankState(r),
+                      r.error().empty() ? "" : r.error()});
+    }
+    out += FormatTable(rows);
+  }
+  if (!job.metrics().empty()) {
+    out += "\nLatest metrics:\n";
+    std::vector<std::vector<std::string>> rows = {
+        {"  RANK", "EPOCH", "STEP", "LOSS", "SAMPLES/S", "STEP MS", "COMM MS", "UPDATED"}};
+    for (const v1::RankMetrics& m : job.metrics()) {
+      rows.push_back({absl::StrCat("  ", m.rank()), absl::StrCat(m.epoch()),
+                      absl::StrCat(m.step() + 1, "/", m.steps()), Metric(m.loss(), "%.4f"),
+                      WithThousands(m.samples_per_s()), Metric(m.step_ms(), "%.1f"),
+                      Metric(m.comm_ms(), "%.1f"), Ago(m.update_ms(), now)});
+    }
+    out += FormatTable(rows);
+  }
+  if (!job.epoch_history().empty()) {
+    out += "\nEpochs:\n";
+    std::vector<std::vector<std::string>> rows = {
+        {"  ATTEMPT", "EPOCH", "TRAIN LOSS", "VAL LOSS", "VAL ACCURACY"}};
+    for (const v1::EpochSummary& e : job.epoch_history()) {
+      rows.push_back({absl::StrCat("  ", e.attempt()), absl::StrCat(e.epoch()),
+                      Metric(e.train_loss(), "%.4f"), Metric(e.val_loss(), "%.4f"),
+                      Metric(e.val_accuracy() * 100, "%.2f%%")});
+    }
+    out += FormatTable(rows);
+  }
+  return out;
+}
+
+std::string RenderJobList(const std::vector<v1::Job>& jobs, absl::Time now) {
+  std::vector<std::vector<std::string>> rows = {
+      {"JOB", "NAME", "STATE", "NODES", "WORLD", "RESTARTS", "SUBMITTED", "ELAPSED"}};
+  for (const v1::Job& j : jobs) {
+    const v1::Attempt* a = Current(j);
+    rows.push_back({j.id(), j.name(), StateName(j.state()),
+                    j.min_nodes() == j.max_nodes() ? absl::StrCat(j.min_nodes())
+                                                   : absl::StrCat(j.min_nodes(), ":", j.max_nodes()),
+                    a ? absl::StrCat(a->world_size()) : "-", absl::StrCat(j.restarts()),
+                    Ago(j.submit_ms(), now), Elapsed(j, now)});
+  }
+  return FormatTable(rows);
+}
+
+std::string RenderWorkers(const std::vector<v1::Worker>& workers, absl::Time now) {
+  std::vector<std::vector<std::string>> rows = {
+      {"WORKER", "STATE", "ADDRESS", "SLOTS", "FREE", "GPUS", "LAST HEARTBEAT", "JOBS"}};
+  for (const v1::Worker& w : workers) {
+    rows.push_back({w.name(), w.alive() ? "alive" : "lost", w.address(), absl::StrCat(w.slots()),
+                    absl::StrCat(w.free_slots()), absl::StrCat(w.gpus()),
+                    Ago(w.last_heartbeat_ms(), now),
+                    w.jobs().empty() ? "-" : absl::StrJoin(w.jobs(), ",")});
+  }
+  return FormatTable(rows);
+}
+
+std::string RenderLogLine(const v1::LogLine& line, bool with_rank) {
+  std::string prefix = with_rank ? absl::StrCat("[rank ", line.rank(), "] ") : "";
+  if (line.stream() == "event") prefix += "* ";
+  return prefix + line.text();
+}
+
+}  // namespace ddp

@@ -1,0 +1,94 @@
+// The coordinator's durable state: one SQLite database, <state-dir>/ddp.sqlite.
+//
+// Tables (schema in state_store.cc): jobs, attempts, ranks (the rank tables),
+// workers, metrics (per-rank step history), epochs, logs. A coordinator restarted on
+// the same directory loads jobs, attempts, rank tables and workers with Load() and
+// serves metric history and logs from here.
+//
+// Retention is bounded: per job at most `max_metric_rows` step rows and
+// `max_log_lines` output lines (the newest are kept), and the newest `retain_jobs`
+// finished jobs (older ones are deleted whole).
+//
+// Thread-safe: one connection, one mutex. WAL journal, synchronous=NORMAL: a crash
+// of the coordinator loses nothing committed; a power cut may lose the last commits.
+#ifndef DDP_COORDINATOR_STATE_STORE_H_
+#define DDP_COORDINATOR_STATE_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "ddp/v1/types.pb.h"
+
+struct sqlite3;
+
+namespace ddp {
+
+struct RetentionOptions {
+  int64_t max_metric_rows = 100000;  // Per job.
+  int64_t max_log_lines = 100000;    // Per job.
+  int64_t retain_jobs = 500;         // Finished jobs kept.
+};
+
+struct StoredJob {
+  v1::Job job;  // With attempts and rank tables; no metrics.
+  int64_t seq = 0;  // Submission order.
+};
+
+struct LoadedState {
+  std::vector<StoredJob> jobs;  // In submission order.
+  std::vector<v1::Worker> workers;
+};
+
+class StateStore {
+ public:
+  // Opens (creating) <dir>/ddp.sqlite. UNAVAILABLE if the directory cannot be
+  // created or the database cannot be opened; DATA_LOSS if it is not ours.
+  static absl::StatusOr<std::unique_ptr<StateStore>> Open(const std::string& dir,
+                                                          RetentionOptions retention = {});
+  ~StateStore();
+
+  // Upserts the job, its attempts and their rank tables, in one transaction.
+  absl::Status SaveJob(const v1::Job& job, int64_t seq);
+  absl::Status SaveWorker(const v1::Worker& worker);
+  absl::StatusOr<LoadedState> Load();
+
+  // Appends trainer output in one transaction. Metrics rows use RankMetrics' fields.
+  absl::Status Append(const std::string& job_id, const std::vector<v1::RankMetrics>& metrics,
+                      const std::vector<v1::EpochSummary>& epochs,
+                      const std::vector<v1::LogLine>& logs);
+
+  // Lines with seq > after_seq (of `rank` if set), oldest first, at most `limit`;
+  // with tail > 0, only the last `tail` such lines.
+  absl::StatusOr<std::vector<v1::LogLine>> ReadLogs(const std::string& job_id, int64_t after_seq,
+                                                    std::optional<int> rank, int64_t limit,
+                                                    int64_t tail = 0);
+  absl::StatusOr<int64_t> MaxLogSeq(const std::string& job_id);
+  // The newest row of every rank of `attempt`.
+  absl::StatusOr<std::vector<v1::RankMetrics>> LatestMetrics(const std::string& job_id,
+                                                              int attempt);
+  absl::StatusOr<std::vector<v1::RankMetrics>> MetricHistory(const std::string& job_id);
+  absl::StatusOr<std::vector<v1::EpochSummary>> Epochs(const std::string& job_id);
+
+  // Applies the retention bounds; `finished_ids` are terminal jobs, oldest first.
+  // Returns the ids of the jobs it deleted.
+  absl::StatusOr<std::vector<std::string>> EnforceRetention(
+      const std::vector<std::string>& finished_ids);
+
+ private:
+  StateStore(sqlite3* db, RetentionOptions retention) : db_(db), retention_(retention) {}
+  absl::Status ExecLocked(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  absl::Mutex mu_;
+  sqlite3* db_ ABSL_GUARDED_BY(mu_);
+  const RetentionOptions retention_;
+};
+
+}  // namespace ddp
+
+#endif  // DDP_COORDINATOR_STATE_STORE_H_

@@ -1,0 +1,154 @@
+#include "worker/agent/trainer_task.h"
+
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+namespace ddp {
+namespace {
+
+// How long an exited rank's pipes may stay open (a grandchild holding them) before
+// its exit is reported anyway.
+constexpr absl::Duration kDrainTimeout = absl::Seconds(2);
+
+}  // namespace
+
+std::unique_ptr<TrainerTask> TrainerTask::Start(const v1::Task& task,
+                                                const TrainerTaskOptions& options,
+                                                OutputPump* pump) {
+  std::unique_ptr<TrainerTask> t(new TrainerTask(task, pump));
+  t->options_ = options;
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::path(options.work_dir) / task.job_id() / absl::StrCat("attempt-", task.attempt());
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  const std::string spec_path = (dir / "job.yaml").string();
+  std::ofstream(spec_path) << task.spec_yaml();
+  if (ec || !fs::exists(spec_path)) {
+    t->error_ = absl::StrCat("cannot write ", spec_path, ": ", ec.message());
+    return t;
+  }
+  const std::string cwd = task.workdir().empty() ? (fs::path(options.work_dir) / task.job_id()).string()
+                                                 : task.workdir();
+  if (!fs::is_directory(cwd)) {
+    t->error_ = absl::StrCat("workdir ", cwd, " does not exist on this node (relative paths in "
+                             "the job resolve there; submit from a directory every node has)");
+    return t;
+  }
+  const int local_world = task.ranks_size();
+  for (int local = 0; local < local_world; ++local) {
+    SpawnOptions o;
+    o.argv = {options.trainer_path, "--spec", spec_path};
+    o.cwd = cwd;
+    o.env["OMP_NUM_THREADS"] = std::to_string(options.threads_per_rank);
+    o.env["OPENBLAS_NUM_THREADS"] = std::to_string(options.threads_per_rank);
+    for (const auto& [k, v] : task.env()) o.env[k] = v;  // The job's own choices win.
+    o.env["RANK"] = std::to_string(task.ranks(local));
+    o.env["LOCAL_RANK"] = std::to_string(local);
+    o.env["WORLD_SIZE"] = std::to_string(task.world_size());
+    o.env["LOCAL_WORLD_SIZE"] = std::to_string(local_world);
+    o.env["GROUP_RANK"] = std::to_string(task.group_rank());
+    o.env["MASTER_ADDR"] = task.master_addr();
+    o.env["MASTER_PORT"] = std::to_string(task.master_port());
+    o.env["DDP_EVENTS_FD"] = "3";
+    o.env["DDP_JOB_ID"] = task.job_id();
+    o.env["DDP_ATTEMPT"] = std::to_string(task.attempt());
+    o.events_fd = 3;
+    o.capture_stdout = true;
+    o.capture_stderr = true;
+    auto proc = Subprocess::Spawn(o);
+    if (!proc.ok()) {
+      t->error_ = std::string(proc.status().message());
+      t->Stop(absl::Now());
+      return t;
+    }
+    Rank r;
+    r.rank = task.ranks(local);
+    r.pid = (*proc)->pid();
+    pump->Add(t->SourceOf(r), (*proc)->ReleaseEvents(), (*proc)->ReleaseStdout(),
+              (*proc)->ReleaseStderr());
+    r.proc = std::move(*proc);
+    t->ranks_.push_back(std::move(r));
+  }
+  DDP_LOG(INFO) << "started " << local_world << " trainer(s) for " << task.job_id()
+                << " attempt " << task.attempt() << " (ranks " << task.ranks(0) << ".."
+                << task.ranks(local_world - 1) << " of " << task.world_size() << ")";
+  return t;
+}
+
+TrainerTask::~TrainerTask() {
+  for (Rank& r : ranks_) {
+    if (r.proc) r.proc->Signal(SIGKILL);  // ~Subprocess reaps.
+    pump_->Forget(SourceOf(r));
+  }
+}
+
+bool TrainerTask::Poll(absl::Time now) {
+  bool changed = false;
+  for (Rank& r : ranks_) {
+    if (!r.exit.has_value()) {
+      r.exit = r.proc->TryWait();
+      if (r.exit.has_value()) {
+        r.reaped_at = now;
+        DDP_LOG(INFO) << task_.job_id() << " rank " << r.rank << " (pid " << r.pid << ") "
+                      << r.exit->ToString();
+      }
+    }
+    if (r.exit.has_value() && !r.reported_exit &&
+        (pump_->Drained(SourceOf(r)) || now - r.reaped_at >= kDrainTimeout)) {
+      r.reported_exit = true;
+      changed = true;
+    }
+  }
+  if (kill_at_.has_value() && !killed_ && now >= *kill_at_) {
+    killed_ = true;
+    for (Rank& r : ranks_) {
+      if (!r.exit.has_value()) {
+        DDP_LOG(WARNING) << task_.job_id() << " rank " << r.rank << " ignored SIGTERM for "
+                         << options_.stop_grace << "; sending SIGKILL";
+        r.proc->Signal(SIGKILL);
+      }
+    }
+  }
+  return changed;
+}
+
+void TrainerTask::Stop(absl::Time now) {
+  if (kill_at_.has_value()) return;
+  kill_at_ = now + options_.stop_grace;
+  for (Rank& r : ranks_) {
+    if (!r.exit.has_value()) r.proc->Signal(SIGTERM);
+  }
+}
+
+bool TrainerTask::Finished() const {
+  for (const Rank& r : ranks_) {
+    if (!r.reported_exit) return false;
+  }
+  return true;
+}
+
+v1::TaskStatus TrainerTask::Status() const {
+  v1::TaskStatus s;
+  s.set_job_id(task_.job_id());
+  s.set_attempt(task_.attempt());
+  s.set_error(error_);
+  for (const Rank& r : ranks_) {
+    v1::LocalRankStatus* rs = s.add_ranks();
+    rs->set_rank(r.rank);
+    rs->set_pid(r.pid);
+    if (r.reported_exit) {
+      rs->set_exited(true);
+      rs->set_exit_code(r.exit->exit_code);
+      rs->set_signal(r.exit->signal);
+    }
+  }
+  return s;
+}
+
+}  // namespace ddp

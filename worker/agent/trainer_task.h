@@ -1,0 +1,75 @@
+// The trainers of one attempt on this node: one ddp-trainer process per local rank,
+// started with torchrun's environment, supervised until they exit.
+//
+// Lifecycle: Start() spawns every local rank (each in its own process group, with
+// PR_SET_PDEATHSIG so it dies with the agent) -> Poll() reaps exits -> Stop() sends
+// SIGTERM to every process group and SIGKILL once the grace period is over. A rank
+// counts as exited only when its output pipes are drained too, so its last lines
+// (the `error` event that explains a failure) are reported before its exit.
+#ifndef DDP_WORKER_AGENT_TRAINER_TASK_H_
+#define DDP_WORKER_AGENT_TRAINER_TASK_H_
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/process.h"
+#include "ddp/v1/worker_service.pb.h"
+#include "worker/agent/output_pump.h"
+
+namespace ddp {
+
+struct TrainerTaskOptions {
+  std::string trainer_path;   // The ddp-trainer binary.
+  std::string work_dir;       // Per-job files: <work_dir>/<job>/attempt-<n>/job.yaml.
+  int threads_per_rank = 1;   // OMP_NUM_THREADS / OPENBLAS_NUM_THREADS default.
+  absl::Duration stop_grace = absl::Seconds(10);
+};
+
+class TrainerTask {
+ public:
+  // Spawns the task's ranks. On failure the task exists with error() set (a
+  // permanent problem such as a missing workdir or binary) and no processes.
+  static std::unique_ptr<TrainerTask> Start(const v1::Task& task, const TrainerTaskOptions& options,
+                                            OutputPump* pump);
+  ~TrainerTask();  // Kills whatever still runs.
+
+  const v1::Task& task() const { return task_; }
+  const std::string& error() const { return error_; }
+  // Reaps exited ranks and escalates a stop to SIGKILL after the grace period.
+  // Returns true if some rank's reported state changed.
+  bool Poll(absl::Time now);
+  // SIGTERM now, SIGKILL at now + grace. Idempotent.
+  void Stop(absl::Time now);
+  bool stopping() const { return kill_at_.has_value(); }
+  // Every rank has exited (and its output is drained), or it never started.
+  bool Finished() const;
+  v1::TaskStatus Status() const;
+
+ private:
+  struct Rank {
+    int rank = 0;
+    std::unique_ptr<Subprocess> proc;
+    pid_t pid = 0;
+    std::optional<ExitStatus> exit;  // Reaped.
+    bool reported_exit = false;      // Reaped and drained (or drain timed out).
+    absl::Time reaped_at;
+  };
+  TrainerTask(v1::Task task, OutputPump* pump) : task_(std::move(task)), pump_(pump) {}
+  OutputSource SourceOf(const Rank& r) const { return {task_.job_id(), task_.attempt(), r.rank}; }
+
+  v1::Task task_;
+  OutputPump* pump_;
+  TrainerTaskOptions options_;
+  std::vector<Rank> ranks_;
+  std::string error_;
+  std::optional<absl::Time> kill_at_;
+  bool killed_ = false;
+};
+
+}  // namespace ddp
+
+#endif  // DDP_WORKER_AGENT_TRAINER_TASK_H_
