@@ -199,7 +199,7 @@ class LogStream final : public HubStream<v1::LogBatch> {
     after_seq_ = lines.back().seq();
     v1::LogBatch batch;
     for (auto& l : lines) *batch.add_lines() = std::move(l);
-    *more = static_cast<int>(lines.size()) == kBatch;  // Stored lines are waiting.
+    *more = true;  // Pull again after this write: more lines may be stored already.
     return batch;
   }
 

@@ -30,6 +30,12 @@ MATCHER_P2(StatusIs, code, message_matcher,
                                        result_listener);
 }
 
+MATCHER_P(StatusIs, code, std::string("has status code ") + absl::StatusCodeToString(code)) {
+  const absl::Status& s = GetStatus(arg);
+  if (s.code() != code) *result_listener << "whose status is " << s;
+  return s.code() == code;
+}
+
 MATCHER(IsOk, "is OK") {
   const absl::Status& s = GetStatus(arg);
   if (!s.ok()) *result_listener << "whose status is " << s;

@@ -168,29 +168,6 @@ absl::StatusOr<std::vector<RankResult>> RunTrainers(const TrainerLaunch& launch)
 std::string TrainerBinary() { return DDP_TRAINER_BIN; }
 std::string SourceDir() { return DDP_SOURCE_DIR; }
 
-std::string MakeTempDir(const std::string& name) {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::filesystem::path root = base ? base : std::filesystem::temp_directory_path();
-  std::filesystem::path dir =
-      root / absl::StrCat("ddp-", name, "-", ::getpid(), "-", absl::ToUnixMicros(absl::Now()));
-  std::filesystem::create_directories(dir);
-  return dir.string();
-}
-
-void WriteFile(const std::string& path, const std::string& text) {
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-  std::ofstream out(path);
-  out << text;
-  if (!out) std::abort();
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream buf;
-  buf << in.rdbuf();
-  return buf.str();
-}
-
 absl::StatusOr<google::protobuf::Value> ParseJson(const std::string& text) {
   google::protobuf::Value v;
   auto st = google::protobuf::util::JsonStringToMessage(text, &v);

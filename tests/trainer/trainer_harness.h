@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "common/process.h"
 #include "google/protobuf/struct.pb.h"
+#include "tests/common/test_util.h"
 
 namespace ddp::testing {
 
@@ -81,12 +82,6 @@ absl::StatusOr<std::vector<RankResult>> RunTrainers(const TrainerLaunch& launch)
 // Paths the build gives the tests.
 std::string TrainerBinary();
 std::string SourceDir();
-// A fresh directory under the test's temp dir.
-std::string MakeTempDir(const std::string& name);
-// Writes `text` to `path` (creating parents); aborts the test on failure.
-void WriteFile(const std::string& path, const std::string& text);
-std::string ReadFile(const std::string& path);
-
 // Parses a JSON document (fixtures) into a protobuf Value.
 absl::StatusOr<google::protobuf::Value> ParseJson(const std::string& text);
 

@@ -178,11 +178,14 @@ absl::Status Agent::Run() {
     }
 
     // Output first: a failure's `error` event must precede the exit it explains.
+    const bool heartbeat_due = changed || now >= next_heartbeat;
     absl::Status st = Flush();
-    if ((st.ok() && (changed || now >= next_heartbeat))) st = HeartbeatOnce();
+    if (st.ok() && heartbeat_due) st = HeartbeatOnce();
     if (st.ok()) {
-      if (now >= next_heartbeat || changed) next_heartbeat = now + heartbeat_interval_;
-      failures_ = 0;
+      if (heartbeat_due) {
+        next_heartbeat = now + heartbeat_interval_;
+        failures_ = 0;
+      }
     } else if (st.code() == absl::StatusCode::kNotFound) {
       DDP_LOG(WARNING) << "the coordinator does not know this worker (" << st.message()
                        << "): registering again";

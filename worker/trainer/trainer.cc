@@ -307,6 +307,10 @@ void TrainerImpl::EmitStart() {
     e.AddNull("resumed_from");
   }
   events_.Emit(e);
+  DDP_LOG(INFO) << "rank " << env_.rank << "/" << env_.world_size << " on "
+                << device_.device.str() << " (" << device_.backend << "): "
+                << model_->Describe() << ", " << data_.train.size() << " training samples, "
+                << per_rank << " per rank";
   if (env_.rank == 0) {
     std::vector<std::string> items;
     for (size_t i = 0; i < reducer_->buckets().size(); ++i) {
@@ -541,6 +545,8 @@ absl::Status TrainerImpl::Run() {
       .Add("train_s", train_ms_ / 1000.0);
   if (last_val_accuracy_ >= 0) e.Add("val_accuracy", last_val_accuracy_);
   events_.Emit(e);
+  DDP_LOG(INFO) << "finished: " << pos_.global_step << " steps, " << total_samples_
+                << " samples in " << train_ms_ / 1000.0 << "s of training";
   // Let every rank finish before rank 0's store goes away with its process.
   return comm_->Barrier();
 }

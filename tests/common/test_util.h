@@ -1,0 +1,17 @@
+// Small helpers shared by the tests: scratch directories and files.
+#ifndef DDP_TESTS_COMMON_TEST_UTIL_H_
+#define DDP_TESTS_COMMON_TEST_UTIL_H_
+
+#include <string>
+
+namespace ddp::testing {
+
+// A fresh directory under $TEST_TMPDIR (or the system temp dir).
+std::string MakeTempDir(const std::string& name);
+// Writes `text` to `path`, creating parent directories; aborts on failure.
+void WriteFile(const std::string& path, const std::string& text);
+std::string ReadFile(const std::string& path);
+
+}  // namespace ddp::testing
+
+#endif  // DDP_TESTS_COMMON_TEST_UTIL_H_

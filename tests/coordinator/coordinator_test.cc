@@ -1,0 +1,438 @@
+// The coordinator's state machine, driven directly with a FakeClock: registration,
+// heartbeats and their expiry, rendezvous with last call, rank assignment, the FIFO
+// queue, restarts and recovery. Real SQLite store, no sockets, no sleeps.
+#include "coordinator/coordinator.h"
+
+#include <map>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "coordinator/event_hub.h"
+#include "coordinator/state_store.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/common/status_matchers.h"
+#include "tests/common/test_util.h"
+
+namespace ddp {
+namespace {
+
+using ::ddp::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+std::string JobYaml(const std::string& extra = "", const std::string& nodes = "2") {
+  return absl::StrCat("name: demo\nnodes: \"", nodes,
+                      "\"\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n"
+                      "train: {batch_size: 4}\n",
+                      extra);
+}
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir("coordinator");
+    Open();
+  }
+
+  void Open() {
+    coordinator_.reset();
+    hub_.reset();
+    store_.reset();
+    auto store = StateStore::Open(dir_);
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    hub_ = std::make_unique<EventHub>(store_.get(), &clock_, EventHub::Options{});
+    coordinator_ = std::make_unique<Coordinator>(options_, store_.get(), hub_.get(), &clock_);
+  }
+
+  void Register(const std::string& name, int slots = 1, const std::string& incarnation = "") {
+    v1::RegisterRequest req;
+    req.set_worker(name);
+    incarnations_[name] = incarnation.empty() ? name + "-inc1" : incarnation;
+    req.set_incarnation(incarnations_[name]);
+    req.set_address("10.0.0." + std::string(1, name.back()));
+    req.set_slots(slots);
+    ASSERT_TRUE(coordinator_->Register(req).ok());
+    Heartbeat(name);  // As the agent does right after registering.
+  }
+
+  // A heartbeat from `name` reporting `tasks`; returns the tasks it should run.
+  std::vector<v1::Task> Heartbeat(const std::string& name,
+                                  const std::vector<v1::TaskStatus>& tasks = {}) {
+    v1::HeartbeatRequest req;
+    req.set_worker(name);
+    req.set_incarnation(incarnations_[name]);
+    for (const auto& t : tasks) *req.add_tasks() = t;
+    req.add_free_ports(40000 + static_cast<int>(name.back()));
+    auto resp = coordinator_->Heartbeat(req);
+    EXPECT_TRUE(resp.ok()) << resp.status();
+    if (!resp.ok()) return {};
+    return {resp->tasks().begin(), resp->tasks().end()};
+  }
+
+  // What a worker reports for a task whose ranks all run (or exited with `code`).
+  static v1::TaskStatus Report(const v1::Task& task, std::optional<int> exit_code = std::nullopt) {
+    v1::TaskStatus s;
+    s.set_job_id(task.job_id());
+    s.set_attempt(task.attempt());
+    for (int rank : task.ranks()) {
+      v1::LocalRankStatus* r = s.add_ranks();
+      r->set_rank(rank);
+      r->set_pid(1000 + rank);
+      if (exit_code.has_value()) {
+        r->set_exited(true);
+        r->set_exit_code(*exit_code);
+      }
+    }
+    return s;
+  }
+
+  std::string Submit(const std::string& yaml) {
+    v1::SubmitJobRequest req;
+    req.set_spec_yaml(yaml);
+    auto job = coordinator_->Submit(req);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? job->id() : "";
+  }
+
+  v1::Job Get(const std::string& id) {
+    auto job = coordinator_->GetJob(id);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? *job : v1::Job();
+  }
+
+  // Brings a 2-node job to RUNNING on w1 and w2; returns their tasks.
+  std::pair<v1::Task, v1::Task> StartOnTwoWorkers(const std::string& id) {
+    auto t1 = Heartbeat("w1");
+    auto t2 = Heartbeat("w2");
+    EXPECT_EQ(t1.size(), 1u);
+    EXPECT_EQ(t2.size(), 1u);
+    Heartbeat("w1", {Report(t1[0])});
+    Heartbeat("w2", {Report(t2[0])});
+    EXPECT_EQ(Get(id).state(), v1::RUNNING);
+    return {t1[0], t2[0]};
+  }
+
+  std::string dir_;
+  FakeClock clock_;
+  CoordinatorOptions options_;  // 500ms RPC, 1s interval, 10s heartbeat timeout.
+  std::unique_ptr<StateStore> store_;
+  std::unique_ptr<EventHub> hub_;
+  std::unique_ptr<Coordinator> coordinator_;
+  std::map<std::string, std::string> incarnations_;
+};
+
+TEST_F(CoordinatorTest, TimeoutsMustBeOrdered) {
+  CoordinatorOptions o;
+  o.heartbeat_interval = absl::Seconds(20);
+  EXPECT_THAT(ValidateTimeouts(o), StatusIs(absl::StatusCode::kInvalidArgument,
+                                            HasSubstr("--heartbeat-interval (20s) must be "
+                                                      "shorter than --heartbeat-timeout (10s)")));
+  o = CoordinatorOptions();
+  o.rpc_deadline = absl::Seconds(2);
+  EXPECT_THAT(ValidateTimeouts(o), StatusIs(absl::StatusCode::kInvalidArgument,
+                                            HasSubstr("--rpc-deadline")));
+  EXPECT_TRUE(ValidateTimeouts(CoordinatorOptions()).ok());
+}
+
+TEST_F(CoordinatorTest, SubmitRejectsBadSpecsAndStoresNothing) {
+  v1::SubmitJobRequest req;
+  req.set_spec_yaml("name: bad\nmodel: {mlp: {}}\ndata: {synthetic: {}}\ntrain: {batch_size: 0}\n");
+  req.set_source_name("bad.yaml");
+  EXPECT_THAT(coordinator_->Submit(req),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("bad.yaml:4: train.batch_size: must be > 0")));
+  // Rendezvous timeout must exceed the heartbeat timeout (10s).
+  req.set_spec_yaml(JobYaml("rdzv: {timeout_s: 5}\n"));
+  EXPECT_THAT(coordinator_->Submit(req),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rdzv.timeout_s")));
+  EXPECT_TRUE(coordinator_->ListJobs(10).empty());
+  auto stored = store_->Load();
+  ASSERT_TRUE(stored.ok());
+  EXPECT_TRUE(stored->jobs.empty());
+}
+
+TEST_F(CoordinatorTest, ALiveRdzvIdCannotBeReused) {
+  Submit(JobYaml("rdzv_id: shared\n"));
+  v1::SubmitJobRequest req;
+  req.set_spec_yaml(JobYaml("rdzv_id: shared\n"));
+  EXPECT_THAT(coordinator_->Submit(req),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("rdzv_id 'shared' is in use")));
+}
+
+TEST_F(CoordinatorTest, UnknownJobIsNotFound) {
+  EXPECT_THAT(coordinator_->GetJob("nope"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("job 'nope' not found")));
+  EXPECT_THAT(coordinator_->Cancel("nope"), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(CoordinatorTest, StaleOrUnknownWorkersAreRejected) {
+  v1::HeartbeatRequest req;
+  req.set_worker("ghost");
+  req.set_incarnation("x");
+  EXPECT_THAT(coordinator_->Heartbeat(req),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("register first")));
+  Register("w1", 1, "old");
+  Register("w1", 1, "new");  // The agent restarted.
+  req.set_worker("w1");
+  req.set_incarnation("old");
+  EXPECT_THAT(coordinator_->Heartbeat(req),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("stale worker")));
+  v1::ReportEventsRequest events;
+  events.set_worker("w1");
+  events.set_incarnation("old");
+  EXPECT_THAT(coordinator_->ReportEvents(events),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+TEST_F(CoordinatorTest, RanksFollowWorkerNameOrderAndLocalRanksAreContiguous) {
+  Register("w3", 2);
+  Register("w1", 2);
+  Register("w2", 2);
+  const std::string id = Submit(JobYaml("nproc_per_node: 2\n", "3"));
+  v1::Job job = Get(id);
+  ASSERT_EQ(job.state(), v1::RENDEZVOUS);
+  ASSERT_EQ(job.attempts_size(), 1);
+  const v1::Attempt& a = job.attempts(0);
+  EXPECT_EQ(a.world_size(), 6);
+  std::vector<std::string> workers;
+  for (const auto& r : a.ranks()) {
+    workers.push_back(r.worker());
+    EXPECT_EQ(r.rank(), r.group_rank() * 2 + r.local_rank());
+  }
+  EXPECT_THAT(workers, ElementsAre("w1", "w1", "w2", "w2", "w3", "w3"));
+  EXPECT_EQ(a.master_addr(), "10.0.0.1");  // Node 0 = w1 hosts the store.
+  // The worker that hosts rank 0 is handed ranks 0 and 1 with the store's port.
+  auto tasks = Heartbeat("w1");
+  ASSERT_EQ(tasks.size(), 1u);
+  EXPECT_THAT(tasks[0].ranks(), ElementsAre(0, 1));
+  EXPECT_EQ(tasks[0].world_size(), 6);
+  EXPECT_EQ(tasks[0].master_port(), a.master_port());
+}
+
+TEST_F(CoordinatorTest, JobRunsWhenEveryRankIsUpAndSucceedsWhenAllExitZero) {
+  Register("w1");
+  Register("w2");
+  const std::string id = Submit(JobYaml());
+  auto [t1, t2] = StartOnTwoWorkers(id);
+  Heartbeat("w1", {Report(t1, 0)});
+  EXPECT_EQ(Get(id).state(), v1::RUNNING);  // Rank 1 still runs.
+  Heartbeat("w2", {Report(t2, 0)});
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::SUCCEEDED);
+  EXPECT_EQ(job.reason(), "all 2 ranks exited 0");
+  EXPECT_TRUE(Heartbeat("w1").empty()) << "nothing left to run";
+}
+
+TEST_F(CoordinatorTest, SecondJobWaitsInTheQueueUntilTheFirstEnds) {
+  Register("w1");
+  Register("w2");
+  const std::string first = Submit(JobYaml());
+  const std::string second = Submit(JobYaml());
+  EXPECT_EQ(Get(first).state(), v1::RENDEZVOUS);
+  v1::Job waiting = Get(second);
+  EXPECT_EQ(waiting.state(), v1::PENDING);
+  EXPECT_EQ(waiting.queue_position(), 1);
+  EXPECT_THAT(waiting.reason(), HasSubstr("waiting for 2 node(s)"));
+  auto [t1, t2] = StartOnTwoWorkers(first);
+  EXPECT_EQ(Get(second).state(), v1::PENDING);
+  // The first job's trainers exit: their slots free up and the second forms.
+  Heartbeat("w1", {Report(t1, 0)});
+  Heartbeat("w2", {Report(t2, 0)});
+  EXPECT_EQ(Get(first).state(), v1::SUCCEEDED);
+  EXPECT_EQ(Get(second).state(), v1::RENDEZVOUS);
+}
+
+TEST_F(CoordinatorTest, ElasticRendezvousWaitsOutTheLastCallForMoreNodes) {
+  Register("w1");
+  const std::string id = Submit(JobYaml("rdzv: {last_call_s: 5}\n", "1:3"));
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::RENDEZVOUS);
+  EXPECT_TRUE(job.attempts().empty()) << "gathering: no attempt yet";
+  EXPECT_THAT(job.reason(), HasSubstr("1 of up to 3 nodes"));
+  clock_.Advance(absl::Seconds(2));
+  Register("w2");
+  Heartbeat("w2");
+  coordinator_->Tick();
+  EXPECT_TRUE(Get(id).attempts().empty()) << "the window is still open";
+  clock_.Advance(absl::Seconds(3));
+  coordinator_->Tick();
+  job = Get(id);
+  ASSERT_EQ(job.attempts_size(), 1);
+  EXPECT_EQ(job.attempts(0).world_size(), 2) << "formed with the two nodes present";
+}
+
+TEST_F(CoordinatorTest, ElasticRendezvousFormsAtOnceWhenMaxNodesAreThere) {
+  Register("w1");
+  Register("w2");
+  const std::string id = Submit(JobYaml("rdzv: {last_call_s: 30}\n", "1:2"));
+  ASSERT_EQ(Get(id).attempts_size(), 1);
+  EXPECT_EQ(Get(id).attempts(0).world_size(), 2);
+}
+
+TEST_F(CoordinatorTest, MissedHeartbeatsFailTheAttemptAndTheJobRestarts) {
+  Register("w1");
+  Register("w2");
+  Register("w3");
+  const std::string id = Submit(JobYaml("max_restarts: 1\n"));
+  v1::Job job = Get(id);
+  ASSERT_EQ(job.attempts_size(), 1);
+  // w1 and w2 were chosen (name order); w3 stands by.
+  auto [t1, t2] = StartOnTwoWorkers(id);
+  clock_.Advance(absl::Seconds(6));
+  Heartbeat("w1", {Report(t1)});
+  Heartbeat("w3");
+  clock_.Advance(absl::Seconds(5));  // w2 silent for 11s > 10s.
+  Heartbeat("w1", {Report(t1)});
+  Heartbeat("w3");
+  coordinator_->Tick();
+  job = Get(id);
+  ASSERT_EQ(job.attempts_size(), 1);
+  EXPECT_EQ(job.attempts(0).state(), v1::FAILED);
+  EXPECT_THAT(job.attempts(0).reason(), HasSubstr("worker w2 lost: no heartbeat for 11.0s"));
+  EXPECT_EQ(job.restarts(), 1);
+  // w1 is told to stop its trainers; once they are gone, attempt 2 forms on w1 + w3.
+  EXPECT_TRUE(Heartbeat("w1", {Report(t1)}).empty());
+  EXPECT_EQ(Get(id).state(), v1::PENDING);
+  Heartbeat("w1", {Report(t1, /*exit_code=*/143)});
+  job = Get(id);
+  ASSERT_EQ(job.attempts_size(), 2);
+  std::set<std::string> workers;
+  for (const auto& r : job.attempts(1).ranks()) workers.insert(r.worker());
+  EXPECT_THAT(workers, ElementsAre("w1", "w3"));
+  EXPECT_EQ(job.attempts(0).ranks(0).exit_code(), 143) << "the stopped trainer's exit is kept";
+  auto workers_view = coordinator_->ListWorkers();
+  ASSERT_EQ(workers_view.size(), 3u);
+  EXPECT_FALSE(workers_view[1].alive());
+}
+
+TEST_F(CoordinatorTest, APermanentExitFailsTheJobWithoutRestarting) {
+  Register("w1");
+  Register("w2");
+  const std::string id = Submit(JobYaml("max_restarts: 3\n"));
+  auto [t1, t2] = StartOnTwoWorkers(id);
+  // The trainer explains itself in an error event before it exits.
+  v1::ReportEventsRequest events;
+  events.set_worker("w2");
+  events.set_incarnation(incarnations_["w2"]);
+  v1::ReportedEvent* e = events.add_events();
+  e->set_job_id(id);
+  e->set_attempt(1);
+  e->set_rank(1);
+  e->mutable_event()->set_type("error");
+  e->mutable_event()->set_message("data.csv.path: cannot open 'x.csv'");
+  ASSERT_TRUE(coordinator_->ReportEvents(events).ok());
+  Heartbeat("w2", {Report(t2, /*exit_code=*/2)});
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.restarts(), 0);
+  EXPECT_THAT(job.reason(), HasSubstr("rank 1 on w2 exited with code 2 (permanent error): "
+                                      "data.csv.path: cannot open 'x.csv'"));
+}
+
+TEST_F(CoordinatorTest, RetryableFailuresStopAtMaxRestarts) {
+  Register("w1");
+  Register("w2");
+  const std::string id = Submit(JobYaml("max_restarts: 1\n"));
+  for (int attempt = 1; attempt <= 2; ++attempt) {
+    auto [t1, t2] = StartOnTwoWorkers(id);
+    Heartbeat("w1", {Report(t1, /*exit_code=*/1)});
+    Heartbeat("w2", {Report(t2, /*exit_code=*/1)});
+  }
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.attempts_size(), 2);
+  EXPECT_THAT(job.reason(), HasSubstr("(no restarts left of 1)"));
+}
+
+TEST_F(CoordinatorTest, TrainersThatNeverStartTimeOutTheRendezvous) {
+  Register("w1");
+  Register("w2");
+  const std::string id = Submit(JobYaml("rdzv: {timeout_s: 30}\n"));
+  auto t1 = Heartbeat("w1");
+  ASSERT_EQ(t1.size(), 1u);
+  // Both workers stay alive, but w2 never reports its trainer running.
+  for (int i = 0; i < 4; ++i) {
+    Heartbeat("w1", {Report(t1[0])});
+    Heartbeat("w2");
+    coordinator_->Tick();
+    EXPECT_EQ(Get(id).state(), v1::RENDEZVOUS) << "after " << i * 8 << "s";
+    clock_.Advance(absl::Seconds(8));
+  }
+  Heartbeat("w1", {Report(t1[0])});
+  Heartbeat("w2");
+  coordinator_->Tick();  // 32s > rdzv.timeout_s.
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_THAT(job.reason(), HasSubstr("rendezvous timed out: trainers on w2 not running"));
+}
+
+TEST_F(CoordinatorTest, CancelStopsTheTrainersAndFreesTheSlots) {
+  Register("w1");
+  Register("w2");
+  const std::string id = Submit(JobYaml());
+  auto [t1, t2] = StartOnTwoWorkers(id);
+  auto cancelled = coordinator_->Cancel(id);
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_EQ(cancelled->state(), v1::CANCELLED);
+  EXPECT_TRUE(Heartbeat("w1", {Report(t1)}).empty()) << "w1 must stop its trainer";
+  EXPECT_THAT(coordinator_->Cancel(id),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("already finished")));
+  // Until the trainer is gone its slot stays taken.
+  const std::string next = Submit(JobYaml());
+  EXPECT_EQ(Get(next).state(), v1::PENDING);
+  Heartbeat("w1", {Report(t1, 143)});
+  Heartbeat("w2", {Report(t2, 143)});
+  EXPECT_EQ(Get(next).state(), v1::RENDEZVOUS);
+}
+
+TEST_F(CoordinatorTest, ARestartedCoordinatorRecoversJobsRankTablesAndMetrics) {
+  Register("w1");
+  Register("w2");
+  const std::string id = Submit(JobYaml());
+  auto [t1, t2] = StartOnTwoWorkers(id);
+  v1::ReportEventsRequest events;
+  events.set_worker("w1");
+  events.set_incarnation(incarnations_["w1"]);
+  v1::ReportedEvent* e = events.add_events();
+  e->set_job_id(id);
+  e->set_attempt(1);
+  e->set_rank(0);
+  e->mutable_event()->set_type("step");
+  e->mutable_event()->set_global_step(7);
+  e->mutable_event()->set_loss(0.25);
+  ASSERT_TRUE(coordinator_->ReportEvents(events).ok());
+
+  Open();  // A new coordinator on the same state directory.
+  ASSERT_TRUE(coordinator_->Recover().ok());
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::RUNNING);
+  ASSERT_EQ(job.attempts_size(), 1);
+  EXPECT_EQ(job.attempts(0).ranks(1).worker(), "w2");
+  EXPECT_EQ(job.attempts(0).ranks(1).pid(), 1001);
+  ASSERT_EQ(job.metrics_size(), 1);
+  EXPECT_EQ(job.metrics(0).global_step(), 7);
+  EXPECT_DOUBLE_EQ(job.metrics(0).loss(), 0.25);
+  // The workers check in with their running trainers and the job carries on.
+  Heartbeat("w1", {Report(t1, 0)});
+  Heartbeat("w2", {Report(t2, 0)});
+  EXPECT_EQ(Get(id).state(), v1::SUCCEEDED);
+}
+
+TEST_F(CoordinatorTest, WorkersThatDoNotReturnAfterRecoveryAreLost) {
+  Register("w1");
+  Register("w2");
+  const std::string id = Submit(JobYaml("max_restarts: 0\n"));
+  StartOnTwoWorkers(id);
+  Open();
+  ASSERT_TRUE(coordinator_->Recover().ok());
+  clock_.Advance(absl::Seconds(11));
+  coordinator_->Tick();
+  EXPECT_EQ(Get(id).state(), v1::FAILED);
+  EXPECT_THAT(Get(id).reason(), HasSubstr("lost: no heartbeat"));
+}
+
+}  // namespace
+}  // namespace ddp

@@ -1,0 +1,244 @@
+#include "tests/integration/local_cluster.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <thread>
+
+#include <grpcpp/client_context.h>
+#include <grpcpp/create_channel.h>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "common/net.h"
+#include "common/rpc/status.h"
+#include "tests/common/test_util.h"
+
+namespace ddp::testing {
+namespace {
+
+// Fast failure detection for tests; ordered as the coordinator requires.
+const std::vector<std::string> kTimingFlags = {"--rpc-deadline=100ms",
+                                               "--heartbeat-interval=200ms",
+                                               "--heartbeat-timeout=2s"};
+
+bool PortIsFree(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace
+
+std::string SourceDir() { return DDP_SOURCE_DIR; }
+std::string BinDir() { return DDP_BIN_DIR; }
+
+CtlResult RunCapture(const std::vector<std::string>& argv, absl::Duration timeout) {
+  CtlResult r;
+  SpawnOptions o;
+  o.argv = argv;
+  o.capture_stdout = true;
+  o.capture_stderr = true;
+  auto proc = Subprocess::Spawn(o);
+  if (!proc.ok()) {
+    r.err = std::string(proc.status().message());
+    return r;
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  int fds[2] = {(*proc)->stdout_fd(), (*proc)->stderr_fd()};
+  std::string* sinks[2] = {&r.out, &r.err};
+  int open = 2;
+  while (open > 0) {
+    pollfd p[2];
+    int n = 0, which[2];
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i] < 0) continue;
+      p[n] = {fds[i], POLLIN, 0};
+      which[n++] = i;
+    }
+    const int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (left <= 0) {
+      (*proc)->Signal(SIGKILL);
+      break;
+    }
+    if (::poll(p, static_cast<nfds_t>(n), static_cast<int>(std::min<int64_t>(left, 1000))) < 0) {
+      continue;
+    }
+    for (int k = 0; k < n; ++k) {
+      if (p[k].revents == 0) continue;
+      char buf[8192];
+      ssize_t got = ::read(p[k].fd, buf, sizeof(buf));
+      if (got > 0) {
+        sinks[which[k]]->append(buf, static_cast<size_t>(got));
+      } else {
+        fds[which[k]] = -1;
+        --open;
+      }
+    }
+  }
+  r.exit_code = (*proc)->Wait().ShellCode();
+  return r;
+}
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const Options& options) {
+  std::unique_ptr<LocalCluster> c(new LocalCluster());
+  c->dir_ = MakeTempDir("cluster");
+  // A free port below the ephemeral range: connecting to a closed ephemeral port on
+  // loopback can "succeed" by TCP self-connect while the coordinator restarts.
+  absl::BitGen gen;
+  for (int tries = 0; tries < 100 && c->port_ == 0; ++tries) {
+    const int candidate = absl::Uniform(gen, 20000, 32000);
+    if (PortIsFree(candidate)) c->port_ = candidate;
+  }
+  if (c->port_ == 0) return absl::UnavailableError("no free port for the coordinator");
+  if (absl::Status st = c->StartCoordinator(); !st.ok()) return st;
+  for (int i = 0; i < options.workers; ++i) {
+    if (absl::Status st = c->StartWorker(i, options.slots); !st.ok()) return st;
+  }
+  if (absl::Status st = c->WaitForWorkers(options.workers); !st.ok()) return st;
+  return c;
+}
+
+LocalCluster::~LocalCluster() {
+  for (auto& w : workers_) {
+    if (w) w->Terminate(absl::Seconds(10));  // Agents stop their trainers first.
+  }
+  if (coordinator_) coordinator_->Terminate(absl::Seconds(5));
+}
+
+std::string LocalCluster::address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+absl::Status LocalCluster::StartCoordinator() {
+  SpawnOptions o;
+  o.argv = {BinDir() + "/ddp-coordinator", "--listen", address(), "--state-dir",
+            dir_ + "/state"};
+  o.argv.insert(o.argv.end(), kTimingFlags.begin(), kTimingFlags.end());
+  auto proc = Subprocess::Spawn(o);
+  if (!proc.ok()) return proc.status();
+  coordinator_ = std::move(*proc);
+  // Serving once it answers a call.
+  stub_ = v1::JobService::NewStub(
+      grpc::CreateChannel(address(), grpc::InsecureChannelCredentials()));
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (absl::Now() < deadline) {
+    grpc::ClientContext ctx;
+    ctx.set_wait_for_ready(true);
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)));
+    v1::ListWorkersResponse resp;
+    if (stub_->ListWorkers(&ctx, v1::ListWorkersRequest(), &resp).ok()) return absl::OkStatus();
+    if (auto exited = coordinator_->TryWait()) {
+      return absl::UnavailableError(absl::StrCat("the coordinator exited: ", exited->ToString()));
+    }
+  }
+  return absl::UnavailableError("the coordinator did not come up");
+}
+
+absl::Status LocalCluster::StartWorker(int i, int slots) {
+  SpawnOptions o;
+  const std::string name = absl::StrCat("w", i + 1);
+  o.argv = {BinDir() + "/ddp-worker", "--coordinator", address(), "--name", name,
+            "--slots", std::to_string(slots), "--cpus", "1", "--stop-grace", "3s",
+            "--work-dir", dir_ + "/" + name};
+  auto proc = Subprocess::Spawn(o);
+  if (!proc.ok()) return proc.status();
+  workers_.push_back(std::move(*proc));
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::WaitForWorkers(int n, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    v1::ListWorkersResponse resp;
+    if (stub_->ListWorkers(&ctx, v1::ListWorkersRequest(), &resp).ok()) {
+      int alive = 0;
+      for (const auto& w : resp.workers()) alive += w.alive();
+      if (alive >= n) return absl::OkStatus();
+    }
+    // Registration is asynchronous in other processes; poll the coordinator.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return absl::DeadlineExceededError(absl::StrCat(n, " workers did not register"));
+}
+
+CtlResult LocalCluster::Ctl(std::vector<std::string> args, absl::Duration timeout) {
+  args.insert(args.begin(), BinDir() + "/ddpctl");
+  args.push_back("--coordinator");
+  args.push_back(address());
+  return RunCapture(args, timeout);
+}
+
+absl::StatusOr<std::unique_ptr<Subprocess>> LocalCluster::CtlAsync(std::vector<std::string> args) {
+  SpawnOptions o;
+  o.argv = {BinDir() + "/ddpctl"};
+  o.argv.insert(o.argv.end(), args.begin(), args.end());
+  o.argv.push_back("--coordinator");
+  o.argv.push_back(address());
+  o.capture_stdout = true;
+  o.capture_stderr = true;
+  return Subprocess::Spawn(o);
+}
+
+absl::StatusOr<v1::Job> LocalCluster::GetJob(const std::string& job_id) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  v1::GetJobRequest req;
+  req.set_job_id(job_id);
+  v1::Job job;
+  absl::Status st = FromGrpcStatus(stub_->GetJob(&ctx, req, &job));
+  if (!st.ok()) return st;
+  return job;
+}
+
+absl::StatusOr<v1::Job> LocalCluster::WaitFor(const std::string& job_id,
+                                              const std::function<bool(const v1::Job&)>& pred,
+                                              absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  v1::WatchJobRequest req;
+  req.set_job_id(job_id);
+  auto reader = stub_->WatchJob(&ctx, req);
+  v1::Job job;
+  while (reader->Read(&job)) {
+    if (pred(job)) {
+      ctx.TryCancel();
+      reader->Finish();
+      return job;
+    }
+  }
+  absl::Status st = FromGrpcStatus(reader->Finish());
+  if (!st.ok()) return st;
+  return absl::FailedPreconditionError(
+      absl::StrCat("job ", job_id, " ended (", job.state(), ") before the condition held"));
+}
+
+ExitStatus LocalCluster::StopCoordinator(int sig) {
+  coordinator_->Signal(sig);
+  ExitStatus st = coordinator_->Wait();
+  coordinator_.reset();
+  return st;
+}
+
+std::string StageExample(const std::string& name, const std::string& dir) {
+  namespace fs = std::filesystem;
+  fs::create_directories(fs::path(dir) / "examples");
+  std::error_code ec;
+  fs::create_directory_symlink(fs::path(SourceDir()) / "data", fs::path(dir) / "data", ec);
+  const fs::path copy = fs::path(dir) / "examples" / name;
+  fs::copy_file(fs::path(SourceDir()) / "examples" / name, copy,
+                fs::copy_options::overwrite_existing);
+  return copy.string();
+}
+
+}  // namespace ddp::testing
