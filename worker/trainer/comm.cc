@@ -1,7 +1,6 @@
 #include "worker/trainer/comm.h"
 
-#include <ATen/Context.h>
-#include <ATen/detail/CUDAHooksInterface.h>
+#include <torch/cuda.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #if DDP_WITH_CUDA
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -74,7 +73,7 @@ absl::Status RendezvousBarrier(c10d::Store& store, const TorchrunEnv& env,
 }  // namespace
 
 absl::StatusOr<DeviceChoice> ChooseDevice(const JobSpec& spec, const TorchrunEnv& env) {
-  const bool cuda = at::globalContext().hasCUDA() && at::detail::getCUDAHooks().getNumGPUs() > 0;
+  const bool cuda = torch::cuda::is_available();
   DeviceChoice choice;
   if (spec.backend == Backend::kGloo || (spec.backend == Backend::kAuto && !cuda)) {
     choice.backend = "gloo";
@@ -85,7 +84,7 @@ absl::StatusOr<DeviceChoice> ChooseDevice(const JobSpec& spec, const TorchrunEnv
     return absl::FailedPreconditionError(
         "backend: nccl needs a CUDA GPU, and none is visible to this rank");
   }
-  const int gpus = at::detail::getCUDAHooks().getNumGPUs();
+  const int gpus = static_cast<int>(torch::cuda::device_count());
   choice.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank % gpus));
   choice.backend = "nccl";
   return choice;
