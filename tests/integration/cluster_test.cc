@@ -123,6 +123,28 @@ TEST_F(ClusterTest, TrainsTheBreastCancerExampleWhileWatchShowsEveryRankLive) {
   EXPECT_THAT(all.out, HasSubstr("[rank 1] * started: mlp 30-64-32-2"));
 }
 
+TEST_F(ClusterTest, AStalledWatcherSlowsNeitherTrainingNorOtherWatchers) {
+  const std::string id = SubmitOk(*cluster_, LongJob(cluster_->dir(), "watched", 2));
+  // A watcher that stops reading: its stream's window fills, and it stays stopped.
+  auto stalled = cluster_->CtlAsync({"watch", id});
+  ASSERT_TRUE(stalled.ok());
+  ASSERT_TRUE(cluster_->WaitFor(id, Running).ok());
+  (*stalled)->Signal(SIGSTOP);
+  // Meanwhile another watcher follows the job to its end, and the job finishes.
+  CtlResult live = cluster_->Ctl({"watch", id});
+  EXPECT_EQ(live.exit_code, 0) << live.err;
+  EXPECT_THAT(live.err, HasSubstr("SUCCEEDED"));
+  auto job = cluster_->GetJob(id);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->state(), v1::SUCCEEDED);
+  EXPECT_EQ(job->epoch_history_size(), 2);
+  // Resumed, the stalled watcher gets the final state, not a backlog, and exits 0.
+  (*stalled)->Signal(SIGCONT);
+  auto status = (*stalled)->WaitFor(absl::Seconds(60));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(status->exit_code, 0);
+}
+
 TEST_F(ClusterTest, ASecondJobWaitsPendingUntilTheFirstEndsThenRuns) {
   const std::string first = SubmitOk(*cluster_, LongJob(cluster_->dir(), "first", 2));
   const std::string second = SubmitOk(*cluster_, LongJob(cluster_->dir(), "second", 1));
