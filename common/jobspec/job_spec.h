@@ -22,7 +22,7 @@ namespace ddp {
 enum class Backend { kAuto, kNccl, kGloo };
 enum class LossKind { kCrossEntropy, kMse, kBceWithLogits };
 enum class OptimizerKind { kSgd, kAdam, kAdamW };
-enum class Precision { kFp32, kBf16 };
+enum class Precision { kFp32 };  // bf16 is refused until the CUDA autocast path exists.
 
 struct NodeRange {
   int min = 1;
@@ -165,7 +165,6 @@ absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path);
 const char* BackendName(Backend b);
 const char* LossName(LossKind l);
 const char* OptimizerName(OptimizerKind o);
-const char* PrecisionName(Precision p);
 // "2" or "1:4".
 std::string NodeRangeString(const NodeRange& r);
 

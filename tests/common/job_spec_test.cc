@@ -103,6 +103,28 @@ TEST(JobSpecTest, ZeroBatchSizeNamesTheFieldAndItsLine) {
                              HasSubstr("job.yaml:6: train.batch_size: must be > 0 (got 0)")));
 }
 
+TEST(JobSpecTest, Bf16IsRefusedUntilItIsImplemented) {
+  auto spec = ParseJobSpec("name: d\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n"
+                           "train:\n  precision: bf16\n");
+  EXPECT_THAT(spec, StatusIs(absl::StatusCode::kInvalidArgument,
+                             HasSubstr("job.yaml:5: train.precision: bf16 is not supported yet")));
+}
+
+TEST(JobSpecTest, CheckpointCadenceDefaultsToEveryEpochUnlessBothAreZero) {
+  const std::string head =
+      "name: d\nmodel: {mlp: {}}\ndata: {synthetic: {}}\ntrain: {batch_size: 4}\n";
+  DDP_ASSERT_OK_AND_ASSIGN(JobSpec unset, ParseJobSpec(head + "checkpoint: {dir: c}\n"));
+  EXPECT_EQ(unset.checkpoint.every_epochs, 1);
+  DDP_ASSERT_OK_AND_ASSIGN(
+      JobSpec zeros, ParseJobSpec(head + "checkpoint: {dir: c, every_epochs: 0, every_steps: 0}\n"));
+  EXPECT_EQ(zeros.checkpoint.every_epochs, 0);
+  EXPECT_EQ(zeros.checkpoint.every_steps, 0);
+  DDP_ASSERT_OK_AND_ASSIGN(JobSpec steps,
+                           ParseJobSpec(head + "checkpoint: {dir: c, every_steps: 10}\n"));
+  EXPECT_EQ(steps.checkpoint.every_epochs, 0);
+  EXPECT_EQ(steps.checkpoint.every_steps, 10);
+}
+
 TEST(JobSpecTest, UnknownFieldSuggestsTheNearestName) {
   auto spec = ParseJobSpec("name: d\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n"
                            "train: {batch_size: 4, epoch: 3}\n");
