@@ -6,8 +6,11 @@
 - sampler_grid.txt: torch.utils.data.DistributedSampler's indices over a grid of
   (n, world, rank, seed, epoch, shuffle, drop_last), one case per line:
       n world rank seed epoch shuffle drop_last : i0 i1 ...
-- <job>.losses.json: PyTorch DDP's per-rank, per-step losses for each
-  tests/fixtures/<job>.yaml, from scripts/pytorch_ddp_reference.py (2 ranks, gloo).
+- norm_frozen_model.pt: the TorchScript model of torchscript_norm_accum.yaml
+  (scripts/make_torchscript_model.py --variant norm-frozen).
+- <job>.losses.json: PyTorch DDP's per-rank, per-step losses and per-epoch
+  validation results for each tests/fixtures/<job>.yaml, from
+  scripts/pytorch_ddp_reference.py (2 ranks, gloo).
 """
 
 import itertools
@@ -47,8 +50,15 @@ def sampler_grid():
     print(f"sampler_grid.txt: {len(lines) - 1} cases")
 
 
+def torchscript_models():
+    out = os.path.join(FIXTURES, "norm_frozen_model.pt")
+    subprocess.run([sys.executable, os.path.join(HERE, "make_torchscript_model.py"), "--out", out,
+                    "--inputs", "30", "--classes", "2", "--width", "16", "--seed", "2",
+                    "--variant", "norm-frozen"], check=True)
+
+
 def ddp_losses():
-    for job in ["cancer_adam", "synthetic_sgd_accum", "fmnist_cnn"]:
+    for job in ["cancer_adam", "synthetic_sgd_accum", "fmnist_cnn", "torchscript_norm_accum"]:
         spec = os.path.join(FIXTURES, job + ".yaml")
         out = os.path.join(FIXTURES, job + ".losses.json")
         subprocess.run([sys.executable, os.path.join(HERE, "pytorch_ddp_reference.py"),
@@ -59,4 +69,5 @@ def ddp_losses():
 
 if __name__ == "__main__":
     sampler_grid()
+    torchscript_models()
     ddp_losses()

@@ -2,9 +2,10 @@
 """PyTorch's own DDP on a ddp job.yaml: the reference ddp-trainer is held to.
 
 Runs torch.nn.parallel.DistributedDataParallel (gloo) with the same data split,
-model, initial weights, DistributedSampler, DataLoader, optimizer and loss that
-ddp-trainer builds from the same job file (docs/trainer.md), and writes every rank's
-per-step losses and throughput as JSON. Used to generate the test fixtures
+model, initial weights, DistributedSampler, DataLoader, optimizer, loss and
+validation that ddp-trainer builds from the same job file (docs/trainer.md), and
+writes every rank's per-step losses, per-epoch validation results and throughput
+(validation excluded from train_s) as JSON. Used to generate the test fixtures
 (scripts/gen_fixtures.py) and by the benchmark (bench/).
 
 Run it with Debian's interpreter (python3-torch 1.13 lives there):
@@ -178,13 +179,41 @@ def make_optimizer(opt, params):
                weight_decay=opt.get("weight_decay", 0 if name == "adam" else 1e-2))
 
 
-def loss_fn(kind, out, y):
+def loss_fn(kind, out, y, reduction="mean"):
     import torch.nn.functional as F
     if kind == "cross_entropy":
-        return F.cross_entropy(out, y)
+        return F.cross_entropy(out, y, reduction=reduction)
     if kind == "mse":
-        return F.mse_loss(out.reshape(-1), y)
-    return F.binary_cross_entropy_with_logits(out.reshape(-1), y)
+        return F.mse_loss(out.reshape(-1), y, reduction=reduction)
+    return F.binary_cross_entropy_with_logits(out.reshape(-1), y, reduction=reduction)
+
+
+def validate(ddp, val, rank, world, batch_size, kind):
+    """ddp-trainer's validation: rank r evaluates val[r::world] (no padding) through the
+    DDP module in eval mode, in chunks of max(batch_size, 256); totals are all-reduced."""
+    import torch
+    import torch.distributed as dist
+    vx, vy = val
+    idx = torch.arange(rank, vx.shape[0], world)
+    chunk = max(batch_size, 256)
+    loss_sum, correct, count = 0.0, 0.0, 0.0
+    ddp.eval()
+    with torch.no_grad():
+        for i in range(0, len(idx), chunk):
+            sel = idx[i:i + chunk]
+            bx, by = vx.index_select(0, sel), vy.index_select(0, sel)
+            out = ddp(bx)
+            loss_sum += loss_fn(kind, out, by, reduction="sum").item()
+            if kind == "cross_entropy":
+                correct += out.argmax(1).eq(by).sum().item()
+            elif kind == "bce_with_logits":
+                correct += out.reshape(-1).gt(0).eq(by.gt(0.5)).sum().item()
+            count += len(sel)
+    ddp.train()
+    totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64)
+    dist.all_reduce(totals)
+    loss_sum, correct, count = totals.tolist()
+    return loss_sum / count, (correct / count if kind != "mse" else None)
 
 
 # ---------------------------------------------------------------- one rank
@@ -203,7 +232,7 @@ def child(args):
     train = spec["train"]
     threads = args.threads or train.get("threads") or max(1, (os.cpu_count() or 1) // world)
     torch.set_num_threads(threads)
-    x, y, _, num_classes = load_data(spec, train["loss"])
+    x, y, val, num_classes = load_data(spec, train["loss"])
     torch.manual_seed(train["seed"])
     out = num_classes if train["loss"] == "cross_entropy" else 1
     model = build_model(spec, list(x.shape[1:]), out)
@@ -216,7 +245,7 @@ def child(args):
                         drop_last=train["drop_last"])
     accum = train["grad_accum_steps"]
     max_steps = args.max_steps or train["max_steps"]
-    losses, samples, global_step = [], 0, 0
+    losses, epochs, samples, global_step, validate_s = [], [], 0, 0, 0.0
     dist.barrier()
     start = time.perf_counter()
     for epoch in range(train["epochs"]):
@@ -246,14 +275,25 @@ def child(args):
             global_step += 1
             if max_steps and global_step >= max_steps:
                 break
+        if val is not None and len(val[0]) > 0:
+            t0 = time.perf_counter()
+            val_loss, val_accuracy = validate(ddp, val, rank, world, train["batch_size"],
+                                              train["loss"])
+            epochs.append([epoch, val_loss, val_accuracy])
+            validate_s += time.perf_counter() - t0
         if max_steps and global_step >= max_steps:
             break
-    wall = time.perf_counter() - start
+    wall = time.perf_counter() - start - validate_s
     fingerprint = [p.detach().sum().item() for p in ddp.module.parameters()]
     dist.barrier()
     dist.destroy_process_group()
-    print(json.dumps({"rank": rank, "losses": losses, "samples": samples, "train_s": wall,
-                      "threads": threads, "param_sums": fingerprint}))
+    print(json.dumps({"rank": rank, "losses": losses, "epochs": epochs, "samples": samples,
+                      "train_s": wall, "threads": threads, "param_sums": fingerprint}),
+          flush=True)
+    # Skip interpreter teardown: with Debian's torch 1.13 on Python 3.11, destroying
+    # DDP's reducer at exit can deadlock (a Gloo work thread waits for the GIL while
+    # the main thread joins it), seen as a rank spinning forever after its output.
+    os._exit(0)
 
 
 def main():

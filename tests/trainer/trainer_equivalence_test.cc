@@ -193,11 +193,12 @@ TEST_F(TrainerEquivalenceTest, GradAccumulationEqualsOneStepOnTheLargerBatch) {
   EXPECT_LE(MaxAbsDiff(a, SavedModel()), 1e-6);
 }
 
-// Per-step losses of every rank equal those of PyTorch's Python DDP on the same job
-// (tests/fixtures/<job>.losses.json, made by scripts/gen_fixtures.py).
+// Per-step losses of every rank, and each epoch's validation, equal those of
+// PyTorch's Python DDP on the same job (tests/fixtures/<job>.losses.json, made by
+// scripts/gen_fixtures.py).
 class MatchesPyTorchDdpTest : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(MatchesPyTorchDdpTest, PerStepLossesMatchWithin1e5) {
+TEST_P(MatchesPyTorchDdpTest, PerStepLossesAndValidationMatchWithin1e5) {
   const std::string fixtures = testing::SourceDir() + "/tests/fixtures/";
   auto reference = testing::ParseJson(testing::ReadFile(fixtures + GetParam() + ".losses.json"));
   ASSERT_TRUE(reference.ok()) << reference.status();
@@ -219,11 +220,26 @@ TEST_P(MatchesPyTorchDdpTest, PerStepLossesMatchWithin1e5) {
       EXPECT_NEAR(steps[i].Number("loss"), row.values(2).number_value(), 1e-5)
           << "rank " << r.rank << " step " << i;
     }
+    if (r.rank != 0) continue;  // Rank 0 reports the epochs.
+    const auto& expected_epochs =
+        ranks.at("0").struct_value().fields().at("epochs").list_value();
+    if (expected_epochs.values_size() == 0) continue;  // The job has no validation set.
+    auto epochs = r.OfType("epoch");
+    ASSERT_EQ(static_cast<int>(epochs.size()), expected_epochs.values_size());
+    for (size_t i = 0; i < epochs.size(); ++i) {
+      const auto& row = expected_epochs.values(static_cast<int>(i)).list_value();
+      EXPECT_EQ(epochs[i].Number("epoch"), row.values(0).number_value());
+      EXPECT_NEAR(epochs[i].Number("val_loss"), row.values(1).number_value(), 1e-5)
+          << "epoch " << i;
+      EXPECT_NEAR(epochs[i].Number("val_accuracy"), row.values(2).number_value(), 1e-9)
+          << "epoch " << i;
+    }
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, MatchesPyTorchDdpTest,
-                         ::testing::Values("cancer_adam", "synthetic_sgd_accum", "fmnist_cnn"));
+                         ::testing::Values("cancer_adam", "synthetic_sgd_accum", "fmnist_cnn",
+                                           "torchscript_norm_accum"));
 
 }  // namespace
 }  // namespace ddp

@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <cmath>
+#include <filesystem>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -134,14 +135,46 @@ TEST(TrainerTrainingTest, TrainsAUserTorchScriptModel) {
             results[1].OfType("done")[0].String("params_fingerprint"));
 }
 
+TEST(TrainerTrainingTest, TrainsOnlyTheParametersThatRequireGrad) {
+  // A TorchScript model with a frozen first layer (requires_grad=False) and buffers:
+  // DDP reduces and updates only the trainable parameters.
+  std::string dir = testing::MakeTempDir("frozen");
+  SpawnOptions make;
+  make.argv = {"/usr/bin/python3", testing::SourceDir() + "/scripts/make_torchscript_model.py",
+               "--out", dir + "/model.pt", "--variant", "norm-frozen"};
+  DDP_ASSERT_OK_AND_ASSIGN(auto maker, Subprocess::Spawn(make));
+  ASSERT_TRUE(maker->Wait().ok()) << "scripts/make_torchscript_model.py failed";
+  DDP_ASSERT_OK_AND_ASSIGN(
+      auto results, testing::RunTrainers(testing::LaunchOf(
+                        CancerJob(dir, 2, 0, "torchscript: {path: model.pt}"), 2)));
+  ExpectAllSucceeded(results);
+  auto epochs = results[0].OfType("epoch");
+  ASSERT_EQ(epochs.size(), 2u);
+  EXPECT_GE(epochs.back().Number("val_accuracy"), 0.9);
+  SpawnOptions py;
+  py.argv = {"/usr/bin/python3", "-c", R"(
+import sys, torch
+ckpt, original = torch.load(sys.argv[1])["model"], torch.jit.load(sys.argv[2]).state_dict()
+assert torch.equal(ckpt["stem.weight"], original["stem.weight"]), "the frozen layer changed"
+assert torch.equal(ckpt["stem.bias"], original["stem.bias"]), "the frozen layer changed"
+assert not torch.equal(ckpt["head.0.weight"], original["head.0.weight"]), "nothing trained"
+assert int(ckpt["bn.num_batches_tracked"]) > 0, "buffers were not kept"
+)",
+             results[0].OfType("checkpoint").back().String("path"), dir + "/model.pt"};
+  DDP_ASSERT_OK_AND_ASSIGN(auto check, Subprocess::Spawn(py));
+  EXPECT_TRUE(check->Wait().ok()) << "the checkpoint's frozen layer differs from the model's";
+}
+
 TEST(TrainerTrainingTest, ResumesMidEpochWithTheLossesOfAnUninterruptedRun) {
-  // Reference: two epochs straight through.
+  // Reference: two epochs straight through, checkpointing every 5 steps.
   std::string ref_dir = testing::MakeTempDir("resume-ref");
   DDP_ASSERT_OK_AND_ASSIGN(auto reference,
                            testing::RunTrainers(testing::LaunchOf(CancerJob(ref_dir, 2, 5), 2)));
   ExpectAllSucceeded(reference);
 
-  // Crash: kill both ranks right after the checkpoint at step 15 of epoch 0.
+  // Crash: SIGKILL both ranks as soon as the checkpoint at step 15 of epoch 0 is
+  // reported. The ranks may get a few steps further (and checkpoint again at step 20
+  // or 25) before the signal lands; the resumed run must start at the last one.
   std::string dir = testing::MakeTempDir("resume");
   const std::string spec = CancerJob(dir, 2, 5);
   DDP_ASSERT_OK_AND_ASSIGN(auto group, testing::TrainerGroup::Start(testing::LaunchOf(spec, 2)));
@@ -149,26 +182,71 @@ TEST(TrainerTrainingTest, ResumesMidEpochWithTheLossesOfAnUninterruptedRun) {
     return e.type() == "checkpoint" && e.Number("epoch") == 0 && e.Number("step") == 15;
   });
   for (const RankResult& r : crashed) EXPECT_EQ(r.exit.signal, SIGKILL);
+  auto saved = crashed[0].OfType("checkpoint");
+  ASSERT_FALSE(saved.empty());
+  const int saved_epoch = static_cast<int>(saved.back().Number("epoch"));
+  const int saved_step = static_cast<int>(saved.back().Number("step"));
+  ASSERT_EQ(saved_epoch, 0) << "killed too late to test a mid-epoch resume";
 
-  // Restart on the same directory: it resumes at (0, 15) and replays the same data.
+  // Restart on the same directory: it resumes at the checkpoint and replays the
+  // same data, so every remaining loss equals the uninterrupted run's.
   DDP_ASSERT_OK_AND_ASSIGN(auto resumed, testing::RunTrainers(testing::LaunchOf(spec, 2)));
   ExpectAllSucceeded(resumed);
   for (int rank = 0; rank < 2; ++rank) {
     auto start = resumed[rank].OfType("start");
     ASSERT_EQ(start.size(), 1u);
     const auto& from = start[0].fields.fields().at("resumed_from").struct_value().fields();
-    EXPECT_EQ(from.at("epoch").number_value(), 0);
-    EXPECT_EQ(from.at("step").number_value(), 15);
+    EXPECT_EQ(from.at("epoch").number_value(), saved_epoch);
+    EXPECT_EQ(from.at("step").number_value(), saved_step);
+    EXPECT_GE(saved_step, 15);
 
     auto expected = Losses(reference[rank]);
     auto got = Losses(resumed[rank]);
-    ASSERT_EQ(got.size(), 56u - 15u) << "steps 15..27 of epoch 0 and all 28 of epoch 1";
-    EXPECT_EQ(got.begin()->first, std::make_pair(0, 15));
+    ASSERT_EQ(got.size(), 56u - saved_step) << "the rest of epoch 0 and all 28 steps of epoch 1";
+    EXPECT_EQ(got.begin()->first, std::make_pair(0, saved_step));
     for (const auto& [at, loss] : got) {
       EXPECT_NEAR(loss, expected.at(at), 1e-6) << "epoch " << at.first << " step " << at.second;
     }
     EXPECT_EQ(resumed[rank].OfType("done")[0].String("params_fingerprint"),
               reference[rank].OfType("done")[0].String("params_fingerprint"));
+  }
+  // The interrupted epoch's train_loss covers its steps before the crash too.
+  auto ref_epochs = reference[0].OfType("epoch");
+  auto got_epochs = resumed[0].OfType("epoch");
+  ASSERT_EQ(ref_epochs.size(), 2u);
+  ASSERT_EQ(got_epochs.size(), 2u);
+  for (int e = 0; e < 2; ++e) {
+    EXPECT_NEAR(got_epochs[e].Number("train_loss"), ref_epochs[e].Number("train_loss"), 1e-9)
+        << "epoch " << e;
+    EXPECT_NEAR(got_epochs[e].Number("val_loss"), ref_epochs[e].Number("val_loss"), 1e-9);
+  }
+}
+
+TEST(TrainerTrainingTest, AnUnreadableCheckpointFailsRetryableInsteadOfStartingOver) {
+  std::string dir = testing::MakeTempDir("ckpt-unreadable");
+  // checkpoint.pt exists but cannot be read (a directory: EISDIR, even for root).
+  std::filesystem::create_directories(dir + "/ckpt/checkpoint.pt");
+  DDP_ASSERT_OK_AND_ASSIGN(auto results,
+                           testing::RunTrainers(testing::LaunchOf(CancerJob(dir, 1), 2)));
+  for (const RankResult& r : results) {
+    EXPECT_EQ(r.exit.exit_code, kExitRetryable) << r.exit.ToString();
+    EXPECT_TRUE(r.OfType("step").empty()) << "rank " << r.rank << " trained from scratch";
+    auto errors = r.OfType("error");
+    ASSERT_EQ(errors.size(), 1u) << r.stderr_text;
+    EXPECT_THAT(errors[0].String("message"), HasSubstr("checkpoint.pt"));
+  }
+}
+
+TEST(TrainerTrainingTest, ACheckpointOfAnotherKindIsAPermanentError) {
+  std::string dir = testing::MakeTempDir("ckpt-foreign");
+  testing::WriteFile(dir + "/ckpt/checkpoint.pt", "not a checkpoint");
+  DDP_ASSERT_OK_AND_ASSIGN(auto results,
+                           testing::RunTrainers(testing::LaunchOf(CancerJob(dir, 1), 2)));
+  for (const RankResult& r : results) {
+    EXPECT_EQ(r.exit.exit_code, kExitPermanent) << r.exit.ToString();
+    auto errors = r.OfType("error");
+    ASSERT_EQ(errors.size(), 1u) << r.stderr_text;
+    EXPECT_THAT(errors[0].String("message"), HasSubstr("checkpoint.resume: false"));
   }
 }
 

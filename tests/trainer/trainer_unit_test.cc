@@ -136,6 +136,20 @@ TEST(DatasetTest, ErrorsNameTheFileAndLine) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("integer class ids")));
 }
 
+TEST(DatasetTest, NonFiniteValuesAreRejectedWithTheirLine) {
+  std::string dir = testing::MakeTempDir("csv-nan");
+  testing::WriteFile(dir + "/nan.csv", "1,2,0\n3,nan,1\n");
+  DataSpec d;
+  d.csv.path = dir + "/nan.csv";
+  EXPECT_THAT(LoadData(d, LossKind::kCrossEntropy),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("nan.csv:2: column 2 is 'nan': values must be finite")));
+  testing::WriteFile(dir + "/inf.csv", "1,-inf,0\n");
+  d.csv.path = dir + "/inf.csv";
+  EXPECT_THAT(LoadData(d, LossKind::kCrossEntropy),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("inf.csv:1: column 2")));
+}
+
 TEST(BatchAssemblerTest, GathersRowsIntoReusedBuffers) {
   Dataset d{at::arange(20, at::kFloat).reshape({10, 2}), at::arange(10, at::kLong)};
   BatchAssembler batches(d, 4);
@@ -164,6 +178,30 @@ TEST(CheckpointFileTest, ReplacesAtomicallyAndLeavesNoTemporaries) {
   EXPECT_EQ(files, 1);
   EXPECT_THAT(DecodeCheckpoint(bytes, path),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unreadable")));
+}
+
+TEST(CheckpointFileTest, MissingIsNotFoundButUnreadableIsUnavailable) {
+  std::string dir = testing::MakeTempDir("ckpt-read");
+  EXPECT_THAT(ReadFileBytes(dir + "/none.pt"), StatusIs(absl::StatusCode::kNotFound));
+  // A directory where the file should be: it exists, but reading it fails (EISDIR),
+  // which no resume may mistake for "no checkpoint yet".
+  std::filesystem::create_directories(dir + "/checkpoint.pt");
+  EXPECT_THAT(ReadFileBytes(dir + "/checkpoint.pt"),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("checkpoint.pt")));
+}
+
+TEST(CheckpointFileTest, StaleTemporariesOfKilledWritersAreRemoved) {
+  std::string dir = testing::MakeTempDir("ckpt-stale");
+  const std::string path = CheckpointPath(dir);
+  ASSERT_TRUE(WriteFileAtomically(path, {'x'}).ok());
+  testing::WriteFile(path + ".tmp.4242", "torn");
+  testing::WriteFile(dir + "/notes.txt", "keep");
+  RemoveStaleTemporaries(path);
+  std::vector<std::string> names;
+  for (auto& e : std::filesystem::directory_iterator(dir)) {
+    names.push_back(e.path().filename().string());
+  }
+  EXPECT_THAT(names, ::testing::UnorderedElementsAre("checkpoint.pt", "notes.txt"));
 }
 
 }  // namespace

@@ -50,8 +50,12 @@ std::vector<char> EncodeCheckpoint(const c10::IValue& dict);
 // Writes bytes to <dir>/checkpoint.pt atomically, creating dir. UNAVAILABLE on I/O
 // errors (a full disk is worth a retry elsewhere), with the path in the message.
 absl::Status WriteFileAtomically(const std::string& path, const std::vector<char>& bytes);
-// Reads a whole file. NOT_FOUND when it does not exist.
+// Reads a whole file. NOT_FOUND when it does not exist; UNAVAILABLE when it exists
+// but cannot be read (permissions, I/O errors).
 absl::StatusOr<std::vector<char>> ReadFileBytes(const std::string& path);
+// Deletes the temporaries that writers of `path` killed mid-write left behind
+// (<path>.tmp.<pid>). Only rank 0 writes, so at its start none is in use.
+void RemoveStaleTemporaries(const std::string& path);
 // Parses bytes into the checkpoint dict; INVALID_ARGUMENT for foreign or corrupt
 // files, naming the path.
 absl::StatusOr<c10::impl::GenericDict> DecodeCheckpoint(const std::vector<char>& bytes,

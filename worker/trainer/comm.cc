@@ -1,6 +1,7 @@
 #include "worker/trainer/comm.h"
 
 #include <torch/cuda.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #if DDP_WITH_CUDA
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -45,7 +46,7 @@ std::shared_ptr<::gloo::transport::Device> GlooDevice(const TorchrunEnv& env) {
 // named, rather than as an opaque process-group timeout.
 absl::Status RendezvousBarrier(c10d::Store& store, const TorchrunEnv& env,
                                std::chrono::milliseconds timeout) {
-  auto key = [](int r) { return absl::StrCat("ddp/rdzv/rank/", r); };
+  auto key = [](int r) { return absl::StrCat("rdzv/rank/", r); };
   std::vector<std::string> keys;
   for (int r = 0; r < env.world_size; ++r) keys.push_back(key(r));
   try {
@@ -110,7 +111,11 @@ absl::StatusOr<Comm> Comm::Connect(const TorchrunEnv& env, const DeviceChoice& d
     opts.numWorkers = static_cast<size_t>(env.world_size);
     opts.waitWorkers = false;  // Our own barrier below says who is missing.
     opts.timeout = rdzv_timeout;
-    c.store_ = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+    auto tcp = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+    // Every key of this job's attempt, ours and the process group's, lives under one
+    // prefix (as torchrun scopes its store per restart).
+    c.store_ = c10::make_intrusive<c10d::PrefixStore>(
+        absl::StrCat("ddp/", env.job_id, "/", env.attempt), tcp);
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat(
         env.rank == 0 ? "cannot host" : "cannot reach", " the rendezvous store at ",

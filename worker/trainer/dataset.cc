@@ -56,6 +56,12 @@ absl::StatusOr<Dataset> LoadCsv(const CsvSpec& spec) {
             absl::StrCat(spec.path, ":", line_no, ": column ", c + 1, " is not a number: '",
                          cells[c], "' (a header line? set data.csv.skip_rows)"));
       }
+      if (!std::isfinite(v)) {
+        // nan/inf parse as numbers but would silently turn the loss into NaN.
+        return absl::InvalidArgumentError(absl::StrCat(spec.path, ":", line_no, ": column ",
+                                                       c + 1, " is '", cells[c],
+                                                       "': values must be finite"));
+      }
       if (c == label_col) {
         labels.push_back(v);
       } else {

@@ -6,6 +6,8 @@
 // or model: restarting cannot help); 1 retryable (a peer died, a timeout, I/O).
 #include <signal.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include "common/exit_codes.h"
@@ -62,6 +64,13 @@ int main(int argc, char** argv) {
 
   ddp::Trainer trainer(*std::move(spec), *env, &events);
   absl::Status st = trainer.Run();
-  if (!st.ok()) return Fail(&events, st, ddp::IsPermanent(st));
+  if (!st.ok()) {
+    const int code = Fail(&events, st, ddp::IsPermanent(st));
+    // Exit without running destructors: tearing down a process group whose
+    // collective failed can wait on its queued work (up to the collective timeout
+    // each) or hang in the backend, and nothing is left to save.
+    std::fflush(nullptr);
+    std::_Exit(code);
+  }
   return ddp::kExitOk;
 }

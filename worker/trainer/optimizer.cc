@@ -26,9 +26,10 @@ IValue AdamState(const State& s) {
   GenericDict d = StringDict();
   // torch.optim.Adam keeps `step` as a float tensor since 1.12.
   d.insert("step", at::scalar_tensor(static_cast<double>(s.step()), at::kFloat));
-  d.insert("exp_avg", s.exp_avg());
-  d.insert("exp_avg_sq", s.exp_avg_sq());
-  if (s.max_exp_avg_sq().defined()) d.insert("max_exp_avg_sq", s.max_exp_avg_sq());
+  // On the CPU, as the model is saved, so a checkpoint from a GPU run loads anywhere.
+  d.insert("exp_avg", s.exp_avg().cpu());
+  d.insert("exp_avg_sq", s.exp_avg_sq().cpu());
+  if (s.max_exp_avg_sq().defined()) d.insert("max_exp_avg_sq", s.max_exp_avg_sq().cpu());
   return d;
 }
 
@@ -105,7 +106,7 @@ c10::IValue OptimizerStateDict(const OptimizerSpec& spec, torch::optim::Optimize
           [](const torch::optim::SGDParamState& s) -> IValue {
             GenericDict d = StringDict();
             d.insert("momentum_buffer",
-                     s.momentum_buffer().defined() ? IValue(s.momentum_buffer()) : IValue());
+                     s.momentum_buffer().defined() ? IValue(s.momentum_buffer().cpu()) : IValue());
             return d;
           },
           &state);
@@ -149,6 +150,10 @@ absl::Status LoadOptimizerStateDict(const OptimizerSpec& spec, torch::optim::Opt
     return absl::InvalidArgumentError("checkpoint: optimizer state dict has no 'state'");
   }
   for (const auto& entry : state_iv.toGenericDict()) {
+    if (!entry.key().isInt()) {
+      return absl::InvalidArgumentError(
+          "checkpoint: optimizer state is keyed by something other than parameter indices");
+    }
     const int64_t i = entry.key().toInt();
     if (i < 0 || i >= static_cast<int64_t>(params.size()) || !entry.value().isGenericDict()) {
       return absl::InvalidArgumentError(

@@ -76,6 +76,9 @@ absl::StatusOr<TorchrunEnv> ReadTorchrunEnv(const Getenv& getenv) {
   if (!omp.ok()) return omp.status();
   env.omp_num_threads = *omp;
   if (auto id = getenv("DDP_JOB_ID"); id.has_value() && !id->empty()) env.job_id = *id;
+  auto attempt = IntVar(getenv, "DDP_ATTEMPT", 0, 0);
+  if (!attempt.ok()) return attempt.status();
+  env.attempt = *attempt;
   return env;
 }
 

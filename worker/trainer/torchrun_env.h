@@ -31,6 +31,10 @@ struct TorchrunEnv {
   // DDP_JOB_ID (set by ddp-worker; "local" otherwise): replaces {job_id} in
   // checkpoint.dir, so a job's restarts share a checkpoint and new jobs start fresh.
   std::string job_id = "local";
+  // DDP_ATTEMPT (set by ddp-worker; 0 otherwise): with the job id, it scopes the
+  // rendezvous keys in the store, so a straggler of another job or attempt that
+  // reaches this store can never join this group.
+  int attempt = 0;
 };
 
 // Reads the variables through `getenv` (injectable for tests). Errors are

@@ -102,6 +102,11 @@ class TrainerImpl {
   absl::Status Checkpoint(const TrainingPosition& pos);
   absl::Status TakeStep(const std::vector<int64_t>& order, int64_t first_micro,
                         int64_t num_micro, double* loss, double* comm_ms, int64_t* samples);
+  // One forward of the model under DDP's buffer rule (broadcast_buffers=True): rank 0's
+  // buffers are broadcast first when the previous forward was a gradient-syncing
+  // training forward, or when none ran yet (PyTorch's require_forward_param_sync).
+  // `grad_sync`: this forward is followed by a backward that all-reduces.
+  absl::StatusOr<at::Tensor> Forward(const at::Tensor& input, bool grad_sync);
   void EmitStart();
   void EmitTrace();
 
@@ -116,8 +121,9 @@ class TrainerImpl {
 
   TrainValData data_;
   std::unique_ptr<Model> model_;
-  std::vector<at::Tensor> params_;
+  std::vector<at::Tensor> params_;  // All of them; the optimizer and checkpoints see these.
   std::vector<at::Tensor> buffers_;
+  bool sync_buffers_ = true;  // Broadcast buffers before the next forward.
   DeviceChoice device_;
   std::optional<Comm> comm_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
@@ -129,7 +135,8 @@ class TrainerImpl {
   TrainingPosition pos_;
   bool resumed_ = false;
   TrainingPosition resumed_from_;
-  // Per-epoch running totals for the epoch event's train_loss.
+  // Per-epoch running totals for the epoch event's train_loss (reset by EndEpoch;
+  // restored by Resume, summed over ranks, on rank 0).
   double epoch_loss_sum_ = 0;
   int64_t epoch_steps_ = 0;
   // Throughput window since the last step event.
@@ -153,12 +160,23 @@ absl::Status TrainerImpl::Setup() {
   at::manual_seed(static_cast<uint64_t>(spec_.train.seed));
   DDP_ASSIGN_OR_RETURN(model_, BuildModel(spec_.model, data_, spec_.train.loss));
   DDP_ASSIGN_OR_RETURN(device_, ChooseDevice(spec_, env_));
-  if (spec_.train.precision == Precision::kBf16 && device_.device.is_cpu()) {
-    return absl::FailedPreconditionError(
-        "train.precision: bf16 autocast needs a CUDA device (this rank trains on CPU)");
-  }
   model_->To(device_.device);
-  for (auto& [name, p] : model_->Parameters()) params_.push_back(p);
+  // As DDP does, only parameters that require grad are reduced; frozen ones are
+  // broadcast once with the rest and then left alone.
+  std::vector<at::Tensor> trainable;
+  for (auto& [name, p] : model_->Parameters()) {
+    params_.push_back(p);
+    if (!p.requires_grad()) continue;
+    if (!trainable.empty() && p.scalar_type() != trainable[0].scalar_type()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model: parameter '", name, "' is ", c10::toString(p.scalar_type()), " but others are ",
+          c10::toString(trainable[0].scalar_type()), ": trainable parameters must share a dtype"));
+    }
+    trainable.push_back(p);
+  }
+  if (trainable.empty()) {
+    return absl::InvalidArgumentError("model: no parameter requires grad: nothing to train");
+  }
   for (auto& [name, b] : model_->Buffers()) buffers_.push_back(b);
 
   DDP_ASSIGN_OR_RETURN(comm_, Comm::Connect(env_, device_, Seconds(spec_.rdzv.timeout_s),
@@ -174,6 +192,9 @@ absl::Status TrainerImpl::Setup() {
   sampler_.shuffle = spec_.train.shuffle;
   sampler_.seed = spec_.train.seed;
   sampler_.drop_last = false;  // design.md: the sampler pads; train.drop_last drops batches.
+  if (!spec_.checkpoint.dir.empty() && env_.rank == 0) {
+    RemoveStaleTemporaries(CheckpointPath(spec_.checkpoint.dir));
+  }
   if (!spec_.checkpoint.dir.empty() && spec_.checkpoint.resume) DDP_RETURN_IF_ERROR(Resume());
 
   GradientReducer::Options ro;
@@ -181,7 +202,7 @@ absl::Status TrainerImpl::Setup() {
   ro.first_bucket_cap_bytes =
       static_cast<int64_t>(spec_.train.first_bucket_cap_mb * 1024 * 1024);
   ro.timeout = comm_->timeout();
-  reducer_ = std::make_unique<GradientReducer>(params_, comm_->backend_ptr(), env_.world_size, ro,
+  reducer_ = std::make_unique<GradientReducer>(trainable, comm_->backend_ptr(), env_.world_size, ro,
                                                spec_.metrics.trace_buckets ? &trace_ : nullptr);
   train_batches_ = std::make_unique<BatchAssembler>(data_.train, spec_.train.batch_size);
   const int64_t per_rank = DistributedSamplerLength(data_.train.size(), sampler_);
@@ -196,18 +217,23 @@ absl::Status TrainerImpl::Setup() {
 
 absl::Status TrainerImpl::Resume() {
   // Rank 0 reads and checks the file, then sends it to every rank over the process
-  // group, so resuming needs no shared filesystem. First byte: N(one), C(heckpoint)
-  // or E(rror) followed by the message.
+  // group, so resuming needs no shared filesystem. First byte: N(one), C(heckpoint),
+  // E(rror: permanent) or U(navailable: retryable), followed by the message.
   const std::string path = CheckpointPath(spec_.checkpoint.dir);
   std::vector<char> payload;
+  auto fail = [&payload](char kind, const absl::Status& st) {
+    payload.push_back(kind);
+    payload.insert(payload.end(), st.message().begin(), st.message().end());
+  };
   if (env_.rank == 0) {
     auto bytes = ReadFileBytes(path);
-    if (!bytes.ok()) {
+    if (absl::IsNotFound(bytes.status())) {
       payload = {'N'};
+    } else if (!bytes.ok()) {
+      // It exists but cannot be read: starting over would overwrite it later.
+      fail('U', bytes.status());
     } else if (auto decoded = DecodeCheckpoint(*bytes, path); !decoded.ok()) {
-      payload.push_back('E');
-      std::string msg(decoded.status().message());
-      payload.insert(payload.end(), msg.begin(), msg.end());
+      fail('E', decoded.status());
     } else {
       payload.push_back('C');
       payload.insert(payload.end(), bytes->begin(), bytes->end());
@@ -215,8 +241,10 @@ absl::Status TrainerImpl::Resume() {
   }
   DDP_ASSIGN_OR_RETURN(payload, comm_->BroadcastBytes(payload));
   if (payload.empty() || payload[0] == 'N') return absl::OkStatus();
-  if (payload[0] == 'E') {
-    return absl::InvalidArgumentError(std::string(payload.begin() + 1, payload.end()));
+  if (payload[0] == 'E' || payload[0] == 'U') {
+    std::string message(payload.begin() + 1, payload.end());
+    return payload[0] == 'E' ? absl::InvalidArgumentError(message)
+                             : absl::UnavailableError(message);
   }
   DDP_ASSIGN_OR_RETURN(c10::impl::GenericDict ckpt,
                        DecodeCheckpoint(std::vector<char>(payload.begin() + 1, payload.end()),
@@ -225,10 +253,19 @@ absl::Status TrainerImpl::Resume() {
     auto it = ckpt.find(key);
     return it == ckpt.end() ? c10::IValue() : it->value();
   };
+  auto malformed = [&](const char* key) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint ", path, ": '", key, "' is missing or of the wrong type: not a checkpoint "
+        "ddp-trainer can resume (move it away or set checkpoint.resume: false)"));
+  };
+  auto get_int = [&](const char* key, int64_t* out) -> absl::Status {
+    c10::IValue v = get(key);
+    if (!v.isInt()) return malformed(key);
+    *out = v.toInt();
+    return absl::OkStatus();
+  };
   c10::IValue model_iv = get("model");
-  if (!model_iv.isGenericDict()) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", path, " has no model"));
-  }
+  if (!model_iv.isGenericDict()) return malformed("model");
   c10::impl::GenericDict weights = model_iv.toGenericDict();
   std::vector<NamedTensor> named = model_->Parameters();
   for (auto& b : model_->Buffers()) named.push_back(b);
@@ -253,19 +290,38 @@ absl::Status TrainerImpl::Resume() {
   }
   DDP_RETURN_IF_ERROR(
       LoadOptimizerStateDict(spec_.train.optimizer, *optimizer_, params_, get("optimizer")));
-  pos_.epoch = get("epoch").toInt();
-  pos_.step = get("step").toInt();
-  pos_.global_step = get("global_step").toInt();
-  const bool same_order = get("world_size").toInt() == env_.world_size &&
-                          get("batch_size").toInt() == spec_.train.batch_size &&
-                          get("grad_accum_steps").toInt() == spec_.train.grad_accum_steps &&
-                          get("seed").toInt() == spec_.train.seed &&
-                          get("shuffle").toBool() == spec_.train.shuffle;
+  SamplerState saved;
+  DDP_RETURN_IF_ERROR(get_int("epoch", &pos_.epoch));
+  DDP_RETURN_IF_ERROR(get_int("step", &pos_.step));
+  DDP_RETURN_IF_ERROR(get_int("global_step", &pos_.global_step));
+  DDP_RETURN_IF_ERROR(get_int("world_size", &saved.world_size));
+  DDP_RETURN_IF_ERROR(get_int("batch_size", &saved.batch_size));
+  DDP_RETURN_IF_ERROR(get_int("grad_accum_steps", &saved.grad_accum_steps));
+  DDP_RETURN_IF_ERROR(get_int("seed", &saved.seed));
+  if (!get("shuffle").isBool()) return malformed("shuffle");
+  saved.shuffle = get("shuffle").toBool();
+  // The data order also depends on the training set (its size and the split seed);
+  // files written before these keys existed skip that check.
+  const c10::IValue train_samples = get("train_samples"), data_seed = get("data_seed");
+  const bool same_data = (!train_samples.isInt() || train_samples.toInt() == data_.train.size()) &&
+                         (!data_seed.isInt() || data_seed.toInt() == spec_.data.seed);
+  const bool same_order = same_data && saved.world_size == env_.world_size &&
+                          saved.batch_size == spec_.train.batch_size &&
+                          saved.grad_accum_steps == spec_.train.grad_accum_steps &&
+                          saved.seed == spec_.train.seed &&
+                          saved.shuffle == spec_.train.shuffle;
   if (!same_order && pos_.step != 0) {
-    DDP_LOG(WARNING) << "checkpoint was taken with another world size, batch size or "
-                        "sampler seed: epoch "
+    DDP_LOG(WARNING) << "checkpoint was taken with another world size, batch size, sampler "
+                        "seed or training set: epoch "
                      << pos_.epoch << " restarts from its first batch";
     pos_.step = 0;
+  }
+  // The interrupted epoch's loss totals so far (summed over ranks): rank 0 carries
+  // them, so the epoch's train_loss covers all of its steps.
+  if (pos_.step > 0 && env_.rank == 0 && get("epoch_loss_sum").isDouble() &&
+      get("epoch_steps").isInt()) {
+    epoch_loss_sum_ = get("epoch_loss_sum").toDouble();
+    epoch_steps_ = get("epoch_steps").toInt();
   }
   if (c10::IValue rng = get("rng_state"); rng.isTensor()) {
     at::Generator gen = at::detail::getDefaultCPUGenerator();
@@ -328,6 +384,13 @@ void TrainerImpl::EmitStart() {
   }
 }
 
+absl::StatusOr<at::Tensor> TrainerImpl::Forward(const at::Tensor& input, bool grad_sync) {
+  if (sync_buffers_ && !buffers_.empty()) DDP_RETURN_IF_ERROR(comm_->Broadcast(buffers_));
+  at::Tensor out = model_->Forward(input);
+  sync_buffers_ = grad_sync;
+  return out;
+}
+
 absl::Status TrainerImpl::TakeStep(const std::vector<int64_t>& order, int64_t first_micro,
                                    int64_t num_micro, double* loss, double* comm_ms,
                                    int64_t* samples) {
@@ -343,9 +406,9 @@ absl::Status TrainerImpl::TakeStep(const std::vector<int64_t>& order, int64_t fi
     auto [x, y] = train_batches_->Gather(order.data() + begin, n);
     at::Tensor xd = x.to(device_.device, /*non_blocking=*/true);
     at::Tensor yd = y.to(device_.device, /*non_blocking=*/true);
-    // DDP's broadcast_buffers=True: rank 0's buffers before every forward.
-    if (!buffers_.empty()) DDP_RETURN_IF_ERROR(comm_->Broadcast(buffers_));
-    at::Tensor l = Loss(spec_.train.loss, model_->Forward(xd), yd, /*sum=*/false);
+    const bool sync = j == num_micro - 1;
+    DDP_ASSIGN_OR_RETURN(at::Tensor out, Forward(xd, sync));
+    at::Tensor l = Loss(spec_.train.loss, out, yd, /*sum=*/false);
     if (num_micro == 1) {
       l.backward();
     } else {
@@ -383,8 +446,6 @@ absl::Status TrainerImpl::TrainEpoch(int64_t epoch, int64_t first_step) {
   const int64_t micro_total =
       NumBatches(static_cast<int64_t>(order.size()), spec_.train.batch_size, spec_.train.drop_last);
   const int64_t steps = (micro_total + accum - 1) / accum;
-  epoch_loss_sum_ = 0;
-  epoch_steps_ = 0;
   window_samples_ = 0;
   window_start_ = Clock::now();
   model_->SetTraining(true);
@@ -442,6 +503,12 @@ absl::Status TrainerImpl::EndEpoch(int64_t epoch, bool complete, bool checkpoint
   if (data_.val.size() > 0) {
     at::NoGradGuard no_grad;
     model_->SetTraining(false);
+    // DDP's buffer rule for validation's no-grad forwards: the first one broadcasts
+    // if a syncing training forward came last, and the next training forward does
+    // not. Decided here once for every rank, including one that has no validation
+    // samples, so the broadcast stays collective.
+    if (sync_buffers_ && !buffers_.empty()) DDP_RETURN_IF_ERROR(comm_->Broadcast(buffers_));
+    sync_buffers_ = false;
     // Every rank evaluates val[rank::world] without padding, so the reduced totals
     // count each validation sample exactly once.
     std::vector<int64_t> idx;
@@ -466,6 +533,8 @@ absl::Status TrainerImpl::EndEpoch(int64_t epoch, bool complete, bool checkpoint
   at::Tensor totals = at::tensor(
       {epoch_loss_sum_, static_cast<double>(epoch_steps_), val_loss, correct, count}, f64);
   DDP_RETURN_IF_ERROR(comm_->AllReduceSum(totals));
+  epoch_loss_sum_ = 0;
+  epoch_steps_ = 0;
   at::Tensor t = totals.cpu();
   const double* v = t.data_ptr<double>();
   if (env_.rank == 0) {
@@ -495,9 +564,21 @@ absl::Status TrainerImpl::EndEpoch(int64_t epoch, bool complete, bool checkpoint
 }
 
 absl::Status TrainerImpl::Checkpoint(const TrainingPosition& pos) {
-  if (env_.rank != 0) return absl::OkStatus();
+  // Every rank comes here at the same positions, so the collective below matches.
   if (pos.epoch == last_saved_.epoch && pos.step == last_saved_.step) return absl::OkStatus();
+  last_saved_ = pos;
   const auto t0 = Clock::now();
+  // Mid-epoch, the epoch's loss totals so far, summed over ranks, travel along.
+  double loss_totals[2] = {0, 0};
+  if (pos.step > 0) {
+    at::Tensor totals = at::tensor({epoch_loss_sum_, static_cast<double>(epoch_steps_)},
+                                   at::TensorOptions().dtype(at::kDouble).device(device_.device));
+    DDP_RETURN_IF_ERROR(comm_->AllReduceSum(totals));
+    at::Tensor t = totals.cpu();
+    loss_totals[0] = t.data_ptr<double>()[0];
+    loss_totals[1] = t.data_ptr<double>()[1];
+  }
+  if (env_.rank != 0) return absl::OkStatus();
   c10::impl::GenericDict model(c10::StringType::get(), c10::TensorType::get());
   for (auto& [name, p] : model_->Parameters()) model.insert(name, p.detach().cpu());
   for (auto& [name, b] : model_->Buffers()) model.insert(name, b.detach().cpu());
@@ -513,6 +594,10 @@ absl::Status TrainerImpl::Checkpoint(const TrainingPosition& pos) {
   d.insert("grad_accum_steps", spec_.train.grad_accum_steps);
   d.insert("seed", spec_.train.seed);
   d.insert("shuffle", spec_.train.shuffle);
+  d.insert("train_samples", data_.train.size());
+  d.insert("data_seed", spec_.data.seed);
+  d.insert("epoch_loss_sum", loss_totals[0]);
+  d.insert("epoch_steps", static_cast<int64_t>(loss_totals[1]));
   {
     at::Generator gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
@@ -521,7 +606,6 @@ absl::Status TrainerImpl::Checkpoint(const TrainingPosition& pos) {
   d.insert("job", spec_.name);
   const std::string path = CheckpointPath(spec_.checkpoint.dir);
   DDP_RETURN_IF_ERROR(WriteFileAtomically(path, EncodeCheckpoint(d)));
-  last_saved_ = pos;
   JsonObject e = events_.Make("checkpoint");
   e.Add("path", std::filesystem::absolute(path).string())
       .Add("epoch", pos.epoch)
