@@ -3,6 +3,7 @@
 #include "coordinator/coordinator.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -76,6 +77,7 @@ Coordinator::JobRecord* Coordinator::FindLocked(const std::string& job_id) {
 }
 
 void Coordinator::PersistLocked(const JobRecord& job, TouchList& touched) {
+  if (job.retiring) return;  // Being deleted by retention.
   absl::Status st = store_->SaveJob(job.job, job.seq);
   if (!st.ok()) DDP_LOG(ERROR) << "persisting job " << job.job.id() << ": " << st;
   touched.Add(job.job.id());
@@ -423,7 +425,7 @@ void Coordinator::FailAttemptLocked(JobRecord& rec, const std::string& reason, b
   PersistLocked(rec, touched);
 }
 
-void Coordinator::Tick() {
+std::optional<std::vector<std::string>> Coordinator::Housekeep() {
   TouchList touched(hub_);
   absl::MutexLock lock(&mu_);
   ExpireLocked(touched);
@@ -442,25 +444,44 @@ void Coordinator::Tick() {
                       /*retryable=*/true, touched);
   }
   ScheduleLocked(touched);
-  if (now - last_retention_ >= absl::Minutes(1)) {
-    last_retention_ = now;
-    std::vector<const JobRecord*> finished;
-    for (const auto& [id, rec] : jobs_) {
-      if (IsTerminal(rec.job.state())) finished.push_back(&rec);
+  if (now - last_retention_ < absl::Minutes(1)) return std::nullopt;
+  last_retention_ = now;
+  // Jobs past retention stop being written (PersistLocked skips them, their events
+  // are dropped) until the store has deleted them and they are erased below.
+  std::vector<FinishedJob> finished;
+  for (const auto& [id, rec] : jobs_) {
+    if (IsTerminal(rec.job.state()) && !rec.retiring) {
+      finished.push_back({id, rec.job.end_ms(), rec.seq});
     }
-    std::sort(finished.begin(), finished.end(),
-              [](const JobRecord* a, const JobRecord* b) { return a->seq < b->seq; });
-    std::vector<std::string> ids;
-    for (const JobRecord* rec : finished) ids.push_back(rec->job.id());
-    auto deleted = store_->EnforceRetention(ids);
-    if (!deleted.ok()) {
-      DDP_LOG(ERROR) << "retention: " << deleted.status();
-    } else {
-      for (const std::string& id : *deleted) {
+  }
+  std::vector<std::string> retired =
+      JobsPastRetention(std::move(finished), store_->retention().retain_jobs);
+  for (const std::string& id : retired) jobs_[id].retiring = true;
+  return retired;
+}
+
+void Coordinator::Tick() {
+  std::optional<std::vector<std::string>> due = Housekeep();
+  if (!due.has_value()) return;
+  const std::vector<std::string>& retired = *due;
+  // The big deletes run without the coordinator's lock: heartbeats and watchers
+  // carry on meanwhile.
+  const absl::Status st = store_->EnforceRetention(retired);
+  if (!st.ok()) DDP_LOG(ERROR) << "retention: " << st << " (retrying in a minute)";
+  {
+    absl::MutexLock lock(&mu_);
+    for (const std::string& id : retired) {
+      if (st.ok()) {
         jobs_.erase(id);
-        hub_->Forget(id);
+      } else if (JobRecord* rec = FindLocked(id)) {
+        rec->retiring = false;
       }
     }
+  }
+  if (!st.ok()) return;
+  for (const std::string& id : retired) hub_->Forget(id);
+  if (!retired.empty()) {
+    DDP_LOG(INFO) << "retention: deleted " << retired.size() << " finished job(s)";
   }
 }
 

@@ -32,6 +32,7 @@
 #define DDP_COORDINATOR_COORDINATOR_H_
 
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -92,7 +93,8 @@ class Coordinator {
   // NOT_FOUND, FAILED_PRECONDITION, as Heartbeat.
   absl::Status ReportEvents(const v1::ReportEventsRequest& request);
 
-  // Expires heartbeats, times out rendezvous, schedules the queue, applies retention.
+  // Expires heartbeats, times out rendezvous, schedules the queue, and once a minute
+  // applies retention: the `retain_jobs` finished jobs that ended last are kept.
   void Tick();
 
  private:
@@ -103,6 +105,7 @@ class Coordinator {
     bool gathering = false;     // RENDEZVOUS before the attempt forms.
     absl::Time window_end;      // End of the last-call window while gathering.
     absl::Time start_deadline;  // Formed attempt: trainers must be up by then.
+    bool retiring = false;      // Past retention: being deleted, no longer written.
   };
   struct WorkerRecord {
     v1::Worker info;
@@ -148,6 +151,9 @@ class Coordinator {
   void FailAttemptsOnWorkerLocked(const std::string& worker, const std::string& reason,
                                   TouchList& touched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLocked(TouchList& touched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tick()'s work under the lock. When retention is due, returns the finished jobs
+  // to delete (marked retiring); Tick() deletes them from the store unlocked.
+  std::optional<std::vector<std::string>> Housekeep() ABSL_LOCKS_EXCLUDED(mu_);
   std::string NewJobIdLocked(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CoordinatorOptions options_;

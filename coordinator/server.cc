@@ -9,16 +9,23 @@
 
 namespace ddp {
 
-absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
-    const CoordinatorServerOptions& options, Clock* clock) {
+absl::Status ValidateServerOptions(const CoordinatorServerOptions& options) {
   if (options.state_dir.empty()) {
     return absl::InvalidArgumentError("--state-dir is required (where jobs and metrics live)");
   }
   if (absl::Status st = ValidateTimeouts(options.timing); !st.ok()) return st;
+  if (absl::Status st = ValidateRetention(options.retention); !st.ok()) return st;
   auto listen = ParseHostPort(options.listen);
   if (!listen.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--listen: ", listen.status().message()));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
+    const CoordinatorServerOptions& options, Clock* clock) {
+  if (absl::Status st = ValidateServerOptions(options); !st.ok()) return st;
+  auto listen = ParseHostPort(options.listen);
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
   auto store = StateStore::Open(options.state_dir, options.retention);
   if (!store.ok()) return store.status();

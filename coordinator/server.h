@@ -29,6 +29,10 @@ struct CoordinatorServerOptions {
   absl::Duration tick = absl::Milliseconds(100);  // Housekeeping period.
 };
 
+// INVALID_ARGUMENT naming the flag: a missing --state-dir, a bad --listen, timeouts
+// out of order, retention bounds < 1. main() exits 2 on these, as for any bad flag.
+absl::Status ValidateServerOptions(const CoordinatorServerOptions& options);
+
 class CoordinatorServer {
  public:
   // Errors: INVALID_ARGUMENT (options), UNAVAILABLE (state dir, port in use),

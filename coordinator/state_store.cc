@@ -2,9 +2,11 @@
 
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <tuple>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -164,8 +166,32 @@ constexpr char kMetricColumns[] =
 
 }  // namespace
 
+absl::Status ValidateRetention(const RetentionOptions& r) {
+  for (auto [flag, value] : {std::pair{"--retain-jobs", r.retain_jobs},
+                             std::pair{"--max-log-lines", r.max_log_lines},
+                             std::pair{"--max-metric-rows", r.max_metric_rows}}) {
+    if (value < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, ": must be >= 1 (got ", value, "); it bounds what is kept"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> JobsPastRetention(std::vector<FinishedJob> finished,
+                                           int64_t retain_jobs) {
+  std::sort(finished.begin(), finished.end(), [](const FinishedJob& a, const FinishedJob& b) {
+    return std::tie(a.end_ms, a.seq) < std::tie(b.end_ms, b.seq);
+  });
+  std::vector<std::string> out;
+  const int64_t drop = static_cast<int64_t>(finished.size()) - std::max<int64_t>(retain_jobs, 0);
+  for (int64_t i = 0; i < drop; ++i) out.push_back(finished[static_cast<size_t>(i)].id);
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& dir,
                                                              RetentionOptions retention) {
+  DDP_RETURN_IF_ERROR(ValidateRetention(retention));
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) {
@@ -496,21 +522,15 @@ absl::StatusOr<std::vector<v1::EpochSummary>> StateStore::Epochs(const std::stri
   return out;
 }
 
-absl::StatusOr<std::vector<std::string>> StateStore::EnforceRetention(
-    const std::vector<std::string>& finished_ids) {
+absl::Status StateStore::EnforceRetention(const std::vector<std::string>& delete_ids) {
   absl::MutexLock lock(&mu_);
-  std::vector<std::string> deleted;
-  absl::Status st = InTransaction(db_, [&]() -> absl::Status {
-    const int64_t drop = static_cast<int64_t>(finished_ids.size()) - retention_.retain_jobs;
-    for (int64_t i = 0; i < drop; ++i) {
-      deleted.push_back(finished_ids[static_cast<size_t>(i)]);
-      for (const char* table : {"jobs", "attempts", "ranks", "metrics", "epochs", "logs"}) {
-        Stmt d(db_, absl::StrCat("DELETE FROM ", table, " WHERE ",
-                                 std::string(table) == "jobs" ? "id" : "job_id", " = ?")
-                        .c_str());
-        DDP_RETURN_IF_ERROR(d.ok());
-        DDP_RETURN_IF_ERROR(d.Bind(1, finished_ids[static_cast<size_t>(i)]).Run());
-      }
+  return InTransaction(db_, [&]() -> absl::Status {
+    for (const char* table : {"jobs", "attempts", "ranks", "metrics", "epochs", "logs"}) {
+      Stmt d(db_, absl::StrCat("DELETE FROM ", table, " WHERE ",
+                               std::string(table) == "jobs" ? "id" : "job_id", " = ?")
+                      .c_str());
+      DDP_RETURN_IF_ERROR(d.ok());
+      for (const std::string& id : delete_ids) DDP_RETURN_IF_ERROR(d.Bind(1, id).Run());
     }
     // Per job: keep the newest rows only.
     Stmt logs(db_,
@@ -526,8 +546,6 @@ absl::StatusOr<std::vector<std::string>> StateStore::EnforceRetention(
     DDP_RETURN_IF_ERROR(metrics.ok());
     return metrics.Bind(1, retention_.max_metric_rows).Run();
   });
-  if (!st.ok()) return st;
-  return deleted;
 }
 
 }  // namespace ddp

@@ -40,7 +40,7 @@ class CoordinatorTest : public ::testing::Test {
     coordinator_.reset();
     hub_.reset();
     store_.reset();
-    auto store = StateStore::Open(dir_);
+    auto store = StateStore::Open(dir_, retention_);
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
     hub_ = std::make_unique<EventHub>(store_.get(), &clock_, EventHub::Options{});
@@ -103,21 +103,31 @@ class CoordinatorTest : public ::testing::Test {
     return job.ok() ? *job : v1::Job();
   }
 
-  // Brings a 2-node job to RUNNING on w1 and w2; returns their tasks.
-  std::pair<v1::Task, v1::Task> StartOnTwoWorkers(const std::string& id) {
-    auto t1 = Heartbeat("w1");
-    auto t2 = Heartbeat("w2");
-    EXPECT_EQ(t1.size(), 1u);
-    EXPECT_EQ(t2.size(), 1u);
-    Heartbeat("w1", {Report(t1[0])});
-    Heartbeat("w2", {Report(t2[0])});
+  // Brings a 2-node job to RUNNING on w1 and w2 (or `a` and `b`); returns their tasks.
+  std::pair<v1::Task, v1::Task> StartOnTwoWorkers(const std::string& id,
+                                                  const std::string& a = "w1",
+                                                  const std::string& b = "w2") {
+    auto t1 = TaskOf(id, Heartbeat(a));
+    auto t2 = TaskOf(id, Heartbeat(b));
+    Heartbeat(a, {Report(t1)});
+    Heartbeat(b, {Report(t2)});
     EXPECT_EQ(Get(id).state(), v1::RUNNING);
-    return {t1[0], t2[0]};
+    return {t1, t2};
+  }
+
+  // The task of job `id` among `tasks`.
+  static v1::Task TaskOf(const std::string& id, const std::vector<v1::Task>& tasks) {
+    for (const v1::Task& t : tasks) {
+      if (t.job_id() == id) return t;
+    }
+    ADD_FAILURE() << "no task of " << id;
+    return v1::Task();
   }
 
   std::string dir_;
   FakeClock clock_;
   CoordinatorOptions options_;  // 500ms RPC, 1s interval, 10s heartbeat timeout.
+  RetentionOptions retention_;
   std::unique_ptr<StateStore> store_;
   std::unique_ptr<EventHub> hub_;
   std::unique_ptr<Coordinator> coordinator_;
@@ -432,6 +442,34 @@ TEST_F(CoordinatorTest, WorkersThatDoNotReturnAfterRecoveryAreLost) {
   coordinator_->Tick();
   EXPECT_EQ(Get(id).state(), v1::FAILED);
   EXPECT_THAT(Get(id).reason(), HasSubstr("lost: no heartbeat"));
+}
+
+TEST_F(CoordinatorTest, RetentionKeepsTheJobsThatEndedLastNotTheLastSubmitted) {
+  retention_.retain_jobs = 1;
+  Open();
+  for (const char* w : {"w1", "w2", "w3", "w4"}) Register(w);
+  const std::string long_job = Submit(JobYaml());   // Submitted first, on w1 + w2.
+  const std::string short_job = Submit(JobYaml());  // Submitted second, on w3 + w4.
+  auto [l1, l2] = StartOnTwoWorkers(long_job, "w1", "w2");
+  auto [s1, s2] = StartOnTwoWorkers(short_job, "w3", "w4");
+  clock_.Advance(absl::Seconds(1));
+  Heartbeat("w3", {Report(s1, 0)});
+  Heartbeat("w4", {Report(s2, 0)});
+  clock_.Advance(absl::Seconds(1));
+  Heartbeat("w1", {Report(l1, 0)});
+  Heartbeat("w2", {Report(l2, 0)});
+  ASSERT_EQ(Get(short_job).state(), v1::SUCCEEDED);
+  ASSERT_EQ(Get(long_job).state(), v1::SUCCEEDED);
+
+  clock_.Advance(absl::Minutes(1));
+  coordinator_->Tick();
+
+  EXPECT_EQ(Get(long_job).state(), v1::SUCCEEDED) << "it ended last: the newest finished job";
+  EXPECT_THAT(coordinator_->GetJob(short_job), StatusIs(absl::StatusCode::kNotFound));
+  auto stored = store_->Load();
+  ASSERT_TRUE(stored.ok());
+  ASSERT_EQ(stored->jobs.size(), 1u);
+  EXPECT_EQ(stored->jobs[0].job.id(), long_job);
 }
 
 }  // namespace
