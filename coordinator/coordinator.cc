@@ -76,11 +76,17 @@ Coordinator::JobRecord* Coordinator::FindLocked(const std::string& job_id) {
   return it == jobs_.end() ? nullptr : &it->second;
 }
 
-void Coordinator::PersistLocked(const JobRecord& job, TouchList& touched) {
-  if (job.retiring) return;  // Being deleted by retention.
-  absl::Status st = store_->SaveJob(job.job, job.seq);
-  if (!st.ok()) DDP_LOG(ERROR) << "persisting job " << job.job.id() << ": " << st;
+absl::Status Coordinator::PersistLocked(const JobRecord& job, TouchList& touched) {
   touched.Add(job.job.id());
+  if (job.retiring) return absl::OkStatus();  // Being deleted by retention.
+  absl::Status st = store_->SaveJob(job.job, job.seq);
+  if (!st.ok()) {
+    DDP_LOG(ERROR) << "STATE STORE WRITE FAILED for job " << job.job.id() << " ("
+                   << JobStateName(job.job.state()) << "): " << st
+                   << ": the change is live but would be lost if the coordinator restarted;"
+                      " check the --state-dir disk";
+  }
+  return st;
 }
 
 absl::Status Coordinator::Recover() {
@@ -170,7 +176,13 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const v1::SubmitJobRequest& request)
   job.set_epochs(rec.spec.train.epochs);
   job.set_submit_ms(Millis(clock_->Now()));
   const std::string id = job.id();
-  PersistLocked(rec, touched);
+  // Stored before it is visible: a job the store did not take was never submitted.
+  if (absl::Status st = PersistLocked(rec, touched); !st.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "the coordinator could not store the job (", st.message(),
+        "); nothing was queued: check the coordinator's --state-dir (disk full? permissions?)"
+        " and submit again"));
+  }
   jobs_[id] = std::move(rec);
   DDP_LOG(INFO) << "job " << id << " submitted (" << NodeRangeString(jobs_[id].spec.nodes)
                 << " nodes)";

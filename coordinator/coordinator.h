@@ -25,7 +25,8 @@
 // when all its ranks have slots, and jobs behind it wait.
 //
 // Threading: one mutex guards all state; SQLite writes happen under it (they are
-// small), listener notifications after it is released. Time comes from the Clock;
+// small; retention's big deletes run after it is released), listener notifications
+// after it is released. Time comes from the Clock;
 // Tick() does the time-driven work (the server calls it periodically, tests call it
 // with a FakeClock).
 #ifndef DDP_COORDINATOR_COORDINATOR_H_
@@ -76,7 +77,8 @@ class Coordinator {
   absl::Status Recover();
 
   // --- JobService ---
-  // INVALID_ARGUMENT (spec errors with field and line), ALREADY_EXISTS (live rdzv_id).
+  // INVALID_ARGUMENT (spec errors with field and line), ALREADY_EXISTS (live rdzv_id),
+  // UNAVAILABLE (the store could not write it: nothing is kept).
   absl::StatusOr<v1::Job> Submit(const v1::SubmitJobRequest& request);
   // NOT_FOUND.
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id, bool metric_history = false);
@@ -135,7 +137,10 @@ class Coordinator {
                                                   const std::string& incarnation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Job ViewLocked(const JobRecord& job, bool metric_history) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void PersistLocked(const JobRecord& job, TouchList& touched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes the job to the store and queues its watchers' wake-up. A failed write is
+  // logged loudly; only Submit acts on it (other transitions are already live).
+  absl::Status PersistLocked(const JobRecord& job, TouchList& touched)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PersistWorkerLocked(const WorkerRecord& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   int FreeSlotsLocked(const WorkerRecord& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -3,6 +3,8 @@
 // queue, restarts and recovery. Real SQLite store, no sockets, no sleeps.
 #include "coordinator/coordinator.h"
 
+#include <sqlite3.h>
+
 #include <map>
 #include <memory>
 
@@ -124,6 +126,18 @@ class CoordinatorTest : public ::testing::Test {
     return v1::Task();
   }
 
+  // Runs `sql` on the state database through a connection of its own, as another
+  // process (or an operator) would.
+  void RunSql(const std::string& sql) {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open((dir_ + "/ddp.sqlite").c_str(), &db), SQLITE_OK);
+    char* err = nullptr;
+    const int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err);
+    EXPECT_EQ(rc, SQLITE_OK) << (err ? err : "");
+    sqlite3_free(err);
+    sqlite3_close(db);
+  }
+
   std::string dir_;
   FakeClock clock_;
   CoordinatorOptions options_;  // 500ms RPC, 1s interval, 10s heartbeat timeout.
@@ -162,6 +176,27 @@ TEST_F(CoordinatorTest, SubmitRejectsBadSpecsAndStoresNothing) {
   auto stored = store_->Load();
   ASSERT_TRUE(stored.ok());
   EXPECT_TRUE(stored->jobs.empty());
+}
+
+TEST_F(CoordinatorTest, ASubmissionTheStoreCannotWriteFailsAndLeavesNothingBehind) {
+  Register("w1");
+  Register("w2");
+  // Every insert into `jobs` fails, as on a full disk.
+  RunSql("CREATE TRIGGER refuse BEFORE INSERT ON jobs BEGIN"
+         " SELECT RAISE(FAIL, 'database or disk is full'); END;");
+  v1::SubmitJobRequest req;
+  req.set_spec_yaml(JobYaml());
+  EXPECT_THAT(coordinator_->Submit(req),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("could not store the job (sqlite: step: database or disk is "
+                                 "full); nothing was queued")));
+  EXPECT_TRUE(coordinator_->ListJobs(10).empty());
+  EXPECT_TRUE(Heartbeat("w1").empty()) << "nothing was scheduled";
+
+  RunSql("DROP TRIGGER refuse;");
+  const std::string id = Submit(JobYaml());
+  EXPECT_EQ(coordinator_->ListJobs(10).size(), 1u);
+  EXPECT_EQ(TaskOf(id, Heartbeat("w1")).job_id(), id);
 }
 
 TEST_F(CoordinatorTest, ALiveRdzvIdCannotBeReused) {
