@@ -1,5 +1,6 @@
 #include "coordinator/server.h"
 
+#include <grpc/grpc.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/server_builder.h>
 
@@ -27,6 +28,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   if (absl::Status st = ValidateServerOptions(options); !st.ok()) return st;
   auto listen = ParseHostPort(options.listen);
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
+  // Locks the state dir: a second coordinator on it stops here.
   auto store = StateStore::Open(options.state_dir, options.retention);
   if (!store.ok()) return store.status();
   s->store_ = std::move(*store);
@@ -39,6 +41,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
+  // gRPC sets SO_REUSEPORT by default on Linux: a second coordinator could then bind
+  // the same port and take half of the connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &s->port_);
   builder.RegisterService(s->job_service_.get());
   builder.RegisterService(s->worker_service_.get());

@@ -35,8 +35,9 @@ absl::Status ValidateServerOptions(const CoordinatorServerOptions& options);
 
 class CoordinatorServer {
  public:
-  // Errors: INVALID_ARGUMENT (options), UNAVAILABLE (state dir, port in use),
-  // DATA_LOSS (a state database that is not ours).
+  // Errors: INVALID_ARGUMENT (options), UNAVAILABLE (state dir in use by another
+  // coordinator or unusable, port in use), DATA_LOSS (a state database that is not
+  // ours). The state dir stays locked until the server is destroyed.
   static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(
       const CoordinatorServerOptions& options, Clock* clock = RealClock());
   ~CoordinatorServer();

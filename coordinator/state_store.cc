@@ -1,9 +1,14 @@
 #include "coordinator/state_store.h"
 
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <tuple>
@@ -164,6 +169,37 @@ constexpr char kMetricColumns[] =
     "attempt, rank, global_step, epoch, step, steps, loss, samples_per_s, step_ms, comm_ms, "
     "time_ms";
 
+// Takes <dir>/LOCK exclusively (flock: released when the process dies, however it
+// dies) and writes our pid into it for the next one to name. Returns its descriptor.
+absl::StatusOr<int> LockStateDir(const std::string& dir) {
+  const std::string path = (std::filesystem::path(dir) / "LOCK").string();
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("--state-dir: cannot open ", path, ": ", std::strerror(errno)));
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char buf[32] = {};
+    const ssize_t n = ::pread(fd, buf, sizeof(buf) - 1, 0);
+    std::string holder = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+    holder.erase(holder.find_last_not_of(" \n") + 1);
+    ::close(fd);
+    if (err == EWOULDBLOCK) {
+      return absl::UnavailableError(absl::StrCat(
+          "state dir ", dir, " is in use by another ddp-coordinator (pid ",
+          holder.empty() ? "unknown" : holder, "?): stop it, or give this one another --state-dir"));
+    }
+    return absl::UnavailableError(
+        absl::StrCat("--state-dir: cannot lock ", path, ": ", std::strerror(err)));
+  }
+  const std::string pid = absl::StrCat(::getpid(), "\n");
+  // Best effort: the pid only improves a later contender's message.
+  (void)!::ftruncate(fd, 0);
+  (void)!::pwrite(fd, pid.data(), pid.size(), 0);
+  return fd;
+}
+
 }  // namespace
 
 absl::Status ValidateRetention(const RetentionOptions& r) {
@@ -198,6 +234,8 @@ absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& 
     return absl::UnavailableError(
         absl::StrCat("--state-dir: cannot create ", dir, ": ", ec.message()));
   }
+  auto lock_fd = LockStateDir(dir);
+  if (!lock_fd.ok()) return lock_fd.status();
   const std::string path = (std::filesystem::path(dir) / "ddp.sqlite").string();
   sqlite3* db = nullptr;
   if (sqlite3_open_v2(path.c_str(), &db,
@@ -205,10 +243,11 @@ absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& 
                       nullptr) != SQLITE_OK) {
     std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
     sqlite3_close(db);
+    ::close(*lock_fd);
     return absl::UnavailableError(absl::StrCat("cannot open ", path, ": ", msg));
   }
   sqlite3_busy_timeout(db, 5000);
-  std::unique_ptr<StateStore> store(new StateStore(db, retention));
+  std::unique_ptr<StateStore> store(new StateStore(db, *lock_fd, retention));
   absl::MutexLock lock(&store->mu_);
   DDP_RETURN_IF_ERROR(store->ExecLocked("PRAGMA journal_mode=WAL"));
   DDP_RETURN_IF_ERROR(store->ExecLocked("PRAGMA synchronous=NORMAL"));
@@ -233,8 +272,11 @@ absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& 
 }
 
 StateStore::~StateStore() {
-  absl::MutexLock lock(&mu_);
-  sqlite3_close(db_);
+  {
+    absl::MutexLock lock(&mu_);
+    sqlite3_close(db_);
+  }
+  ::close(lock_fd_);  // Releases the state dir.
 }
 
 absl::Status StateStore::ExecLocked(const char* sql) {

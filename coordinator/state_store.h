@@ -64,8 +64,11 @@ struct LoadedState {
 
 class StateStore {
  public:
-  // Opens (creating) <dir>/ddp.sqlite. INVALID_ARGUMENT for bad retention bounds;
-  // UNAVAILABLE if the directory cannot be created or the database cannot be opened;
+  // Opens (creating) <dir>/ddp.sqlite, holding an exclusive lock on <dir>/LOCK until
+  // the store is destroyed (or the process dies), so two coordinators never share a
+  // directory. INVALID_ARGUMENT for bad retention bounds; UNAVAILABLE if the directory
+  // is in use by another coordinator ("state dir X is in use by another
+  // ddp-coordinator (pid N?)"), cannot be created, or the database cannot be opened;
   // DATA_LOSS if it is not ours.
   static absl::StatusOr<std::unique_ptr<StateStore>> Open(const std::string& dir,
                                                           RetentionOptions retention = {});
@@ -100,11 +103,13 @@ class StateStore {
   const RetentionOptions& retention() const { return retention_; }
 
  private:
-  StateStore(sqlite3* db, RetentionOptions retention) : db_(db), retention_(retention) {}
+  StateStore(sqlite3* db, int lock_fd, RetentionOptions retention)
+      : db_(db), lock_fd_(lock_fd), retention_(retention) {}
   absl::Status ExecLocked(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
   sqlite3* db_ ABSL_GUARDED_BY(mu_);
+  const int lock_fd_;  // <dir>/LOCK, held exclusively while the store is open.
   const RetentionOptions retention_;
 };
 

@@ -2,6 +2,8 @@
 // the exclusive hold a store takes on its directory.
 #include "coordinator/state_store.h"
 
+#include <unistd.h>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -133,6 +135,19 @@ TEST(StateStoreTest, RetentionBoundsBelowOneAreRejected) {
   EXPECT_THAT(ValidateRetention(retention),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--max-metric-rows")));
   EXPECT_TRUE(ValidateRetention(RetentionOptions()).ok());
+}
+
+TEST(StateStoreTest, ASecondStoreOnTheSameDirectoryIsRefusedUntilTheFirstCloses) {
+  const std::string dir = testing::MakeTempDir("store-lock");
+  auto first = StateStore::Open(dir);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_THAT(StateStore::Open(dir),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr(absl::StrCat("state dir ", dir,
+                                              " is in use by another ddp-coordinator (pid ",
+                                              ::getpid(), "?)"))));
+  first->reset();
+  EXPECT_TRUE(StateStore::Open(dir).ok()) << "the lock goes with the store";
 }
 
 }  // namespace

@@ -267,6 +267,29 @@ TEST_F(ClusterTest, TrainingCarriesOnWhileTheCoordinatorRestarts) {
   EXPECT_EQ(done->epoch_history_size(), 3);
 }
 
+TEST(CoordinatorProcessTest, BadFlagValuesExitTwoAndABusyStateDirExitsOne) {
+  const std::string dir = testing::MakeTempDir("coordinator-flags");
+  const std::string bin = testing::BinDir() + "/ddp-coordinator";
+  CtlResult zero = testing::RunCapture(
+      {bin, "--listen", "127.0.0.1:0", "--state-dir", dir, "--retain-jobs", "0"},
+      absl::Seconds(30));
+  EXPECT_EQ(zero.exit_code, 2);
+  EXPECT_THAT(zero.err, HasSubstr("--retain-jobs: must be >= 1 (got 0)"));
+  CtlResult order = testing::RunCapture(
+      {bin, "--listen", "127.0.0.1:0", "--state-dir", dir, "--heartbeat-timeout", "500ms"},
+      absl::Seconds(30));
+  EXPECT_EQ(order.exit_code, 2);
+  EXPECT_THAT(order.err, HasSubstr("must be shorter than --heartbeat-timeout"));
+
+  auto cluster = LocalCluster::Start({.workers = 0});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  CtlResult busy = testing::RunCapture(
+      {bin, "--listen", "127.0.0.1:0", "--state-dir", (*cluster)->dir() + "/state"},
+      absl::Seconds(30));
+  EXPECT_EQ(busy.exit_code, 1);
+  EXPECT_THAT(busy.err, HasSubstr("is in use by another ddp-coordinator (pid "));
+}
+
 TEST(ClusterRestartTest, ALostWorkerRestartsTheJobFromItsCheckpointOnAnotherNode) {
   auto cluster = LocalCluster::Start({.workers = 3});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
