@@ -2,6 +2,7 @@
 
 #include <grpcpp/client_context.h>
 #include <grpcpp/create_channel.h>
+#include <grpcpp/support/channel_arguments.h>
 
 #include <filesystem>
 #include <fstream>
@@ -64,8 +65,12 @@ CtlContext MakeContext(const std::string& coordinator, bool json, bool tty, std:
   ctx.tty = tty;
   ctx.out = out;
   ctx.err = err;
+  grpc::ChannelArguments args;
+  // `get --history` of a long job carries every stored step: far beyond gRPC's 4 MB
+  // default.
+  args.SetMaxReceiveMessageSize(-1);
   ctx.stub = v1::JobService::NewStub(
-      grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials()));
+      grpc::CreateCustomChannel(coordinator, grpc::InsecureChannelCredentials(), args));
   return ctx;
 }
 
