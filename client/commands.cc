@@ -246,12 +246,12 @@ int Cancel(CtlContext& ctx, const std::string& job_id, bool wait) {
   v1::Job job;
   absl::Status st = FromGrpcStatus(ctx.stub->CancelJob(&rpc, req, &job));
   if (!st.ok()) return ReportError(ctx, st, job_id);
-  // Wait until the workers report every trainer of the attempt gone.
+  // Wait until the workers report every trainer gone, including those handed out but
+  // not yet started (they have no pid yet).
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
   auto stopped = [](const v1::Job& j) {
-    if (j.attempts().empty()) return true;
-    for (const auto& r : j.attempts(j.attempts_size() - 1).ranks()) {
-      if (r.pid() != 0 && !r.exited()) return false;
+    for (const v1::Attempt& a : j.attempts()) {
+      if (a.live_trainers() > 0) return false;
     }
     return true;
   };

@@ -192,6 +192,9 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const v1::SubmitJobRequest& request)
 
 v1::Job Coordinator::ViewLocked(const JobRecord& rec, bool metric_history) {
   v1::Job view = rec.job;
+  for (v1::Attempt& a : *view.mutable_attempts()) {
+    a.set_live_trainers(LiveTrainersLocked(rec.job.id(), a));
+  }
   const int attempt = rec.job.attempts().empty()
                           ? 0
                           : rec.job.attempts(rec.job.attempts_size() - 1).number();
@@ -267,7 +270,7 @@ absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& job_id) {
 
 int Coordinator::FreeSlotsLocked(const WorkerRecord& worker) {
   int busy = 0;
-  std::set<std::pair<std::string, int>> counted;
+  std::set<TaskKey> counted;
   for (auto& [id, rec] : jobs_) {
     v1::Attempt* a = ActiveAttempt(rec);
     if (a == nullptr) continue;
@@ -278,12 +281,41 @@ int Coordinator::FreeSlotsLocked(const WorkerRecord& worker) {
       }
     }
   }
+  // Handed out and not yet shown gone: the trainers may be starting right now.
+  for (const auto& [key, ranks] : worker.dispatched) {
+    if (counted.insert(key).second) busy += ranks;
+  }
   // Trainers of finished attempts hold their slots until they are gone.
   for (const v1::TaskStatus& t : worker.reported) {
     if (counted.count({t.job_id(), t.attempt()})) continue;
     for (const auto& r : t.ranks()) busy += r.exited() ? 0 : 1;
   }
   return worker.info.slots() - busy;
+}
+
+int Coordinator::LiveTrainersLocked(const std::string& job_id, const v1::Attempt& attempt) {
+  const TaskKey key{job_id, attempt.number()};
+  int live = 0;
+  for (const v1::RankAssignment& r : attempt.ranks()) {
+    auto w = workers_.find(r.worker());
+    if (w == workers_.end()) continue;
+    const WorkerRecord& worker = w->second;
+    if (worker.dispatched.count(key)) {
+      ++live;
+      continue;
+    }
+    if (!worker.confirmed) {  // Recovered, not checked in yet: trust the rank table.
+      live += r.pid() != 0 && !r.exited() ? 1 : 0;
+      continue;
+    }
+    for (const v1::TaskStatus& t : worker.reported) {
+      if (t.job_id() != job_id || t.attempt() != attempt.number()) continue;
+      for (const v1::LocalRankStatus& s : t.ranks()) {
+        if (s.rank() == r.rank() && !s.exited()) ++live;
+      }
+    }
+  }
+  return live;
 }
 
 std::vector<v1::Task> Coordinator::DesiredTasksLocked(const std::string& worker) {

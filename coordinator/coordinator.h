@@ -109,13 +109,19 @@ class Coordinator {
     absl::Time start_deadline;  // Formed attempt: trainers must be up by then.
     bool retiring = false;      // Past retention: being deleted, no longer written.
   };
+  using TaskKey = std::pair<std::string, int>;  // (job id, attempt number)
   struct WorkerRecord {
     v1::Worker info;
     absl::Time last_seen;
     bool alive = true;
     bool confirmed = true;  // False after recovery until the worker checks in.
     std::vector<int32_t> free_ports;
-    std::vector<v1::TaskStatus> reported;
+    std::vector<v1::TaskStatus> reported;  // Its last heartbeat's tasks.
+    // Tasks handed to it in a heartbeat reply (with their rank counts) that no later
+    // heartbeat has shown gone (absent, or every rank exited). Their trainers may be
+    // starting or running whatever became of their attempts, so their slots stay
+    // busy. Cleared when the agent restarts (its trainers died with it).
+    std::map<TaskKey, int> dispatched;
   };
   // Collects jobs whose watchers must be woken, and wakes them on destruction
   // (declare it before the lock, so it runs after the lock is released).
@@ -144,6 +150,9 @@ class Coordinator {
   void PersistWorkerLocked(const WorkerRecord& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   int FreeSlotsLocked(const WorkerRecord& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Trainers of the attempt that may still exist (Attempt.live_trainers).
+  int LiveTrainersLocked(const std::string& job_id, const v1::Attempt& attempt)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<v1::Task> DesiredTasksLocked(const std::string& worker)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScheduleLocked(TouchList& touched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

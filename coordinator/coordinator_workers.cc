@@ -3,6 +3,8 @@
 #include <signal.h>
 #include <string.h>
 
+#include <iterator>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -69,6 +71,7 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterReq
         req.worker(),
         absl::StrCat("worker ", req.worker(), " restarted: its trainers are gone"), touched);
     w.reported.clear();
+    w.dispatched.clear();
   }
   if (inserted || w.info.incarnation() != req.incarnation()) {
     w.info.set_registered_ms(Millis(now));
@@ -107,10 +110,23 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   worker.info.set_last_heartbeat_ms(Millis(now));
   worker.free_ports.assign(req.free_ports().begin(), req.free_ports().end());
   worker.reported.assign(req.tasks().begin(), req.tasks().end());
+  // A task handed out earlier is gone once the worker shows it absent (it never got
+  // it, or has forgotten it) or with every rank exited.
+  for (auto it = worker.dispatched.begin(); it != worker.dispatched.end();) {
+    bool gone = true;
+    for (const v1::TaskStatus& t : req.tasks()) {
+      if (t.job_id() != it->first.first || t.attempt() != it->first.second) continue;
+      for (const auto& r : t.ranks()) gone = gone && r.exited();
+    }
+    it = gone ? worker.dispatched.erase(it) : std::next(it);
+  }
   for (const v1::TaskStatus& t : req.tasks()) ApplyTaskStatusLocked(req.worker(), t, touched);
   ScheduleLocked(touched);
   v1::HeartbeatResponse resp;
-  for (auto& task : DesiredTasksLocked(req.worker())) *resp.add_tasks() = std::move(task);
+  for (auto& task : DesiredTasksLocked(req.worker())) {
+    worker.dispatched.try_emplace({task.job_id(), task.attempt()}, task.ranks_size());
+    *resp.add_tasks() = std::move(task);
+  }
   return resp;
 }
 

@@ -433,6 +433,48 @@ TEST_F(CoordinatorTest, CancelStopsTheTrainersAndFreesTheSlots) {
   EXPECT_EQ(Get(next).state(), v1::RENDEZVOUS);
 }
 
+TEST_F(CoordinatorTest, TrainersHandedOutButNotYetReportedHoldTheirSlotsAfterACancel) {
+  Register("w1");
+  Register("w2");
+  const std::string id = Submit(JobYaml());
+  // Both workers are handed their task; neither has reported it yet.
+  const v1::Task t1 = TaskOf(id, Heartbeat("w1"));
+  TaskOf(id, Heartbeat("w2"));
+  auto cancelled = coordinator_->Cancel(id);
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_EQ(cancelled->attempts(0).live_trainers(), 2) << "they may be starting right now";
+  const std::string next = Submit(JobYaml());
+  EXPECT_EQ(Get(next).state(), v1::PENDING) << "not on top of the cancelled trainers";
+
+  // w1 started its trainer and is told to stop it; w2 never got its task.
+  EXPECT_TRUE(Heartbeat("w1", {Report(t1)}).empty());
+  EXPECT_TRUE(Heartbeat("w2").empty());
+  EXPECT_EQ(Get(id).attempts(0).live_trainers(), 1);
+  EXPECT_EQ(Get(next).state(), v1::PENDING);
+  Heartbeat("w1", {Report(t1, /*exit_code=*/143)});
+  EXPECT_EQ(Get(id).attempts(0).live_trainers(), 0);
+  EXPECT_EQ(Get(next).state(), v1::RENDEZVOUS);
+}
+
+TEST_F(CoordinatorTest, ATaskHandedOutBeforeItsAttemptFailedKeepsItsSlotUntilShownGone) {
+  Register("w1");
+  Register("w2");
+  const std::string id = Submit(JobYaml("max_restarts: 1\n"));
+  const v1::Task t1 = TaskOf(id, Heartbeat("w1"));
+  const v1::Task t2 = TaskOf(id, Heartbeat("w2"));
+  // w2's trainer fails at once, before w1 has reported starting its own.
+  Heartbeat("w2", {Report(t2, /*exit_code=*/1)});
+  v1::Job job = Get(id);
+  ASSERT_EQ(job.state(), v1::PENDING);
+  EXPECT_EQ(job.attempts_size(), 1) << "w1 may be starting attempt 1's trainer";
+  EXPECT_TRUE(Heartbeat("w1", {Report(t1)}).empty());
+  EXPECT_EQ(Get(id).attempts_size(), 1);
+  Heartbeat("w1", {Report(t1, /*exit_code=*/143)});
+  job = Get(id);
+  EXPECT_EQ(job.attempts_size(), 2);
+  EXPECT_EQ(job.state(), v1::RENDEZVOUS);
+}
+
 TEST_F(CoordinatorTest, ARestartedCoordinatorRecoversJobsRankTablesAndMetrics) {
   Register("w1");
   Register("w2");
