@@ -92,7 +92,8 @@ class Coordinator {
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
   // NOT_FOUND (unknown worker), FAILED_PRECONDITION (stale incarnation).
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
-  // NOT_FOUND, FAILED_PRECONDITION, as Heartbeat.
+  // NOT_FOUND, FAILED_PRECONDITION, as Heartbeat. A batch whose batch_seq was
+  // already applied is dropped (OK); so are events of unknown jobs.
   absl::Status ReportEvents(const v1::ReportEventsRequest& request);
 
   // Expires heartbeats, times out rendezvous, schedules the queue, and once a minute
@@ -122,6 +123,7 @@ class Coordinator {
     // starting or running whatever became of their attempts, so their slots stay
     // busy. Cleared when the agent restarts (its trainers died with it).
     std::map<TaskKey, int> dispatched;
+    int64_t last_batch_seq = 0;  // ReportEvents: the last batch applied (this incarnation).
   };
   // Collects jobs whose watchers must be woken, and wakes them on destruction
   // (declare it before the lock, so it runs after the lock is released).

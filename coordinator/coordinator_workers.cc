@@ -72,6 +72,7 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterReq
         absl::StrCat("worker ", req.worker(), " restarted: its trainers are gone"), touched);
     w.reported.clear();
     w.dispatched.clear();
+    w.last_batch_seq = 0;
   }
   if (inserted || w.info.incarnation() != req.incarnation()) {
     w.info.set_registered_ms(Millis(now));
@@ -232,6 +233,15 @@ absl::Status Coordinator::ReportEvents(const v1::ReportEventsRequest& req) {
     absl::MutexLock lock(&mu_);
     auto w = CheckWorkerLocked(req.worker(), req.incarnation());
     if (!w.ok()) return w.status();
+    WorkerRecord& worker = **w;
+    if (req.batch_seq() > 0) {
+      if (req.batch_seq() <= worker.last_batch_seq) {
+        DDP_LOG(INFO) << "worker " << req.worker() << " re-sent batch " << req.batch_seq()
+                      << ", already applied: dropped";
+        return absl::OkStatus();
+      }
+      worker.last_batch_seq = req.batch_seq();
+    }
     if (req.dropped() > 0) {
       DDP_LOG(WARNING) << "worker " << req.worker() << " dropped " << req.dropped()
                        << " events it could not deliver";

@@ -64,6 +64,7 @@ class CommandsTest : public ::testing::Test {
       v1::ReportEventsRequest req;
       req.set_worker("w1");
       req.set_incarnation("inc");
+      req.set_batch_seq(first / kBatch + 1);
       for (int i = first; i < std::min(steps, first + kBatch); ++i) {
         v1::ReportedEvent* e = req.add_events();
         e->set_job_id(job_id);

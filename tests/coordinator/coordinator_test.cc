@@ -232,6 +232,37 @@ TEST_F(CoordinatorTest, StaleOrUnknownWorkersAreRejected) {
               StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
+TEST_F(CoordinatorTest, AnEventBatchResentAfterItWasAppliedIsStoredOnce) {
+  Register("w1");
+  const std::string id = Submit(JobYaml("", "1"));
+  auto report = [&](int64_t batch_seq, const std::string& text) {
+    v1::ReportEventsRequest req;
+    req.set_worker("w1");
+    req.set_incarnation(incarnations_["w1"]);
+    req.set_batch_seq(batch_seq);
+    v1::ReportedEvent* e = req.add_events();
+    e->set_job_id(id);
+    e->set_attempt(1);
+    e->mutable_log()->set_stream("stdout");
+    e->mutable_log()->set_text(text);
+    return coordinator_->ReportEvents(req);
+  };
+  auto lines = [&] {
+    std::vector<std::string> out;
+    for (const auto& l : hub_->Logs(id, 0, std::nullopt, 100)) out.push_back(l.text());
+    return out;
+  };
+  EXPECT_TRUE(report(1, "first").ok());
+  EXPECT_TRUE(report(1, "first").ok()) << "a repeat is answered OK";
+  EXPECT_TRUE(report(2, "second").ok());
+  EXPECT_TRUE(report(2, "second").ok());
+  EXPECT_THAT(lines(), ElementsAre("first", "second"));
+  // A restarted agent numbers its batches from 1 again.
+  Register("w1", 1, "w1-inc2");
+  EXPECT_TRUE(report(1, "after restart").ok());
+  EXPECT_THAT(lines(), ElementsAre("first", "second", "after restart"));
+}
+
 TEST_F(CoordinatorTest, RanksFollowWorkerNameOrderAndLocalRanksAreContiguous) {
   Register("w3", 2);
   Register("w1", 2);

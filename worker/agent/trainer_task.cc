@@ -126,6 +126,19 @@ void TrainerTask::Stop(absl::Time now) {
   }
 }
 
+void TrainerTask::StampExits(int64_t pushed) {
+  for (Rank& r : ranks_) {
+    if (r.reported_exit && r.exit_mark < 0) r.exit_mark = pushed;
+  }
+}
+
+bool TrainerTask::HoldsExits(int64_t delivered) const {
+  for (const Rank& r : ranks_) {
+    if (r.reported_exit && r.exit_mark > delivered) return true;
+  }
+  return false;
+}
+
 bool TrainerTask::Finished() const {
   for (const Rank& r : ranks_) {
     if (!r.reported_exit) return false;
@@ -133,7 +146,7 @@ bool TrainerTask::Finished() const {
   return true;
 }
 
-v1::TaskStatus TrainerTask::Status() const {
+v1::TaskStatus TrainerTask::Status(int64_t delivered) const {
   v1::TaskStatus s;
   s.set_job_id(task_.job_id());
   s.set_attempt(task_.attempt());
@@ -142,7 +155,7 @@ v1::TaskStatus TrainerTask::Status() const {
     v1::LocalRankStatus* rs = s.add_ranks();
     rs->set_rank(r.rank);
     rs->set_pid(r.pid);
-    if (r.reported_exit) {
+    if (r.reported_exit && r.exit_mark <= delivered) {
       rs->set_exited(true);
       rs->set_exit_code(r.exit->exit_code);
       rs->set_signal(r.exit->signal);
