@@ -56,6 +56,7 @@ const char* JobStateName(v1::JobState s) {
 }
 
 Coordinator::TouchList::~TouchList() {
+  for (const std::string& id : finished_) hub_->MarkFinished(id);
   for (const std::string& id : ids_) hub_->Touch(id);
 }
 
@@ -77,7 +78,7 @@ Coordinator::JobRecord* Coordinator::FindLocked(const std::string& job_id) {
 }
 
 absl::Status Coordinator::PersistLocked(const JobRecord& job, TouchList& touched) {
-  touched.Add(job.job.id());
+  touched.Add(job.job.id(), IsTerminal(job.job.state()));
   if (job.retiring) return absl::OkStatus();  // Being deleted by retention.
   absl::Status st = store_->SaveJob(job.job, job.seq);
   if (!st.ok()) {
@@ -92,6 +93,7 @@ absl::Status Coordinator::PersistLocked(const JobRecord& job, TouchList& touched
 absl::Status Coordinator::Recover() {
   auto loaded = store_->Load();
   if (!loaded.ok()) return loaded.status();
+  TouchList touched(hub_);  // Tells the hub which jobs are finished.
   absl::MutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
   for (auto& stored : loaded->jobs) {
@@ -109,6 +111,7 @@ absl::Status Coordinator::Recover() {
       rec.job.set_state(v1::PENDING);  // Was gathering: decide again.
     }
     rec.start_deadline = now + absl::Seconds(rec.spec.rdzv.timeout_s);
+    if (IsTerminal(rec.job.state())) touched.Add(rec.job.id(), /*finished=*/true);
     jobs_[rec.job.id()] = std::move(rec);
   }
   for (auto& w : loaded->workers) {
@@ -190,15 +193,11 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const v1::SubmitJobRequest& request)
   return ViewLocked(jobs_[id], false);
 }
 
-v1::Job Coordinator::ViewLocked(const JobRecord& rec, bool metric_history) {
+v1::Job Coordinator::SummaryLocked(const JobRecord& rec) {
   v1::Job view = rec.job;
   for (v1::Attempt& a : *view.mutable_attempts()) {
     a.set_live_trainers(LiveTrainersLocked(rec.job.id(), a));
   }
-  const int attempt = rec.job.attempts().empty()
-                          ? 0
-                          : rec.job.attempts(rec.job.attempts_size() - 1).number();
-  hub_->Fill(rec.job.id(), attempt, &view);
   if (rec.job.state() == v1::PENDING) {
     int64_t position = 1;
     for (const auto& [id, other] : jobs_) {
@@ -206,6 +205,15 @@ v1::Job Coordinator::ViewLocked(const JobRecord& rec, bool metric_history) {
     }
     view.set_queue_position(position);
   }
+  return view;
+}
+
+v1::Job Coordinator::ViewLocked(const JobRecord& rec, bool metric_history) {
+  v1::Job view = SummaryLocked(rec);
+  const int attempt = rec.job.attempts().empty()
+                          ? 0
+                          : rec.job.attempts(rec.job.attempts_size() - 1).number();
+  hub_->Fill(rec.job.id(), attempt, &view);
   if (metric_history) {
     auto history = store_->MetricHistory(rec.job.id());
     if (history.ok()) {
@@ -234,7 +242,7 @@ std::vector<v1::Job> Coordinator::ListJobs(int limit) {
   std::vector<v1::Job> out;
   for (const JobRecord* rec : recs) {
     if (static_cast<int>(out.size()) >= limit) break;
-    v1::Job view = ViewLocked(*rec, false);
+    v1::Job view = SummaryLocked(*rec);  // No metrics: no hub (or SQLite) reads per job.
     view.clear_spec_yaml();
     out.push_back(std::move(view));
   }

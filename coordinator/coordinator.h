@@ -82,6 +82,7 @@ class Coordinator {
   absl::StatusOr<v1::Job> Submit(const v1::SubmitJobRequest& request);
   // NOT_FOUND.
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id, bool metric_history = false);
+  // Newest first, without metrics, epoch history or spec (GetJob has them).
   std::vector<v1::Job> ListJobs(int limit);
   // NOT_FOUND, FAILED_PRECONDITION (already finished).
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
@@ -126,16 +127,21 @@ class Coordinator {
     int64_t last_batch_seq = 0;  // ReportEvents: the last batch applied (this incarnation).
   };
   // Collects jobs whose watchers must be woken, and wakes them on destruction
-  // (declare it before the lock, so it runs after the lock is released).
+  // (declare it before the lock, so it runs after the lock is released). Finished
+  // jobs are also marked so in the hub, which then frees their feeds when unwatched.
   class TouchList {
    public:
     explicit TouchList(EventHub* hub) : hub_(hub) {}
     ~TouchList();
-    void Add(const std::string& job_id) { ids_.insert(job_id); }
+    void Add(const std::string& job_id, bool finished) {
+      ids_.insert(job_id);
+      if (finished) finished_.insert(job_id);
+    }
 
    private:
     EventHub* hub_;
     std::set<std::string> ids_;
+    std::set<std::string> finished_;
   };
 
   // Active attempt (RENDEZVOUS with ranks, or RUNNING), or null.
@@ -144,6 +150,10 @@ class Coordinator {
   absl::StatusOr<WorkerRecord*> CheckWorkerLocked(const std::string& name,
                                                   const std::string& incarnation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job as clients see it: with queue position and live trainers; the full view
+  // adds the latest metrics and epoch history (from the hub) and, on request, the
+  // stored metric history.
+  v1::Job SummaryLocked(const JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Job ViewLocked(const JobRecord& job, bool metric_history) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the job to the store and queues its watchers' wake-up. A failed write is
   // logged loudly; only Submit acts on it (other transitions are already live).

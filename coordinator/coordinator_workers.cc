@@ -228,6 +228,7 @@ void Coordinator::ExpireLocked(TouchList& touched) {
 }
 
 absl::Status Coordinator::ReportEvents(const v1::ReportEventsRequest& req) {
+  std::vector<v1::ReportedEvent> known;  // Events of jobs we have (not being deleted).
   {
     TouchList touched(hub_);
     absl::MutexLock lock(&mu_);
@@ -246,18 +247,28 @@ absl::Status Coordinator::ReportEvents(const v1::ReportEventsRequest& req) {
       DDP_LOG(WARNING) << "worker " << req.worker() << " dropped " << req.dropped()
                        << " events it could not deliver";
     }
-    // A trainer's `error` event explains its exit: keep it in the rank table.
+    int unknown = 0;
     for (const v1::ReportedEvent& ev : req.events()) {
-      if (!ev.has_event() || ev.event().type() != "error") continue;
       JobRecord* rec = FindLocked(ev.job_id());
-      if (rec == nullptr || ev.attempt() < 1 || ev.attempt() > rec->job.attempts_size()) continue;
+      if (rec == nullptr || rec->retiring) {
+        ++unknown;  // Deleted (retention) or never ours: nowhere to keep it.
+        continue;
+      }
+      known.push_back(ev);
+      // A trainer's `error` event explains its exit: keep it in the rank table.
+      if (!ev.has_event() || ev.event().type() != "error") continue;
+      if (ev.attempt() < 1 || ev.attempt() > rec->job.attempts_size()) continue;
       for (v1::RankAssignment& r : *rec->job.mutable_attempts(ev.attempt() - 1)->mutable_ranks()) {
         if (r.rank() == ev.rank()) r.set_error(ev.event().message());
       }
       PersistLocked(*rec, touched);
     }
+    if (unknown > 0) {
+      DDP_LOG(INFO) << "worker " << req.worker() << " reported " << unknown
+                    << " event(s) of unknown jobs: dropped";
+    }
   }
-  hub_->Ingest({req.events().begin(), req.events().end()});
+  if (!known.empty()) hub_->Ingest(known);
   return absl::OkStatus();
 }
 

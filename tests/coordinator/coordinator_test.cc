@@ -5,6 +5,7 @@
 
 #include <sqlite3.h>
 
+#include <atomic>
 #include <map>
 #include <memory>
 
@@ -30,6 +31,12 @@ std::string JobYaml(const std::string& extra = "", const std::string& nodes = "2
                       "train: {batch_size: 4}\n",
                       extra);
 }
+
+class CountingListener final : public EventHub::Listener {
+ public:
+  void Notify() override { ++notified; }
+  std::atomic<int> notified{0};
+};
 
 class CoordinatorTest : public ::testing::Test {
  protected:
@@ -89,6 +96,30 @@ class CoordinatorTest : public ::testing::Test {
       }
     }
     return s;
+  }
+
+  // Output lines from `worker` for rank 0 of `job_id`'s attempt 1.
+  absl::Status ReportLines(const std::string& worker, const std::string& job_id,
+                           const std::vector<std::string>& texts) {
+    v1::ReportEventsRequest req;
+    req.set_worker(worker);
+    req.set_incarnation(incarnations_[worker]);
+    for (const std::string& text : texts) {
+      v1::ReportedEvent* e = req.add_events();
+      e->set_job_id(job_id);
+      e->set_attempt(1);
+      e->mutable_log()->set_stream("stdout");
+      e->mutable_log()->set_text(text);
+    }
+    return coordinator_->ReportEvents(req);
+  }
+
+  std::vector<std::string> LogTexts(const std::string& job_id) {
+    std::vector<std::string> out;
+    for (const auto& l : hub_->Logs(job_id, 0, std::nullopt, 100)) {
+      out.push_back(absl::StrCat(l.seq(), " ", l.text()));
+    }
+    return out;
   }
 
   std::string Submit(const std::string& yaml) {
@@ -261,6 +292,70 @@ TEST_F(CoordinatorTest, AnEventBatchResentAfterItWasAppliedIsStoredOnce) {
   Register("w1", 1, "w1-inc2");
   EXPECT_TRUE(report(1, "after restart").ok());
   EXPECT_THAT(lines(), ElementsAre("first", "second", "after restart"));
+}
+
+TEST_F(CoordinatorTest, FinishedJobsKeepNoFeedInMemoryYetShowTheirMetricsAndLogs) {
+  Register("w1");
+  Register("w2");
+  const std::string id = Submit(JobYaml());
+  auto [t1, t2] = StartOnTwoWorkers(id);
+  v1::ReportEventsRequest step;
+  step.set_worker("w1");
+  step.set_incarnation(incarnations_["w1"]);
+  v1::ReportedEvent* e = step.add_events();
+  e->set_job_id(id);
+  e->set_attempt(1);
+  e->mutable_event()->set_type("step");
+  e->mutable_event()->set_global_step(7);
+  ASSERT_TRUE(coordinator_->ReportEvents(step).ok());
+  ASSERT_TRUE(ReportLines("w1", id, {"hello"}).ok());
+  EXPECT_EQ(hub_->stats().feeds, 1u) << "a live job's feed";
+  Heartbeat("w1", {Report(t1, 0)});
+  Heartbeat("w2", {Report(t2, 0)});
+  ASSERT_EQ(Get(id).state(), v1::SUCCEEDED);
+  EXPECT_EQ(hub_->stats().feeds, 0u) << "finished and unwatched";
+
+  v1::Job job = Get(id);
+  ASSERT_EQ(job.metrics_size(), 1) << "reloaded from SQLite";
+  EXPECT_EQ(job.metrics(0).global_step(), 7);
+  EXPECT_EQ(coordinator_->ListJobs(10).size(), 1u);
+  EXPECT_THAT(LogTexts(id), ElementsAre("1 hello"));
+  EXPECT_EQ(hub_->stats().feeds, 0u) << "reads keep nothing";
+}
+
+TEST_F(CoordinatorTest, EventsOfUnknownJobsAreDroppedAndWatchingOneLeavesNothing) {
+  Register("w1");
+  EXPECT_TRUE(ReportLines("w1", "ghost", {"boo"}).ok());
+  EXPECT_EQ(hub_->stats().feeds, 0u);
+  auto stored = store_->ReadLogs("ghost", 0, std::nullopt, 100);
+  ASSERT_TRUE(stored.ok());
+  EXPECT_TRUE(stored->empty()) << "nothing stored that retention would never delete";
+  auto listener = std::make_shared<CountingListener>();
+  hub_->Subscribe("ghost", listener);
+  EXPECT_EQ(hub_->stats().watched_jobs, 1u);
+  hub_->Unsubscribe("ghost", listener.get());
+  EXPECT_EQ(hub_->stats().watched_jobs, 0u);
+  EXPECT_EQ(hub_->stats().feeds, 0u);
+}
+
+TEST_F(CoordinatorTest, AFinishedJobsFeedIsFreedWhenItsLastListenerLeaves) {
+  Register("w1");
+  const std::string id = Submit(JobYaml("", "1"));
+  const v1::Task task = TaskOf(id, Heartbeat("w1"));
+  Heartbeat("w1", {Report(task)});
+  auto listener = std::make_shared<CountingListener>();
+  hub_->Subscribe(id, listener);
+  ASSERT_TRUE(ReportLines("w1", id, {"a", "b"}).ok());
+  Heartbeat("w1", {Report(task, 0)});
+  ASSERT_EQ(Get(id).state(), v1::SUCCEEDED);
+  EXPECT_GT(listener->notified, 0);
+  EXPECT_EQ(hub_->stats().feeds, 1u) << "still watched";
+  hub_->Unsubscribe(id, listener.get());
+  EXPECT_EQ(hub_->stats().feeds, 0u);
+  // A late line (a stopping trainer's last words) continues the numbering from SQLite.
+  ASSERT_TRUE(ReportLines("w1", id, {"c"}).ok());
+  EXPECT_EQ(hub_->stats().feeds, 0u);
+  EXPECT_THAT(LogTexts(id), ElementsAre("1 a", "2 b", "3 c"));
 }
 
 TEST_F(CoordinatorTest, RanksFollowWorkerNameOrderAndLocalRanksAreContiguous) {
