@@ -96,7 +96,11 @@ TEST_F(ClusterTest, TrainsTheBreastCancerExampleWhileWatchShowsEveryRankLive) {
   }
   EXPECT_GE(epochs_seen[0].size(), 10u) << watch.out;
   EXPECT_GE(epochs_seen[1].size(), 10u) << watch.out;
-  EXPECT_LT(watch.out.find(" rank 1 epoch "), watch.out.find("SUCCEEDED"));
+  const size_t rank1 = watch.out.find(" rank 1 epoch ");
+  const size_t succeeded = watch.out.find("SUCCEEDED");
+  ASSERT_NE(rank1, std::string::npos) << watch.out;
+  ASSERT_NE(succeeded, std::string::npos) << watch.out;
+  EXPECT_LT(rank1, succeeded) << "live updates before the outcome";
 
   auto job = cluster_->GetJob(id);
   ASSERT_TRUE(job.ok());
@@ -257,6 +261,16 @@ TEST_F(ClusterTest, ARestartedCoordinatorServesTheSameHistory) {
 TEST_F(ClusterTest, TrainingCarriesOnWhileTheCoordinatorRestarts) {
   const std::string id = SubmitOk(*cluster_, LongJob(cluster_->dir(), "survivor", 3));
   ASSERT_TRUE(cluster_->WaitFor(id, Running).ok());
+  // A watcher and a log follower, connected before the coordinator dies.
+  auto watch = cluster_->CtlAsync({"watch", id});
+  auto logs = cluster_->CtlAsync({"logs", id, "-f"});
+  ASSERT_TRUE(watch.ok()) << watch.status();
+  ASSERT_TRUE(logs.ok()) << logs.status();
+  testing::OutputCollector watch_out((*watch)->stdout_fd()), watch_err((*watch)->stderr_fd());
+  testing::OutputCollector logs_out((*logs)->stdout_fd()), logs_err((*logs)->stderr_fd());
+  ASSERT_TRUE(watch_out.WaitFor(" RUNNING")) << watch_err.text();
+  ASSERT_TRUE(logs_out.WaitFor("* started:")) << logs_err.text();
+
   EXPECT_TRUE(cluster_->StopCoordinator(SIGKILL).signal == SIGKILL);
   ASSERT_TRUE(cluster_->StartCoordinator().ok());
   // The data plane never went through the coordinator: the same attempt finishes.
@@ -265,6 +279,26 @@ TEST_F(ClusterTest, TrainingCarriesOnWhileTheCoordinatorRestarts) {
   EXPECT_EQ(done->attempts_size(), 1);
   EXPECT_EQ(done->restarts(), 0);
   EXPECT_EQ(done->epoch_history_size(), 3);
+
+  // Both reconnected and ended with the job: watch with its outcome, logs with the
+  // output after the restart and nothing twice.
+  auto watch_exit = (*watch)->WaitFor(absl::Minutes(2));
+  ASSERT_TRUE(watch_exit.has_value());
+  const std::string werr = watch_err.Finish();
+  EXPECT_EQ(watch_exit->exit_code, 0) << werr;
+  EXPECT_THAT(werr, HasSubstr("coordinator unavailable, reconnecting..."));
+  EXPECT_THAT(werr, HasSubstr(absl::StrCat("job ", id, " SUCCEEDED")));
+  auto logs_exit = (*logs)->WaitFor(absl::Minutes(2));
+  ASSERT_TRUE(logs_exit.has_value());
+  const std::string lout = logs_out.Finish();
+  EXPECT_EQ(logs_exit->exit_code, 0) << logs_err.Finish();
+  for (int rank : {0, 1}) {
+    const std::string started = absl::StrCat("[rank ", rank, "] * started:");
+    const size_t first = lout.find(started);
+    ASSERT_NE(first, std::string::npos) << lout;
+    EXPECT_EQ(lout.find(started, first + 1), std::string::npos) << "repeated after reconnecting";
+    EXPECT_THAT(lout, HasSubstr(absl::StrCat("[rank ", rank, "] * done after")));
+  }
 }
 
 TEST(CoordinatorProcessTest, BadFlagValuesExitTwoAndABusyStateDirExitsOne) {
