@@ -103,7 +103,25 @@ absl::Status Coordinator::Recover() {
     next_seq_ = std::max(next_seq_, rec.seq + 1);
     auto spec = ParseJobSpec(rec.job.spec_yaml(), rec.job.name());
     if (!spec.ok()) {
-      DDP_LOG(ERROR) << "stored job " << rec.job.id() << " no longer parses: " << spec.status();
+      // Written by another version, or edited: shown, not hidden. A finished job keeps
+      // its outcome; one in flight cannot be run (or restarted) without its spec.
+      const std::string reason =
+          absl::StrCat("stored spec no longer parses: ", spec.status().message());
+      DDP_LOG(ERROR) << "job " << rec.job.id() << ": " << reason;
+      rec.spec.name = rec.job.name();
+      if (!IsTerminal(rec.job.state())) {
+        if (v1::Attempt* a = ActiveAttempt(rec)) {
+          a->set_state(v1::FAILED);
+          a->set_reason(reason);
+          a->set_end_ms(Millis(now));
+        }
+        rec.job.set_state(v1::FAILED);
+        rec.job.set_reason(reason);
+        rec.job.set_end_ms(Millis(now));
+        PersistLocked(rec, touched);
+      }
+      touched.Add(rec.job.id(), /*finished=*/true);
+      jobs_[rec.job.id()] = std::move(rec);
       continue;
     }
     rec.spec = *std::move(spec);
@@ -423,8 +441,12 @@ bool Coordinator::FormLocked(JobRecord& rec, const std::vector<NodeOffer>& nodes
     }
   }
   if (port == 0) {
-    rec.job.set_reason(absl::StrCat("waiting for worker ", head.info.name(),
-                                    " to report a free port for the rendezvous store"));
+    const std::string reason = absl::StrCat("waiting for worker ", head.info.name(),
+                                            " to report a free port for the rendezvous store");
+    if (rec.job.reason() != reason) {
+      rec.job.set_reason(reason);
+      PersistLocked(rec, touched);
+    }
     return false;
   }
   const absl::Time now = clock_->Now();

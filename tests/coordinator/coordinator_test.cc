@@ -634,6 +634,29 @@ TEST_F(CoordinatorTest, ARestartedCoordinatorRecoversJobsRankTablesAndMetrics) {
   EXPECT_EQ(Get(id).state(), v1::SUCCEEDED);
 }
 
+TEST_F(CoordinatorTest, AJobWhoseStoredSpecNoLongerParsesIsRecoveredAsFailed) {
+  const std::string id = Submit(JobYaml());  // PENDING: no workers.
+  auto stored = store_->Load();
+  ASSERT_TRUE(stored.ok());
+  ASSERT_EQ(stored->jobs.size(), 1u);
+  v1::Job job = stored->jobs[0].job;
+  job.set_spec_yaml("name: demo\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n"
+                    "train: {batch_size: 0}\n");  // As if written by another version.
+  ASSERT_TRUE(store_->SaveJob(job, stored->jobs[0].seq).ok());
+
+  Open();
+  ASSERT_TRUE(coordinator_->Recover().ok());
+  job = Get(id);
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_THAT(job.reason(), HasSubstr("stored spec no longer parses: "));
+  EXPECT_THAT(job.reason(), HasSubstr("train.batch_size: must be > 0"));
+  EXPECT_NE(job.end_ms(), 0);
+  ASSERT_EQ(coordinator_->ListJobs(10).size(), 1u) << "listed, not hidden";
+  stored = store_->Load();
+  ASSERT_TRUE(stored.ok());
+  EXPECT_EQ(stored->jobs[0].job.state(), v1::FAILED) << "and stored so";
+}
+
 TEST_F(CoordinatorTest, WorkersThatDoNotReturnAfterRecoveryAreLost) {
   Register("w1");
   Register("w2");
