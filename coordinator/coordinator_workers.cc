@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <string.h>
 
+#include <algorithm>
 #include <iterator>
 
 #include "absl/status/status.h"
@@ -24,6 +25,33 @@ std::string DescribeExit(const v1::RankAssignment& r) {
   }
   return absl::StrCat("exited with code ", r.exit_code(),
                       r.exit_code() == kExitPermanent ? " (permanent error)" : "");
+}
+
+bool Failed(const v1::RankAssignment& r) {
+  return r.exited() && (r.exit_code() != 0 || r.signal() != 0);
+}
+
+bool FailedPermanently(const v1::RankAssignment& r) {
+  return Failed(r) && r.signal() == 0 && !IsRetryableExit(r.exit_code());
+}
+
+// The failed rank that decides an attempt's fate: a permanent failure anywhere (a
+// restart cannot cure it, whichever rank failed first), else the first in rank order.
+const v1::RankAssignment* DecidingFailure(const v1::Attempt& a) {
+  const v1::RankAssignment* decider = nullptr;
+  for (const v1::RankAssignment& r : a.ranks()) {
+    if (!Failed(r)) continue;
+    if (decider == nullptr || (FailedPermanently(r) && !FailedPermanently(*decider))) {
+      decider = &r;
+    }
+  }
+  return decider;
+}
+
+std::string FailureReason(const v1::RankAssignment& r) {
+  std::string reason = absl::StrCat("rank ", r.rank(), " on ", r.worker(), " ", DescribeExit(r));
+  if (!r.error().empty()) absl::StrAppend(&reason, ": ", r.error());
+  return reason;
 }
 
 }  // namespace
@@ -160,17 +188,26 @@ void Coordinator::ApplyTaskStatusLocked(const std::string& worker, const v1::Tas
     return;
   }
   if (!active) {
-    if (changed) PersistLocked(*rec, touched);  // Shows the stopped trainers' exits.
+    if (!changed) return;
+    // The job is waiting to restart after this attempt failed, and one of its ranks
+    // now turns out to have failed permanently: no restart can cure that.
+    const v1::RankAssignment* decider = DecidingFailure(*a);
+    if (a->number() == rec->job.attempts_size() && !IsTerminal(rec->job.state()) &&
+        ActiveAttempt(*rec) == nullptr && decider != nullptr && FailedPermanently(*decider)) {
+      rec->gathering = false;
+      rec->job.set_restarts(std::max(0, rec->job.restarts() - 1));  // It never happened.
+      rec->job.set_state(v1::FAILED);
+      rec->job.set_reason(FailureReason(*decider));
+      rec->job.set_end_ms(Millis(clock_->Now()));
+      DDP_LOG(WARNING) << "job " << rec->job.id() << " failed: " << rec->job.reason()
+                       << " (no restart after a permanent error)";
+    }
+    PersistLocked(*rec, touched);  // Shows the stopped trainers' exits.
     return;
   }
-  // A failed rank fails the attempt; the first failure is the reason.
-  for (const v1::RankAssignment& r : a->ranks()) {
-    if (!r.exited() || (r.exit_code() == 0 && r.signal() == 0)) continue;
-    std::string reason =
-        absl::StrCat("rank ", r.rank(), " on ", r.worker(), " ", DescribeExit(r));
-    if (!r.error().empty()) absl::StrAppend(&reason, ": ", r.error());
-    FailAttemptLocked(*rec, reason, /*retryable=*/r.signal() != 0 || IsRetryableExit(r.exit_code()),
-                      touched);
+  // A failed rank fails the attempt; a permanent failure decides whether to restart.
+  if (const v1::RankAssignment* r = DecidingFailure(*a)) {
+    FailAttemptLocked(*rec, FailureReason(*r), /*retryable=*/!FailedPermanently(*r), touched);
     return;
   }
   bool all_up = true, all_done = true;
@@ -185,6 +222,7 @@ void Coordinator::ApplyTaskStatusLocked(const std::string& worker, const v1::Tas
     a->set_end_ms(now);
     rec->job.set_state(v1::SUCCEEDED);
     rec->job.set_reason(a->reason());
+    if (rec->job.start_ms() == 0) rec->job.set_start_ms(now);  // Never seen RUNNING.
     rec->job.set_end_ms(now);
     DDP_LOG(INFO) << "job " << rec->job.id() << " succeeded";
     changed = true;

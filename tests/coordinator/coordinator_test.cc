@@ -503,6 +503,46 @@ TEST_F(CoordinatorTest, APermanentExitFailsTheJobWithoutRestarting) {
                                       "data.csv.path: cannot open 'x.csv'"));
 }
 
+TEST_F(CoordinatorTest, APermanentFailureBeatsARetryableOneReportedWithIt) {
+  Register("w1", 2);
+  const std::string id = Submit(JobYaml("nproc_per_node: 2\nmax_restarts: 3\n", "1"));
+  const v1::Task task = TaskOf(id, Heartbeat("w1"));
+  Heartbeat("w1", {Report(task)});
+  v1::TaskStatus status = Report(task, /*exit_code=*/1);  // Rank 0: a peer died.
+  status.mutable_ranks(1)->set_exit_code(2);             // Rank 1: bad data.
+  Heartbeat("w1", {status});
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.restarts(), 0);
+  EXPECT_THAT(job.reason(), HasSubstr("rank 1 on w1 exited with code 2 (permanent error)"));
+}
+
+TEST_F(CoordinatorTest, APermanentExitReportedAfterARetryableFailureCancelsTheRestart) {
+  Register("w1");
+  Register("w2");
+  const std::string id = Submit(JobYaml("max_restarts: 3\n"));
+  auto [t1, t2] = StartOnTwoWorkers(id);
+  Heartbeat("w1", {Report(t1, /*exit_code=*/1)});
+  ASSERT_EQ(Get(id).state(), v1::PENDING) << "restarting";
+  Heartbeat("w2", {Report(t2, /*exit_code=*/2)});
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.attempts_size(), 1);
+  EXPECT_EQ(job.restarts(), 0);
+  EXPECT_THAT(job.reason(), HasSubstr("rank 1 on w2 exited with code 2 (permanent error)"));
+  EXPECT_TRUE(Heartbeat("w1").empty());
+}
+
+TEST_F(CoordinatorTest, AJobThatEndsBeforeItWasSeenRunningHasAStartTime) {
+  Register("w1");
+  const std::string id = Submit(JobYaml("", "1"));
+  const v1::Task task = TaskOf(id, Heartbeat("w1"));
+  Heartbeat("w1", {Report(task, 0)});  // Started and finished between two heartbeats.
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::SUCCEEDED);
+  EXPECT_NE(job.start_ms(), 0);
+}
+
 TEST_F(CoordinatorTest, RetryableFailuresStopAtMaxRestarts) {
   Register("w1");
   Register("w2");
