@@ -369,6 +369,26 @@ TEST_F(AgentTest, AMissingWorkdirIsReportedAsATaskError) {
   }
 }
 
+TEST_F(AgentTest, ATaskWithoutRanksIsReportedAsATaskError) {
+  v1::Task t = Task();
+  t.clear_ranks();
+  fake_->SetDesired({t});
+  StartAgent(Trainer("exit 0"));
+  ASSERT_TRUE(fake_->WaitFor([](const auto& c) {
+    for (const auto& call : c) {
+      for (const auto& task : call.heartbeat.tasks()) {
+        if (!task.error().empty()) return true;
+      }
+    }
+    return false;
+  }));
+  for (const auto& call : fake_->calls()) {
+    for (const auto& task : call.heartbeat.tasks()) {
+      if (!task.error().empty()) EXPECT_THAT(task.error(), HasSubstr("has no ranks"));
+    }
+  }
+}
+
 TEST_F(AgentTest, ABatchLostToADeadlineIsResentUnchangedWithItsNumber) {
   fake_->FailNextReport(absl::DeadlineExceededError("deadline exceeded"));
   fake_->SetDesired({OneRankTask()});

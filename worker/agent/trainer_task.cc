@@ -22,15 +22,26 @@ std::unique_ptr<TrainerTask> TrainerTask::Start(const v1::Task& task,
                                                 OutputPump* pump) {
   std::unique_ptr<TrainerTask> t(new TrainerTask(task, pump));
   t->options_ = options;
+  if (task.ranks().empty()) {
+    t->error_ = absl::StrCat("task ", task.job_id(), " attempt ", task.attempt(),
+                             " has no ranks for this worker");
+    return t;
+  }
   namespace fs = std::filesystem;
   const fs::path dir =
       fs::path(options.work_dir) / task.job_id() / absl::StrCat("attempt-", task.attempt());
   std::error_code ec;
   fs::create_directories(dir, ec);
   const std::string spec_path = (dir / "job.yaml").string();
-  std::ofstream(spec_path) << task.spec_yaml();
-  if (ec || !fs::exists(spec_path)) {
-    t->error_ = absl::StrCat("cannot write ", spec_path, ": ", ec.message());
+  if (ec) {
+    t->error_ = absl::StrCat("cannot create ", dir.string(), ": ", ec.message());
+    return t;
+  }
+  std::ofstream spec(spec_path, std::ios::trunc);
+  spec << task.spec_yaml();
+  spec.close();
+  if (!spec) {  // Not opened, or a short write (disk full): the trainer would misread it.
+    t->error_ = absl::StrCat("cannot write ", spec_path, " (disk full? permissions?)");
     return t;
   }
   const std::string cwd = task.workdir().empty() ? (fs::path(options.work_dir) / task.job_id()).string()
