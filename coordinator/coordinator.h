@@ -119,10 +119,11 @@ class Coordinator {
     bool confirmed = true;  // False after recovery until the worker checks in.
     std::vector<int32_t> free_ports;
     std::vector<v1::TaskStatus> reported;  // Its last heartbeat's tasks.
-    // Tasks handed to it in a heartbeat reply (with their rank counts) that no later
-    // heartbeat has shown gone (absent, or every rank exited). Their trainers may be
-    // starting or running whatever became of their attempts, so their slots stay
-    // busy. Cleared when the agent restarts (its trainers died with it).
+    // Tasks handed to it in its last heartbeat reply that it had not reported (with
+    // their rank counts): their trainers may be starting whatever became of their
+    // attempts, so their slots stay busy until the next heartbeat shows the task
+    // (then `reported` accounts for it: busy until every rank exited) or not (the
+    // reply was lost). Cleared when the agent restarts (its trainers died with it).
     std::map<TaskKey, int> dispatched;
     int64_t last_batch_seq = 0;  // ReportEvents: the last batch applied (this incarnation).
   };

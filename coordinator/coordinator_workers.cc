@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include <algorithm>
-#include <iterator>
+#include <set>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -138,22 +138,18 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   worker.last_seen = now;
   worker.info.set_last_heartbeat_ms(Millis(now));
   worker.free_ports.assign(req.free_ports().begin(), req.free_ports().end());
+  // What the worker reports now accounts for its trainers: a task handed out earlier
+  // is either among them or was never received (a lost reply).
   worker.reported.assign(req.tasks().begin(), req.tasks().end());
-  // A task handed out earlier is gone once the worker shows it absent (it never got
-  // it, or has forgotten it) or with every rank exited.
-  for (auto it = worker.dispatched.begin(); it != worker.dispatched.end();) {
-    bool gone = true;
-    for (const v1::TaskStatus& t : req.tasks()) {
-      if (t.job_id() != it->first.first || t.attempt() != it->first.second) continue;
-      for (const auto& r : t.ranks()) gone = gone && r.exited();
-    }
-    it = gone ? worker.dispatched.erase(it) : std::next(it);
-  }
+  worker.dispatched.clear();
   for (const v1::TaskStatus& t : req.tasks()) ApplyTaskStatusLocked(req.worker(), t, touched);
   ScheduleLocked(touched);
+  std::set<TaskKey> has;
+  for (const v1::TaskStatus& t : req.tasks()) has.insert({t.job_id(), t.attempt()});
   v1::HeartbeatResponse resp;
   for (auto& task : DesiredTasksLocked(req.worker())) {
-    worker.dispatched.try_emplace({task.job_id(), task.attempt()}, task.ranks_size());
+    const TaskKey key{task.job_id(), task.attempt()};
+    if (!has.count(key)) worker.dispatched[key] = task.ranks_size();
     *resp.add_tasks() = std::move(task);
   }
   return resp;
