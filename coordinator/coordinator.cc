@@ -77,17 +77,23 @@ Coordinator::JobRecord* Coordinator::FindLocked(const std::string& job_id) {
   return it == jobs_.end() ? nullptr : &it->second;
 }
 
-absl::Status Coordinator::PersistLocked(const JobRecord& job, TouchList& touched) {
-  touched.Add(job.job.id(), IsTerminal(job.job.state()));
+absl::Status Coordinator::WriteLocked(const JobRecord& job) {
   if (job.retiring) return absl::OkStatus();  // Being deleted by retention.
   absl::Status st = store_->SaveJob(job.job, job.seq);
   if (!st.ok()) {
     DDP_LOG(ERROR) << "STATE STORE WRITE FAILED for job " << job.job.id() << " ("
                    << JobStateName(job.job.state()) << "): " << st
-                   << ": the change is live but would be lost if the coordinator restarted;"
-                      " check the --state-dir disk";
+                   << ": check the --state-dir disk";
   }
   return st;
+}
+
+void Coordinator::PersistLocked(const JobRecord& job, TouchList& touched) {
+  touched.Add(job.job.id(), IsTerminal(job.job.state()));
+  if (!WriteLocked(job).ok()) {
+    DDP_LOG(ERROR) << "job " << job.job.id()
+                   << ": the change is live but would be lost if the coordinator restarted";
+  }
 }
 
 absl::Status Coordinator::Recover() {
@@ -198,7 +204,7 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const v1::SubmitJobRequest& request)
   job.set_submit_ms(Millis(clock_->Now()));
   const std::string id = job.id();
   // Stored before it is visible: a job the store did not take was never submitted.
-  if (absl::Status st = PersistLocked(rec, touched); !st.ok()) {
+  if (absl::Status st = WriteLocked(rec); !st.ok()) {
     return absl::UnavailableError(absl::StrCat(
         "the coordinator could not store the job (", st.message(),
         "); nothing was queued: check the coordinator's --state-dir (disk full? permissions?)"

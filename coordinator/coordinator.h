@@ -156,10 +156,12 @@ class Coordinator {
   // stored metric history.
   v1::Job SummaryLocked(const JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Job ViewLocked(const JobRecord& job, bool metric_history) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Writes the job to the store and queues its watchers' wake-up. A failed write is
-  // logged loudly; only Submit acts on it (other transitions are already live).
-  absl::Status PersistLocked(const JobRecord& job, TouchList& touched)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes the job to the store (not when retiring); a failure is logged loudly and
+  // returned. Submit acts on it: a job is stored before it is visible.
+  absl::Status WriteLocked(const JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // WriteLocked, for changes that are live already (a failed write is only logged),
+  // and queues the job's watchers' wake-up.
+  void PersistLocked(const JobRecord& job, TouchList& touched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PersistWorkerLocked(const WorkerRecord& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   int FreeSlotsLocked(const WorkerRecord& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
