@@ -39,7 +39,7 @@ class FakeCoordinator final : public CoordinatorClient {
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& req,
                                                 absl::Duration) override {
     absl::MutexLock lock(&mu_);
-    calls_.push_back({next_++, "Register", {}, {}, req});
+    calls_.push_back({next_++, "Register", {}, {}, req, absl::OkStatus()});
     v1::RegisterResponse resp;
     resp.set_heartbeat_interval_ms(50);
     resp.set_heartbeat_timeout_ms(1000);
@@ -50,7 +50,7 @@ class FakeCoordinator final : public CoordinatorClient {
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req,
                                                   absl::Duration) override {
     absl::MutexLock lock(&mu_);
-    calls_.push_back({next_++, "Heartbeat", req, {}, {}});
+    calls_.push_back({next_++, "Heartbeat", req, {}, {}, absl::OkStatus()});
     if (!heartbeat_errors_.empty()) {
       absl::Status st = heartbeat_errors_.front();
       heartbeat_errors_.erase(heartbeat_errors_.begin());
@@ -384,7 +384,9 @@ TEST_F(AgentTest, ATaskWithoutRanksIsReportedAsATaskError) {
   }));
   for (const auto& call : fake_->calls()) {
     for (const auto& task : call.heartbeat.tasks()) {
-      if (!task.error().empty()) EXPECT_THAT(task.error(), HasSubstr("has no ranks"));
+      if (!task.error().empty()) {
+        EXPECT_THAT(task.error(), HasSubstr("has no ranks"));
+      }
     }
   }
 }

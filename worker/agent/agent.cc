@@ -205,13 +205,15 @@ absl::Status Agent::Run() {
     // trainer cannot starve heartbeats). A failure's `error` event still precedes the
     // exit it explains: exits wait for the output before them (StampExits).
     absl::Status st = Flush();
-    // Also heartbeat when exits held back by the last heartbeat may now be reported.
-    const bool heartbeat_due =
-        changed || now >= next_heartbeat || (st.ok() && held_exits_ && !HoldsExits());
+    // The time after the flush, which may have taken a while. Also heartbeat when
+    // exits held back by the last heartbeat may now be reported.
+    const absl::Time flushed = clock_->Now();
+    const bool heartbeat_due = changed || flushed >= next_heartbeat ||
+                               (st.ok() && held_exits_ && !HoldsExits());
     if (st.ok() && heartbeat_due) st = HeartbeatOnce();
     if (st.ok()) {
       if (heartbeat_due) {
-        next_heartbeat = now + heartbeat_interval_;
+        next_heartbeat = flushed + heartbeat_interval_;
         failures_ = 0;
       }
     } else if (st.code() == absl::StatusCode::kNotFound) {
