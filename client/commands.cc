@@ -1,7 +1,9 @@
 #include "client/commands.h"
 
+#include <grpc/grpc.h>
 #include <grpcpp/client_context.h>
 #include <grpcpp/create_channel.h>
+#include <grpcpp/support/channel_arguments.h>
 
 #include <filesystem>
 #include <fstream>
@@ -11,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "client/reconnect.h"
 #include "client/render.h"
 #include "common/jobspec/job_spec.h"
 #include "common/rpc/status.h"
@@ -64,8 +67,16 @@ CtlContext MakeContext(const std::string& coordinator, bool json, bool tty, std:
   ctx.tty = tty;
   ctx.out = out;
   ctx.err = err;
+  grpc::ChannelArguments args;
+  // `get --history` of a long job carries every stored step: far beyond gRPC's 4 MB
+  // default.
+  args.SetMaxReceiveMessageSize(-1);
+  // Reconnect promptly once a restarted coordinator is back (gRPC's default backoff
+  // grows to two minutes).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   ctx.stub = v1::JobService::NewStub(
-      grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials()));
+      grpc::CreateCustomChannel(coordinator, grpc::InsecureChannelCredentials(), args));
   return ctx;
 }
 
@@ -91,6 +102,13 @@ int ReportError(CtlContext& ctx, const absl::Status& st, const std::string& job_
       err << "ddpctl: " << st.message() << "\n";
       return kCtlFailed;
   }
+}
+
+int ReportLost(CtlContext& ctx, const absl::Status& status) {
+  *ctx.err << "ddpctl: lost the coordinator at " << ctx.coordinator << ": no answer for "
+           << absl::FormatDuration(ctx.reconnect_for) << " (" << status.message()
+           << "); the job itself carries on: `ddpctl get` shows it once the coordinator is back\n";
+  return kCtlLost;
 }
 
 int Submit(CtlContext& ctx, const std::string& path, bool watch) {
@@ -134,25 +152,42 @@ int Submit(CtlContext& ctx, const std::string& path, bool watch) {
 }
 
 int Watch(CtlContext& ctx, const std::string& job_id) {
-  grpc::ClientContext rpc;
   v1::WatchJobRequest req;
   req.set_job_id(job_id);
-  auto reader = ctx.stub->WatchJob(&rpc, req);
 
-  // A reader thread keeps the newest update; the main thread draws it, and on a
-  // terminal also redraws every second so "updated ... ago" and ETA stay current.
+  // A reader thread keeps the newest update, reopening the stream if the coordinator
+  // goes away once it has answered (each new stream starts with the full state); the
+  // main thread draws, and on a terminal also redraws every second so "updated ...
+  // ago" and ETA stay current.
   absl::Mutex mu;
   v1::Job latest;
   bool have = false, done = false, fresh = false;
+  absl::Status end;  // How the last stream ended.
+  Reconnector reconnect(ctx.err, ctx.reconnect_for);
   std::thread pump([&] {
-    v1::Job job;
-    while (reader->Read(&job)) {
-      absl::MutexLock lock(&mu);
-      latest = job;
-      have = fresh = true;
+    while (true) {
+      grpc::ClientContext rpc;
+      auto reader = ctx.stub->WatchJob(&rpc, req);
+      v1::Job job;
+      while (reader->Read(&job)) {
+        reconnect.Connected();
+        absl::MutexLock lock(&mu);
+        latest = job;
+        have = fresh = true;
+      }
+      absl::Status st = FromGrpcStatus(reader->Finish());
+      bool reached;
+      {
+        absl::MutexLock lock(&mu);
+        reached = have;
+      }
+      if (st.ok() || !reached || !reconnect.Retry(st)) {
+        absl::MutexLock lock(&mu);
+        end = st;
+        done = true;
+        return;
+      }
     }
-    absl::MutexLock lock(&mu);
-    done = true;
   });
 
   ProgressEstimator progress;
@@ -200,8 +235,8 @@ int Watch(CtlContext& ctx, const std::string& job_id) {
     if (draw_now) draw(job);
   }
   pump.join();
-  absl::Status st = FromGrpcStatus(reader->Finish());
-  if (!st.ok()) return ReportError(ctx, st, job_id);
+  if (reconnect.lost()) return ReportLost(ctx, end);
+  if (!end.ok()) return ReportError(ctx, end, job_id);
   if (!have) return kCtlFailed;
   if (!ctx.json) {
     *ctx.err << "job " << latest.id() << " " << StateName(latest.state())
@@ -241,12 +276,12 @@ int Cancel(CtlContext& ctx, const std::string& job_id, bool wait) {
   v1::Job job;
   absl::Status st = FromGrpcStatus(ctx.stub->CancelJob(&rpc, req, &job));
   if (!st.ok()) return ReportError(ctx, st, job_id);
-  // Wait until the workers report every trainer of the attempt gone.
+  // Wait until the workers report every trainer gone, including those handed out but
+  // not yet started (they have no pid yet).
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
   auto stopped = [](const v1::Job& j) {
-    if (j.attempts().empty()) return true;
-    for (const auto& r : j.attempts(j.attempts_size() - 1).ranks()) {
-      if (r.pid() != 0 && !r.exited()) return false;
+    for (const v1::Attempt& a : j.attempts()) {
+      if (a.live_trainers() > 0) return false;
     }
     return true;
   };
@@ -269,7 +304,6 @@ int Cancel(CtlContext& ctx, const std::string& job_id, bool wait) {
 }
 
 int Logs(CtlContext& ctx, const std::string& job_id, bool follow, int rank, int tail) {
-  grpc::ClientContext rpc;
   v1::StreamLogsRequest req;
   req.set_job_id(job_id);
   req.set_follow(follow);
@@ -278,16 +312,33 @@ int Logs(CtlContext& ctx, const std::string& job_id, bool follow, int rank, int 
     req.set_has_rank(true);
     req.set_rank(rank);
   }
-  auto reader = ctx.stub->StreamLogs(&rpc, req);
-  v1::LogBatch batch;
-  while (reader->Read(&batch)) {
-    for (const v1::LogLine& l : batch.lines()) {
-      *ctx.out << (ctx.json ? ToJson(l) : RenderLogLine(l, rank < 0)) << "\n";
-    }
-    ctx.out->flush();
+  if (follow) {
+    // Reached once, the coordinator is worth waiting for if it goes away.
+    auto job = FetchJob(ctx, job_id, false);
+    if (!job.ok()) return ReportError(ctx, job.status(), job_id);
   }
-  absl::Status st = FromGrpcStatus(reader->Finish());
-  return st.ok() ? kCtlOk : ReportError(ctx, st, job_id);
+  Reconnector reconnect(ctx.err, ctx.reconnect_for);
+  bool seen = false;  // A line: resume after it, not from the tail again.
+  while (true) {
+    grpc::ClientContext rpc;
+    auto reader = ctx.stub->StreamLogs(&rpc, req);
+    v1::LogBatch batch;
+    while (reader->Read(&batch)) {
+      reconnect.Connected();
+      for (const v1::LogLine& l : batch.lines()) {
+        *ctx.out << (ctx.json ? ToJson(l) : RenderLogLine(l, rank < 0)) << "\n";
+        req.set_after_seq(l.seq());
+        seen = true;
+      }
+      ctx.out->flush();
+    }
+    absl::Status st = FromGrpcStatus(reader->Finish());
+    if (st.ok()) return kCtlOk;
+    if (!follow || !reconnect.Retry(st)) {
+      return reconnect.lost() ? ReportLost(ctx, st) : ReportError(ctx, st, job_id);
+    }
+    if (seen) req.set_tail(0);
+  }
 }
 
 int Workers(CtlContext& ctx) {

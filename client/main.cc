@@ -22,12 +22,14 @@ constexpr char kUsage[] = R"(usage: ddpctl VERB [ARGS] [--coordinator HOST:PORT]
 verbs:
   submit FILE [--watch]     validate and queue a job.yaml; prints the job id
   watch JOB                 live per-rank table; exits 0 if the job succeeded,
-                            1 if it failed, 3 if it was cancelled
+                            1 if it failed, 3 if it was cancelled, 4 if the
+                            coordinator went away and did not return in 60 s
   get JOB [--history]       state, rank table, latest metrics and epochs
   list [--limit N]          jobs, newest first
   cancel JOB [--no-wait]    cancel; waits until its trainers have stopped
   logs JOB [-f] [--rank N] [--tail N]
-                            trainer output (stdout, stderr and notable events)
+                            trainer output (stdout, stderr and notable events);
+                            -f follows it until the job ends (exit 4 as watch)
   workers                   registered workers and their slots
 
 The coordinator defaults to $DDP_COORDINATOR, then 127.0.0.1:29400.

@@ -3,6 +3,7 @@
 #include "coordinator/coordinator.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -55,6 +56,7 @@ const char* JobStateName(v1::JobState s) {
 }
 
 Coordinator::TouchList::~TouchList() {
+  for (const std::string& id : finished_) hub_->MarkFinished(id);
   for (const std::string& id : ids_) hub_->Touch(id);
 }
 
@@ -75,15 +77,29 @@ Coordinator::JobRecord* Coordinator::FindLocked(const std::string& job_id) {
   return it == jobs_.end() ? nullptr : &it->second;
 }
 
-void Coordinator::PersistLocked(const JobRecord& job, TouchList& touched) {
+absl::Status Coordinator::WriteLocked(const JobRecord& job) {
+  if (job.retiring) return absl::OkStatus();  // Being deleted by retention.
   absl::Status st = store_->SaveJob(job.job, job.seq);
-  if (!st.ok()) DDP_LOG(ERROR) << "persisting job " << job.job.id() << ": " << st;
-  touched.Add(job.job.id());
+  if (!st.ok()) {
+    DDP_LOG(ERROR) << "STATE STORE WRITE FAILED for job " << job.job.id() << " ("
+                   << JobStateName(job.job.state()) << "): " << st
+                   << ": check the --state-dir disk";
+  }
+  return st;
+}
+
+void Coordinator::PersistLocked(const JobRecord& job, TouchList& touched) {
+  touched.Add(job.job.id(), IsTerminal(job.job.state()));
+  if (!WriteLocked(job).ok()) {
+    DDP_LOG(ERROR) << "job " << job.job.id()
+                   << ": the change is live but would be lost if the coordinator restarted";
+  }
 }
 
 absl::Status Coordinator::Recover() {
   auto loaded = store_->Load();
   if (!loaded.ok()) return loaded.status();
+  TouchList touched(hub_);  // Tells the hub which jobs are finished.
   absl::MutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
   for (auto& stored : loaded->jobs) {
@@ -93,7 +109,25 @@ absl::Status Coordinator::Recover() {
     next_seq_ = std::max(next_seq_, rec.seq + 1);
     auto spec = ParseJobSpec(rec.job.spec_yaml(), rec.job.name());
     if (!spec.ok()) {
-      DDP_LOG(ERROR) << "stored job " << rec.job.id() << " no longer parses: " << spec.status();
+      // Written by another version, or edited: shown, not hidden. A finished job keeps
+      // its outcome; one in flight cannot be run (or restarted) without its spec.
+      const std::string reason =
+          absl::StrCat("stored spec no longer parses: ", spec.status().message());
+      DDP_LOG(ERROR) << "job " << rec.job.id() << ": " << reason;
+      rec.spec.name = rec.job.name();
+      if (!IsTerminal(rec.job.state())) {
+        if (v1::Attempt* a = ActiveAttempt(rec)) {
+          a->set_state(v1::FAILED);
+          a->set_reason(reason);
+          a->set_end_ms(Millis(now));
+        }
+        rec.job.set_state(v1::FAILED);
+        rec.job.set_reason(reason);
+        rec.job.set_end_ms(Millis(now));
+        PersistLocked(rec, touched);
+      }
+      touched.Add(rec.job.id(), /*finished=*/true);
+      jobs_[rec.job.id()] = std::move(rec);
       continue;
     }
     rec.spec = *std::move(spec);
@@ -101,6 +135,7 @@ absl::Status Coordinator::Recover() {
       rec.job.set_state(v1::PENDING);  // Was gathering: decide again.
     }
     rec.start_deadline = now + absl::Seconds(rec.spec.rdzv.timeout_s);
+    if (IsTerminal(rec.job.state())) touched.Add(rec.job.id(), /*finished=*/true);
     jobs_[rec.job.id()] = std::move(rec);
   }
   for (auto& w : loaded->workers) {
@@ -168,7 +203,13 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const v1::SubmitJobRequest& request)
   job.set_epochs(rec.spec.train.epochs);
   job.set_submit_ms(Millis(clock_->Now()));
   const std::string id = job.id();
-  PersistLocked(rec, touched);
+  // Stored before it is visible: a job the store did not take was never submitted.
+  if (absl::Status st = WriteLocked(rec); !st.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "the coordinator could not store the job (", st.message(),
+        "); nothing was queued: check the coordinator's --state-dir (disk full? permissions?)"
+        " and submit again"));
+  }
   jobs_[id] = std::move(rec);
   DDP_LOG(INFO) << "job " << id << " submitted (" << NodeRangeString(jobs_[id].spec.nodes)
                 << " nodes)";
@@ -176,12 +217,11 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const v1::SubmitJobRequest& request)
   return ViewLocked(jobs_[id], false);
 }
 
-v1::Job Coordinator::ViewLocked(const JobRecord& rec, bool metric_history) {
+v1::Job Coordinator::SummaryLocked(const JobRecord& rec) {
   v1::Job view = rec.job;
-  const int attempt = rec.job.attempts().empty()
-                          ? 0
-                          : rec.job.attempts(rec.job.attempts_size() - 1).number();
-  hub_->Fill(rec.job.id(), attempt, &view);
+  for (v1::Attempt& a : *view.mutable_attempts()) {
+    a.set_live_trainers(LiveTrainersLocked(rec.job.id(), a));
+  }
   if (rec.job.state() == v1::PENDING) {
     int64_t position = 1;
     for (const auto& [id, other] : jobs_) {
@@ -189,6 +229,15 @@ v1::Job Coordinator::ViewLocked(const JobRecord& rec, bool metric_history) {
     }
     view.set_queue_position(position);
   }
+  return view;
+}
+
+v1::Job Coordinator::ViewLocked(const JobRecord& rec, bool metric_history) {
+  v1::Job view = SummaryLocked(rec);
+  const int attempt = rec.job.attempts().empty()
+                          ? 0
+                          : rec.job.attempts(rec.job.attempts_size() - 1).number();
+  hub_->Fill(rec.job.id(), attempt, &view);
   if (metric_history) {
     auto history = store_->MetricHistory(rec.job.id());
     if (history.ok()) {
@@ -217,7 +266,7 @@ std::vector<v1::Job> Coordinator::ListJobs(int limit) {
   std::vector<v1::Job> out;
   for (const JobRecord* rec : recs) {
     if (static_cast<int>(out.size()) >= limit) break;
-    v1::Job view = ViewLocked(*rec, false);
+    v1::Job view = SummaryLocked(*rec);  // No metrics: no hub (or SQLite) reads per job.
     view.clear_spec_yaml();
     out.push_back(std::move(view));
   }
@@ -253,7 +302,7 @@ absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& job_id) {
 
 int Coordinator::FreeSlotsLocked(const WorkerRecord& worker) {
   int busy = 0;
-  std::set<std::pair<std::string, int>> counted;
+  std::set<TaskKey> counted;
   for (auto& [id, rec] : jobs_) {
     v1::Attempt* a = ActiveAttempt(rec);
     if (a == nullptr) continue;
@@ -264,12 +313,41 @@ int Coordinator::FreeSlotsLocked(const WorkerRecord& worker) {
       }
     }
   }
+  // Handed out and not yet shown gone: the trainers may be starting right now.
+  for (const auto& [key, ranks] : worker.dispatched) {
+    if (counted.insert(key).second) busy += ranks;
+  }
   // Trainers of finished attempts hold their slots until they are gone.
   for (const v1::TaskStatus& t : worker.reported) {
     if (counted.count({t.job_id(), t.attempt()})) continue;
     for (const auto& r : t.ranks()) busy += r.exited() ? 0 : 1;
   }
   return worker.info.slots() - busy;
+}
+
+int Coordinator::LiveTrainersLocked(const std::string& job_id, const v1::Attempt& attempt) {
+  const TaskKey key{job_id, attempt.number()};
+  int live = 0;
+  for (const v1::RankAssignment& r : attempt.ranks()) {
+    auto w = workers_.find(r.worker());
+    if (w == workers_.end()) continue;
+    const WorkerRecord& worker = w->second;
+    if (worker.dispatched.count(key)) {
+      ++live;
+      continue;
+    }
+    if (!worker.confirmed) {  // Recovered, not checked in yet: trust the rank table.
+      live += r.pid() != 0 && !r.exited() ? 1 : 0;
+      continue;
+    }
+    for (const v1::TaskStatus& t : worker.reported) {
+      if (t.job_id() != job_id || t.attempt() != attempt.number()) continue;
+      for (const v1::LocalRankStatus& s : t.ranks()) {
+        if (s.rank() == r.rank() && !s.exited()) ++live;
+      }
+    }
+  }
+  return live;
 }
 
 std::vector<v1::Task> Coordinator::DesiredTasksLocked(const std::string& worker) {
@@ -369,8 +447,12 @@ bool Coordinator::FormLocked(JobRecord& rec, const std::vector<NodeOffer>& nodes
     }
   }
   if (port == 0) {
-    rec.job.set_reason(absl::StrCat("waiting for worker ", head.info.name(),
-                                    " to report a free port for the rendezvous store"));
+    const std::string reason = absl::StrCat("waiting for worker ", head.info.name(),
+                                            " to report a free port for the rendezvous store");
+    if (rec.job.reason() != reason) {
+      rec.job.set_reason(reason);
+      PersistLocked(rec, touched);
+    }
     return false;
   }
   const absl::Time now = clock_->Now();
@@ -423,7 +505,7 @@ void Coordinator::FailAttemptLocked(JobRecord& rec, const std::string& reason, b
   PersistLocked(rec, touched);
 }
 
-void Coordinator::Tick() {
+std::optional<std::vector<std::string>> Coordinator::Housekeep() {
   TouchList touched(hub_);
   absl::MutexLock lock(&mu_);
   ExpireLocked(touched);
@@ -442,25 +524,44 @@ void Coordinator::Tick() {
                       /*retryable=*/true, touched);
   }
   ScheduleLocked(touched);
-  if (now - last_retention_ >= absl::Minutes(1)) {
-    last_retention_ = now;
-    std::vector<const JobRecord*> finished;
-    for (const auto& [id, rec] : jobs_) {
-      if (IsTerminal(rec.job.state())) finished.push_back(&rec);
+  if (now - last_retention_ < absl::Minutes(1)) return std::nullopt;
+  last_retention_ = now;
+  // Jobs past retention stop being written (PersistLocked skips them, their events
+  // are dropped) until the store has deleted them and they are erased below.
+  std::vector<FinishedJob> finished;
+  for (const auto& [id, rec] : jobs_) {
+    if (IsTerminal(rec.job.state()) && !rec.retiring) {
+      finished.push_back({id, rec.job.end_ms(), rec.seq});
     }
-    std::sort(finished.begin(), finished.end(),
-              [](const JobRecord* a, const JobRecord* b) { return a->seq < b->seq; });
-    std::vector<std::string> ids;
-    for (const JobRecord* rec : finished) ids.push_back(rec->job.id());
-    auto deleted = store_->EnforceRetention(ids);
-    if (!deleted.ok()) {
-      DDP_LOG(ERROR) << "retention: " << deleted.status();
-    } else {
-      for (const std::string& id : *deleted) {
+  }
+  std::vector<std::string> retired =
+      JobsPastRetention(std::move(finished), store_->retention().retain_jobs);
+  for (const std::string& id : retired) jobs_[id].retiring = true;
+  return retired;
+}
+
+void Coordinator::Tick() {
+  std::optional<std::vector<std::string>> due = Housekeep();
+  if (!due.has_value()) return;
+  const std::vector<std::string>& retired = *due;
+  // The big deletes run without the coordinator's lock: heartbeats and watchers
+  // carry on meanwhile.
+  const absl::Status st = store_->EnforceRetention(retired);
+  if (!st.ok()) DDP_LOG(ERROR) << "retention: " << st << " (retrying in a minute)";
+  {
+    absl::MutexLock lock(&mu_);
+    for (const std::string& id : retired) {
+      if (st.ok()) {
         jobs_.erase(id);
-        hub_->Forget(id);
+      } else if (JobRecord* rec = FindLocked(id)) {
+        rec->retiring = false;
       }
     }
+  }
+  if (!st.ok()) return;
+  for (const std::string& id : retired) hub_->Forget(id);
+  if (!retired.empty()) {
+    DDP_LOG(INFO) << "retention: deleted " << retired.size() << " finished job(s)";
   }
 }
 

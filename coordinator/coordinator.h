@@ -25,13 +25,15 @@
 // when all its ranks have slots, and jobs behind it wait.
 //
 // Threading: one mutex guards all state; SQLite writes happen under it (they are
-// small), listener notifications after it is released. Time comes from the Clock;
+// small; retention's big deletes run after it is released), listener notifications
+// after it is released. Time comes from the Clock;
 // Tick() does the time-driven work (the server calls it periodically, tests call it
 // with a FakeClock).
 #ifndef DDP_COORDINATOR_COORDINATOR_H_
 #define DDP_COORDINATOR_COORDINATOR_H_
 
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -75,10 +77,12 @@ class Coordinator {
   absl::Status Recover();
 
   // --- JobService ---
-  // INVALID_ARGUMENT (spec errors with field and line), ALREADY_EXISTS (live rdzv_id).
+  // INVALID_ARGUMENT (spec errors with field and line), ALREADY_EXISTS (live rdzv_id),
+  // UNAVAILABLE (the store could not write it: nothing is kept).
   absl::StatusOr<v1::Job> Submit(const v1::SubmitJobRequest& request);
   // NOT_FOUND.
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id, bool metric_history = false);
+  // Newest first, without metrics, epoch history or spec (GetJob has them).
   std::vector<v1::Job> ListJobs(int limit);
   // NOT_FOUND, FAILED_PRECONDITION (already finished).
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
@@ -89,10 +93,12 @@ class Coordinator {
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
   // NOT_FOUND (unknown worker), FAILED_PRECONDITION (stale incarnation).
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
-  // NOT_FOUND, FAILED_PRECONDITION, as Heartbeat.
+  // NOT_FOUND, FAILED_PRECONDITION, as Heartbeat. A batch whose batch_seq was
+  // already applied is dropped (OK); so are events of unknown jobs.
   absl::Status ReportEvents(const v1::ReportEventsRequest& request);
 
-  // Expires heartbeats, times out rendezvous, schedules the queue, applies retention.
+  // Expires heartbeats, times out rendezvous, schedules the queue, and once a minute
+  // applies retention: the `retain_jobs` finished jobs that ended last are kept.
   void Tick();
 
  private:
@@ -103,26 +109,40 @@ class Coordinator {
     bool gathering = false;     // RENDEZVOUS before the attempt forms.
     absl::Time window_end;      // End of the last-call window while gathering.
     absl::Time start_deadline;  // Formed attempt: trainers must be up by then.
+    bool retiring = false;      // Past retention: being deleted, no longer written.
   };
+  using TaskKey = std::pair<std::string, int>;  // (job id, attempt number)
   struct WorkerRecord {
     v1::Worker info;
     absl::Time last_seen;
     bool alive = true;
     bool confirmed = true;  // False after recovery until the worker checks in.
     std::vector<int32_t> free_ports;
-    std::vector<v1::TaskStatus> reported;
+    std::vector<v1::TaskStatus> reported;  // Its last heartbeat's tasks.
+    // Tasks handed to it in its last heartbeat reply that it had not reported (with
+    // their rank counts): their trainers may be starting whatever became of their
+    // attempts, so their slots stay busy until the next heartbeat shows the task
+    // (then `reported` accounts for it: busy until every rank exited) or not (the
+    // reply was lost). Cleared when the agent restarts (its trainers died with it).
+    std::map<TaskKey, int> dispatched;
+    int64_t last_batch_seq = 0;  // ReportEvents: the last batch applied (this incarnation).
   };
   // Collects jobs whose watchers must be woken, and wakes them on destruction
-  // (declare it before the lock, so it runs after the lock is released).
+  // (declare it before the lock, so it runs after the lock is released). Finished
+  // jobs are also marked so in the hub, which then frees their feeds when unwatched.
   class TouchList {
    public:
     explicit TouchList(EventHub* hub) : hub_(hub) {}
     ~TouchList();
-    void Add(const std::string& job_id) { ids_.insert(job_id); }
+    void Add(const std::string& job_id, bool finished) {
+      ids_.insert(job_id);
+      if (finished) finished_.insert(job_id);
+    }
 
    private:
     EventHub* hub_;
     std::set<std::string> ids_;
+    std::set<std::string> finished_;
   };
 
   // Active attempt (RENDEZVOUS with ranks, or RUNNING), or null.
@@ -131,11 +151,23 @@ class Coordinator {
   absl::StatusOr<WorkerRecord*> CheckWorkerLocked(const std::string& name,
                                                   const std::string& incarnation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job as clients see it: with queue position and live trainers; the full view
+  // adds the latest metrics and epoch history (from the hub) and, on request, the
+  // stored metric history.
+  v1::Job SummaryLocked(const JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Job ViewLocked(const JobRecord& job, bool metric_history) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes the job to the store (not when retiring); a failure is logged loudly and
+  // returned. Submit acts on it: a job is stored before it is visible.
+  absl::Status WriteLocked(const JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // WriteLocked, for changes that are live already (a failed write is only logged),
+  // and queues the job's watchers' wake-up.
   void PersistLocked(const JobRecord& job, TouchList& touched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PersistWorkerLocked(const WorkerRecord& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   int FreeSlotsLocked(const WorkerRecord& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Trainers of the attempt that may still exist (Attempt.live_trainers).
+  int LiveTrainersLocked(const std::string& job_id, const v1::Attempt& attempt)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<v1::Task> DesiredTasksLocked(const std::string& worker)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScheduleLocked(TouchList& touched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -148,6 +180,9 @@ class Coordinator {
   void FailAttemptsOnWorkerLocked(const std::string& worker, const std::string& reason,
                                   TouchList& touched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLocked(TouchList& touched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tick()'s work under the lock. When retention is due, returns the finished jobs
+  // to delete (marked retiring); Tick() deletes them from the store unlocked.
+  std::optional<std::vector<std::string>> Housekeep() ABSL_LOCKS_EXCLUDED(mu_);
   std::string NewJobIdLocked(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CoordinatorOptions options_;

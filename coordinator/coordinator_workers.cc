@@ -3,6 +3,9 @@
 #include <signal.h>
 #include <string.h>
 
+#include <algorithm>
+#include <set>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -22,6 +25,33 @@ std::string DescribeExit(const v1::RankAssignment& r) {
   }
   return absl::StrCat("exited with code ", r.exit_code(),
                       r.exit_code() == kExitPermanent ? " (permanent error)" : "");
+}
+
+bool Failed(const v1::RankAssignment& r) {
+  return r.exited() && (r.exit_code() != 0 || r.signal() != 0);
+}
+
+bool FailedPermanently(const v1::RankAssignment& r) {
+  return Failed(r) && r.signal() == 0 && !IsRetryableExit(r.exit_code());
+}
+
+// The failed rank that decides an attempt's fate: a permanent failure anywhere (a
+// restart cannot cure it, whichever rank failed first), else the first in rank order.
+const v1::RankAssignment* DecidingFailure(const v1::Attempt& a) {
+  const v1::RankAssignment* decider = nullptr;
+  for (const v1::RankAssignment& r : a.ranks()) {
+    if (!Failed(r)) continue;
+    if (decider == nullptr || (FailedPermanently(r) && !FailedPermanently(*decider))) {
+      decider = &r;
+    }
+  }
+  return decider;
+}
+
+std::string FailureReason(const v1::RankAssignment& r) {
+  std::string reason = absl::StrCat("rank ", r.rank(), " on ", r.worker(), " ", DescribeExit(r));
+  if (!r.error().empty()) absl::StrAppend(&reason, ": ", r.error());
+  return reason;
 }
 
 }  // namespace
@@ -69,6 +99,8 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterReq
         req.worker(),
         absl::StrCat("worker ", req.worker(), " restarted: its trainers are gone"), touched);
     w.reported.clear();
+    w.dispatched.clear();
+    w.last_batch_seq = 0;
   }
   if (inserted || w.info.incarnation() != req.incarnation()) {
     w.info.set_registered_ms(Millis(now));
@@ -106,11 +138,20 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   worker.last_seen = now;
   worker.info.set_last_heartbeat_ms(Millis(now));
   worker.free_ports.assign(req.free_ports().begin(), req.free_ports().end());
+  // What the worker reports now accounts for its trainers: a task handed out earlier
+  // is either among them or was never received (a lost reply).
   worker.reported.assign(req.tasks().begin(), req.tasks().end());
+  worker.dispatched.clear();
   for (const v1::TaskStatus& t : req.tasks()) ApplyTaskStatusLocked(req.worker(), t, touched);
   ScheduleLocked(touched);
+  std::set<TaskKey> has;
+  for (const v1::TaskStatus& t : req.tasks()) has.insert({t.job_id(), t.attempt()});
   v1::HeartbeatResponse resp;
-  for (auto& task : DesiredTasksLocked(req.worker())) *resp.add_tasks() = std::move(task);
+  for (auto& task : DesiredTasksLocked(req.worker())) {
+    const TaskKey key{task.job_id(), task.attempt()};
+    if (!has.count(key)) worker.dispatched[key] = task.ranks_size();
+    *resp.add_tasks() = std::move(task);
+  }
   return resp;
 }
 
@@ -143,17 +184,26 @@ void Coordinator::ApplyTaskStatusLocked(const std::string& worker, const v1::Tas
     return;
   }
   if (!active) {
-    if (changed) PersistLocked(*rec, touched);  // Shows the stopped trainers' exits.
+    if (!changed) return;
+    // The job is waiting to restart after this attempt failed, and one of its ranks
+    // now turns out to have failed permanently: no restart can cure that.
+    const v1::RankAssignment* decider = DecidingFailure(*a);
+    if (a->number() == rec->job.attempts_size() && !IsTerminal(rec->job.state()) &&
+        ActiveAttempt(*rec) == nullptr && decider != nullptr && FailedPermanently(*decider)) {
+      rec->gathering = false;
+      rec->job.set_restarts(std::max(0, rec->job.restarts() - 1));  // It never happened.
+      rec->job.set_state(v1::FAILED);
+      rec->job.set_reason(FailureReason(*decider));
+      rec->job.set_end_ms(Millis(clock_->Now()));
+      DDP_LOG(WARNING) << "job " << rec->job.id() << " failed: " << rec->job.reason()
+                       << " (no restart after a permanent error)";
+    }
+    PersistLocked(*rec, touched);  // Shows the stopped trainers' exits.
     return;
   }
-  // A failed rank fails the attempt; the first failure is the reason.
-  for (const v1::RankAssignment& r : a->ranks()) {
-    if (!r.exited() || (r.exit_code() == 0 && r.signal() == 0)) continue;
-    std::string reason =
-        absl::StrCat("rank ", r.rank(), " on ", r.worker(), " ", DescribeExit(r));
-    if (!r.error().empty()) absl::StrAppend(&reason, ": ", r.error());
-    FailAttemptLocked(*rec, reason, /*retryable=*/r.signal() != 0 || IsRetryableExit(r.exit_code()),
-                      touched);
+  // A failed rank fails the attempt; a permanent failure decides whether to restart.
+  if (const v1::RankAssignment* r = DecidingFailure(*a)) {
+    FailAttemptLocked(*rec, FailureReason(*r), /*retryable=*/!FailedPermanently(*r), touched);
     return;
   }
   bool all_up = true, all_done = true;
@@ -168,6 +218,7 @@ void Coordinator::ApplyTaskStatusLocked(const std::string& worker, const v1::Tas
     a->set_end_ms(now);
     rec->job.set_state(v1::SUCCEEDED);
     rec->job.set_reason(a->reason());
+    if (rec->job.start_ms() == 0) rec->job.set_start_ms(now);  // Never seen RUNNING.
     rec->job.set_end_ms(now);
     DDP_LOG(INFO) << "job " << rec->job.id() << " succeeded";
     changed = true;
@@ -211,27 +262,47 @@ void Coordinator::ExpireLocked(TouchList& touched) {
 }
 
 absl::Status Coordinator::ReportEvents(const v1::ReportEventsRequest& req) {
+  std::vector<v1::ReportedEvent> known;  // Events of jobs we have (not being deleted).
   {
     TouchList touched(hub_);
     absl::MutexLock lock(&mu_);
     auto w = CheckWorkerLocked(req.worker(), req.incarnation());
     if (!w.ok()) return w.status();
+    WorkerRecord& worker = **w;
+    if (req.batch_seq() > 0) {
+      if (req.batch_seq() <= worker.last_batch_seq) {
+        DDP_LOG(INFO) << "worker " << req.worker() << " re-sent batch " << req.batch_seq()
+                      << ", already applied: dropped";
+        return absl::OkStatus();
+      }
+      worker.last_batch_seq = req.batch_seq();
+    }
     if (req.dropped() > 0) {
       DDP_LOG(WARNING) << "worker " << req.worker() << " dropped " << req.dropped()
                        << " events it could not deliver";
     }
-    // A trainer's `error` event explains its exit: keep it in the rank table.
+    int unknown = 0;
     for (const v1::ReportedEvent& ev : req.events()) {
-      if (!ev.has_event() || ev.event().type() != "error") continue;
       JobRecord* rec = FindLocked(ev.job_id());
-      if (rec == nullptr || ev.attempt() < 1 || ev.attempt() > rec->job.attempts_size()) continue;
+      if (rec == nullptr || rec->retiring) {
+        ++unknown;  // Deleted (retention) or never ours: nowhere to keep it.
+        continue;
+      }
+      known.push_back(ev);
+      // A trainer's `error` event explains its exit: keep it in the rank table.
+      if (!ev.has_event() || ev.event().type() != "error") continue;
+      if (ev.attempt() < 1 || ev.attempt() > rec->job.attempts_size()) continue;
       for (v1::RankAssignment& r : *rec->job.mutable_attempts(ev.attempt() - 1)->mutable_ranks()) {
         if (r.rank() == ev.rank()) r.set_error(ev.event().message());
       }
       PersistLocked(*rec, touched);
     }
+    if (unknown > 0) {
+      DDP_LOG(INFO) << "worker " << req.worker() << " reported " << unknown
+                    << " event(s) of unknown jobs: dropped";
+    }
   }
-  hub_->Ingest({req.events().begin(), req.events().end()});
+  if (!known.empty()) hub_->Ingest(known);
   return absl::OkStatus();
 }
 

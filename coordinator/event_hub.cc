@@ -55,26 +55,34 @@ EventHub::Feed& EventHub::FeedLocked(const std::string& job_id) {
   return feed;
 }
 
+void EventHub::ReleaseIfIdleLocked(const std::string& job_id) {
+  if (finished_.count(job_id) && !listeners_.count(job_id)) feeds_.erase(job_id);
+}
+
 std::vector<std::shared_ptr<EventHub::Listener>> EventHub::ListenersLocked(
     const std::string& job_id) {
-  auto it = feeds_.find(job_id);
-  if (it == feeds_.end()) return {};
-  return it->second.listeners;
+  auto it = listeners_.find(job_id);
+  if (it == listeners_.end()) return {};
+  return it->second;
 }
 
 void EventHub::Subscribe(const std::string& job_id, std::shared_ptr<Listener> listener) {
   absl::MutexLock lock(&mu_);
-  FeedLocked(job_id).listeners.push_back(std::move(listener));
+  listeners_[job_id].push_back(std::move(listener));
 }
 
 void EventHub::Unsubscribe(const std::string& job_id, const Listener* listener) {
   absl::MutexLock lock(&mu_);
-  auto it = feeds_.find(job_id);
-  if (it == feeds_.end()) return;
-  auto& ls = it->second.listeners;
+  auto it = listeners_.find(job_id);
+  if (it == listeners_.end()) return;
+  auto& ls = it->second;
   ls.erase(std::remove_if(ls.begin(), ls.end(),
                           [&](const std::shared_ptr<Listener>& l) { return l.get() == listener; }),
            ls.end());
+  if (ls.empty()) {
+    listeners_.erase(it);
+    ReleaseIfIdleLocked(job_id);
+  }
 }
 
 void EventHub::Ingest(const std::vector<v1::ReportedEvent>& events) {
@@ -149,6 +157,7 @@ void EventHub::Ingest(const std::vector<v1::ReportedEvent>& events) {
       if (!st.ok()) DDP_LOG(ERROR) << "storing events of " << job_id << ": " << st;
       auto ls = ListenersLocked(job_id);
       to_notify.insert(to_notify.end(), ls.begin(), ls.end());
+      ReleaseIfIdleLocked(job_id);  // A finished job's late output: stored, not kept.
     }
   }
   for (const auto& l : to_notify) l->Notify();
@@ -179,15 +188,17 @@ void EventHub::Fill(const std::string& job_id, int attempt, v1::Job* job) {
     for (const auto& [rank, m] : feed.latest) *job->add_metrics() = m;
   }
   for (const auto& e : feed.epochs) *job->add_epoch_history() = e;
+  ReleaseIfIdleLocked(job_id);
 }
 
 std::vector<v1::LogLine> EventHub::Logs(const std::string& job_id, int64_t after_seq,
                                         std::optional<int> rank, int64_t limit) {
   absl::MutexLock lock(&mu_);
-  Feed& feed = FeedLocked(job_id);
   std::vector<v1::LogLine> out;
-  if (!feed.ring.empty() && after_seq + 1 >= feed.ring.front().seq()) {
-    for (const v1::LogLine& l : feed.ring) {
+  auto it = feeds_.find(job_id);  // No feed: the lines are in the store.
+  if (it != feeds_.end() && !it->second.ring.empty() &&
+      after_seq + 1 >= it->second.ring.front().seq()) {
+    for (const v1::LogLine& l : it->second.ring) {
       if (l.seq() <= after_seq || (rank.has_value() && l.rank() != *rank)) continue;
       out.push_back(l);
       if (static_cast<int64_t>(out.size()) >= limit) break;
@@ -208,10 +219,21 @@ int64_t EventHub::TailStart(const std::string& job_id, std::optional<int> rank, 
   return last->front().seq() - 1;
 }
 
+void EventHub::MarkFinished(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  finished_.insert(job_id);
+  ReleaseIfIdleLocked(job_id);
+}
+
 void EventHub::Forget(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
-  auto it = feeds_.find(job_id);
-  if (it != feeds_.end() && it->second.listeners.empty()) feeds_.erase(it);
+  feeds_.erase(job_id);
+  finished_.erase(job_id);
+}
+
+EventHub::Stats EventHub::stats() {
+  absl::MutexLock lock(&mu_);
+  return {feeds_.size(), listeners_.size()};
 }
 
 }  // namespace ddp

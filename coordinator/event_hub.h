@@ -11,6 +11,13 @@
 // each watcher then pulls the latest state at its own pace. A slow watcher reads the
 // newest metrics once instead of a backlog, and a log follower that falls behind the
 // ring reads older lines from SQLite.
+//
+// Memory: a job's feed (latest metrics, epochs, the ring) is created when the job
+// first reports or is read, and kept while the job is live or has listeners. Once
+// the coordinator marks the job finished, its feed is freed whenever no listener
+// remains; reads load what they need from SQLite again. The hub creates feeds only
+// for jobs the coordinator hands it (it filters events of unknown jobs), and
+// listeners are kept apart from feeds, so watching an unknown id leaves nothing.
 #ifndef DDP_COORDINATOR_EVENT_HUB_H_
 #define DDP_COORDINATOR_EVENT_HUB_H_
 
@@ -18,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -60,8 +68,17 @@ class EventHub {
                                 std::optional<int> rank, int64_t limit);
   // The seq after which the last `tail` lines (of `rank` if set) begin.
   int64_t TailStart(const std::string& job_id, std::optional<int> rank, int64_t tail);
-  // Drops the in-memory feed of a job that can produce no more output.
+  // The job is finished: free its feed whenever it has no listener.
+  void MarkFinished(const std::string& job_id);
+  // The job is deleted: drop its feed and what the hub knows of it.
   void Forget(const std::string& job_id);
+
+  // What the hub holds in memory (monitoring and tests).
+  struct Stats {
+    size_t feeds = 0;         // Jobs with metrics, epochs and lines in memory.
+    size_t watched_jobs = 0;  // Jobs with listeners.
+  };
+  Stats stats();
 
  private:
   struct Feed {
@@ -71,9 +88,11 @@ class EventHub {
     std::vector<v1::EpochSummary> epochs;
     std::deque<v1::LogLine> ring;        // The newest lines.
     int64_t last_seq = 0;
-    std::vector<std::shared_ptr<Listener>> listeners;
   };
+  // The job's feed, created (and loaded from the store) if it is not in memory.
   Feed& FeedLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees the feed of a finished job without listeners.
+  void ReleaseIfIdleLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<std::shared_ptr<Listener>> ListenersLocked(const std::string& job_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -82,6 +101,8 @@ class EventHub {
   const Options options_;
   absl::Mutex mu_;
   std::map<std::string, Feed> feeds_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::vector<std::shared_ptr<Listener>>> listeners_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> finished_ ABSL_GUARDED_BY(mu_);  // MarkFinished, until Forget.
 };
 
 // A line for `ddpctl logs` describing a notable trainer event ("checkpoint saved to

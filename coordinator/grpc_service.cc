@@ -21,19 +21,29 @@ grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const absl::St
 
 // A server stream fed by EventHub notifications.
 //
-// The hub holds a shared Link; Notify() wakes the stream unless it is done. Each
-// wake marks the stream dirty; when no write is in flight, the stream pulls its next
-// message (Next()) and writes it. Finishing is decided under the lock and done after
-// releasing it, as is every StartWrite, so no reaction ever runs under our lock.
+// The hub holds a shared Link. Its Notify() (on whatever thread changed the job) only
+// queues one pull on the fan-out thread, coalescing bursts. There the stream marks
+// itself dirty and, when no write is in flight, pulls its next message (Next()) and
+// writes it; a write that completes with the stream dirty queues the next pull. So
+// every pull happens on the fan-out thread, never on an ingesting thread nor inside a
+// gRPC reaction, and at most one write is in flight: a slow reader gets the newest
+// state when it is ready, not a backlog. Finishing is decided under the stream's lock
+// and done after releasing it, as is every StartWrite.
+//
+// Lifetime: OnDone() detaches the Link, which waits for a pull in progress on the
+// fan-out thread, then deletes the stream; pulls queued later find no stream. gRPC
+// calls OnDone() only after the reactions in progress have returned and after
+// Finish(), and nothing writes once Finish() has been decided.
 template <typename Message>
 class HubStream : public grpc::ServerWriteReactor<Message> {
  public:
-  HubStream(EventHub* hub, std::string job_id) : hub_(hub), job_id_(std::move(job_id)) {}
+  HubStream(EventHub* hub, FanOutExecutor* fanout, std::string job_id)
+      : hub_(hub), fanout_(fanout), job_id_(std::move(job_id)) {}
 
   void Start() {
-    link_ = std::make_shared<Link>(this);
+    link_ = std::make_shared<Link>(this, fanout_);
     hub_->Subscribe(job_id_, link_);
-    Wake();
+    link_->Notify();  // The first pull sends the full state.
   }
 
   void OnWriteDone(bool ok) override {
@@ -42,7 +52,7 @@ class HubStream : public grpc::ServerWriteReactor<Message> {
       absl::MutexLock lock(&mu_);
       writing_ = false;
       if (!ok) cancelled_ = true;
-      action = DecideLocked();
+      action = DecideLocked(/*may_pull=*/false);
     }
     Act(action);
   }
@@ -52,7 +62,7 @@ class HubStream : public grpc::ServerWriteReactor<Message> {
     {
       absl::MutexLock lock(&mu_);
       cancelled_ = true;
-      action = DecideLocked();
+      action = DecideLocked(/*may_pull=*/false);
     }
     Act(action);
   }
@@ -66,38 +76,72 @@ class HubStream : public grpc::ServerWriteReactor<Message> {
  protected:
   // The next message to send, or nullopt when there is nothing new. Sets `*last`
   // when the stream ends after it (`*status` is then sent), `*more` when another
-  // message is ready right after this one. Runs under the stream's lock: it must not
-  // call back into the hub's notifications.
+  // message is ready right after this one. Runs on the fan-out thread under the
+  // stream's lock: it may read the coordinator and the hub, which never call back
+  // into a stream under their locks (lock order: stream -> coordinator -> hub).
   virtual std::optional<Message> Next(bool* last, bool* more, grpc::Status* status) = 0;
 
  private:
-  struct Link : EventHub::Listener {
-    explicit Link(HubStream* s) : stream(s) {}
+  struct Link : EventHub::Listener, std::enable_shared_from_this<Link> {
+    Link(HubStream* s, FanOutExecutor* f) : fanout(f), stream(s) {}
+
+    // Any thread; never blocks on a pull.
     void Notify() override {
-      absl::MutexLock lock(&mu);
-      if (stream != nullptr) stream->Wake();
+      {
+        absl::MutexLock lock(&mu);
+        if (stream == nullptr || queued) return;
+        queued = true;
+      }
+      fanout->Post([self = this->shared_from_this()] { self->Run(); });
     }
+
+    // On the fan-out thread.
+    void Run() {
+      HubStream* s;
+      {
+        absl::MutexLock lock(&mu);
+        queued = false;
+        if (stream == nullptr) return;
+        s = stream;
+        pulling = true;
+      }
+      s->Pull();
+      absl::MutexLock lock(&mu);
+      pulling = false;
+    }
+
+    // From OnDone(): no pull starts after this returns, and one in progress has ended.
     void Detach() {
       absl::MutexLock lock(&mu);
       stream = nullptr;
+      if (fanout->OnFanOutThread()) return;  // Called from within our own pull.
+      auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return !pulling; };
+      mu.Await(absl::Condition(&idle));
     }
+
+    FanOutExecutor* const fanout;
     absl::Mutex mu;
     HubStream* stream ABSL_GUARDED_BY(mu);
+    bool queued ABSL_GUARDED_BY(mu) = false;   // A Run() is waiting on the fan-out thread.
+    bool pulling ABSL_GUARDED_BY(mu) = false;  // A Run() is using `stream`.
   };
 
-  enum class Action { kNone, kWrite, kFinish };
+  enum class Action { kNone, kWrite, kFinish, kPull };
 
-  void Wake() {
+  // On the fan-out thread: the job changed, or the last write left us dirty.
+  void Pull() {
     Action action;
     {
       absl::MutexLock lock(&mu_);
       dirty_ = true;
-      action = DecideLocked();
+      action = DecideLocked(/*may_pull=*/true);
     }
     Act(action);
   }
 
-  Action DecideLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // What to do next. Pulls (Next()) only when `may_pull`, i.e. on the fan-out thread;
+  // elsewhere a pending pull becomes kPull, which queues one there.
+  Action DecideLocked(bool may_pull) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finished_ || writing_) return Action::kNone;
     if (cancelled_) {
       finished_ = true;
@@ -109,6 +153,7 @@ class HubStream : public grpc::ServerWriteReactor<Message> {
       return Action::kFinish;
     }
     if (!dirty_) return Action::kNone;
+    if (!may_pull) return Action::kPull;
     dirty_ = false;
     bool last = false, more = false;
     std::optional<Message> next = Next(&last, &more, &status_);
@@ -127,14 +172,23 @@ class HubStream : public grpc::ServerWriteReactor<Message> {
   }
 
   void Act(Action action) {
-    if (action == Action::kWrite) {
-      this->StartWrite(&message_);  // message_ is ours alone until OnWriteDone.
-    } else if (action == Action::kFinish) {
-      this->Finish(status_);
+    switch (action) {
+      case Action::kWrite:
+        this->StartWrite(&message_);  // message_ is ours alone until OnWriteDone.
+        break;
+      case Action::kFinish:
+        this->Finish(status_);  // The last use of `this`: OnDone may follow at once.
+        break;
+      case Action::kPull:
+        link_->Notify();
+        break;
+      case Action::kNone:
+        break;
     }
   }
 
   EventHub* const hub_;
+  FanOutExecutor* const fanout_;
   const std::string job_id_;
   std::shared_ptr<Link> link_;
   absl::Mutex mu_;
@@ -150,8 +204,8 @@ class HubStream : public grpc::ServerWriteReactor<Message> {
 // WatchJob: the job's newest state each time; ends after a terminal state is sent.
 class JobWatch final : public HubStream<v1::Job> {
  public:
-  JobWatch(Coordinator* coordinator, EventHub* hub, std::string job_id)
-      : HubStream(hub, job_id), coordinator_(coordinator), job_id_(std::move(job_id)) {}
+  JobWatch(Coordinator* coordinator, EventHub* hub, FanOutExecutor* fanout, std::string job_id)
+      : HubStream(hub, fanout, job_id), coordinator_(coordinator), job_id_(std::move(job_id)) {}
 
  protected:
   std::optional<v1::Job> Next(bool* last, bool* more, grpc::Status* status) override {
@@ -174,8 +228,9 @@ class JobWatch final : public HubStream<v1::Job> {
 // StreamLogs: stored lines in batches, then (follow) new lines until the job ends.
 class LogStream final : public HubStream<v1::LogBatch> {
  public:
-  LogStream(Coordinator* coordinator, EventHub* hub, const v1::StreamLogsRequest& req)
-      : HubStream(hub, req.job_id()), coordinator_(coordinator), hub_(hub), req_(req),
+  LogStream(Coordinator* coordinator, EventHub* hub, FanOutExecutor* fanout,
+            const v1::StreamLogsRequest& req)
+      : HubStream(hub, fanout, req.job_id()), coordinator_(coordinator), hub_(hub), req_(req),
         after_seq_(req.after_seq()) {}
 
  protected:
@@ -246,7 +301,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(grpc::CallbackServerContext*
 
 grpc::ServerWriteReactor<v1::Job>* JobServiceImpl::WatchJob(grpc::CallbackServerContext* ctx,
                                                             const v1::WatchJobRequest* req) {
-  auto* watch = new JobWatch(coordinator_, hub_, req->job_id());
+  auto* watch = new JobWatch(coordinator_, hub_, &fanout_, req->job_id());
   watch->Start();
   return watch;
 }
@@ -260,7 +315,7 @@ grpc::ServerWriteReactor<v1::LogBatch>* JobServiceImpl::StreamLogs(
     effective.set_after_seq(
         std::max(req->after_seq(), hub_->TailStart(req->job_id(), rank, req->tail())));
   }
-  auto* stream = new LogStream(coordinator_, hub_, effective);
+  auto* stream = new LogStream(coordinator_, hub_, &fanout_, effective);
   stream->Start();
   return stream;
 }

@@ -2,18 +2,22 @@
 //
 // Unary methods run the (non-blocking) service logic inline and finish their
 // default reactor. WatchJob and StreamLogs are write reactors woken by the EventHub;
-// they never block inside a reaction and keep at most one write in flight, pulling
-// the newest state when the previous write completes.
+// their pulls run on the JobService's fan-out thread (never on the thread that
+// ingested the change, never inside a reaction), with at most one write in flight:
+// the newest state is pulled when the previous write completes.
 #ifndef DDP_COORDINATOR_GRPC_SERVICE_H_
 #define DDP_COORDINATOR_GRPC_SERVICE_H_
 
 #include "coordinator/coordinator.h"
 #include "coordinator/event_hub.h"
+#include "coordinator/fanout.h"
 #include "ddp/v1/job_service.grpc.pb.h"
 #include "ddp/v1/worker_service.grpc.pb.h"
 
 namespace ddp {
 
+// Owns the fan-out thread of its streams: destroy it only after the server that
+// serves it has shut down.
 class JobServiceImpl final : public v1::JobService::CallbackService {
  public:
   JobServiceImpl(Coordinator* coordinator, EventHub* hub)
@@ -40,6 +44,7 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
  private:
   Coordinator* const coordinator_;
   EventHub* const hub_;
+  FanOutExecutor fanout_;  // Runs WatchJob's and StreamLogs' pulls and writes.
 };
 
 class WorkerServiceImpl final : public v1::WorkerService::CallbackService {

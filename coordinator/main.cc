@@ -1,10 +1,14 @@
 // ddp-coordinator: one per cluster. Flags are parsed here and nowhere else.
 //
 //   ddp-coordinator --listen 0.0.0.0:29400 --state-dir /var/lib/ddp
+//
+// Exit codes: 0 after SIGTERM/SIGINT; 1 when it cannot start (state dir in use or
+// unreadable, port taken); 2 for bad flags or flag values.
 #include <signal.h>
 
 #include <iostream>
 
+#include "absl/status/status.h"
 #include "common/flags.h"
 #include "common/logging.h"
 #include "coordinator/server.h"
@@ -40,6 +44,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   opts.retention = {max_metric_rows, max_log_lines, retain_jobs};
+  // Bad flag values, like unknown flags, exit 2 before anything starts.
+  if (absl::Status st = ddp::ValidateServerOptions(opts); !st.ok()) {
+    std::cerr << "ddp-coordinator: " << st.message() << "\n" << flags.Usage();
+    return 2;
+  }
 
   // Block the shutdown signals before any thread starts (threads inherit the mask);
   // the main thread waits for them while gRPC's threads serve.
@@ -50,7 +59,7 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 
   auto server = ddp::CoordinatorServer::Start(opts);
-  if (!server.ok()) {
+  if (!server.ok()) {  // The state dir or the port.
     std::cerr << "ddp-coordinator: " << server.status().message() << "\n";
     return 1;
   }

@@ -1,5 +1,6 @@
 #include "coordinator/server.h"
 
+#include <grpc/grpc.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/server_builder.h>
 
@@ -9,17 +10,25 @@
 
 namespace ddp {
 
-absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
-    const CoordinatorServerOptions& options, Clock* clock) {
+absl::Status ValidateServerOptions(const CoordinatorServerOptions& options) {
   if (options.state_dir.empty()) {
     return absl::InvalidArgumentError("--state-dir is required (where jobs and metrics live)");
   }
   if (absl::Status st = ValidateTimeouts(options.timing); !st.ok()) return st;
+  if (absl::Status st = ValidateRetention(options.retention); !st.ok()) return st;
   auto listen = ParseHostPort(options.listen);
   if (!listen.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--listen: ", listen.status().message()));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
+    const CoordinatorServerOptions& options, Clock* clock) {
+  if (absl::Status st = ValidateServerOptions(options); !st.ok()) return st;
+  auto listen = ParseHostPort(options.listen);
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
+  // Locks the state dir: a second coordinator on it stops here.
   auto store = StateStore::Open(options.state_dir, options.retention);
   if (!store.ok()) return store.status();
   s->store_ = std::move(*store);
@@ -32,6 +41,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
+  // gRPC sets SO_REUSEPORT by default on Linux: a second coordinator could then bind
+  // the same port and take half of the connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &s->port_);
   builder.RegisterService(s->job_service_.get());
   builder.RegisterService(s->worker_service_.get());

@@ -29,10 +29,15 @@ struct CoordinatorServerOptions {
   absl::Duration tick = absl::Milliseconds(100);  // Housekeeping period.
 };
 
+// INVALID_ARGUMENT naming the flag: a missing --state-dir, a bad --listen, timeouts
+// out of order, retention bounds < 1. main() exits 2 on these, as for any bad flag.
+absl::Status ValidateServerOptions(const CoordinatorServerOptions& options);
+
 class CoordinatorServer {
  public:
-  // Errors: INVALID_ARGUMENT (options), UNAVAILABLE (state dir, port in use),
-  // DATA_LOSS (a state database that is not ours).
+  // Errors: INVALID_ARGUMENT (options), UNAVAILABLE (state dir in use by another
+  // coordinator or unusable, port in use), DATA_LOSS (a state database that is not
+  // ours). The state dir stays locked until the server is destroyed.
   static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(
       const CoordinatorServerOptions& options, Clock* clock = RealClock());
   ~CoordinatorServer();

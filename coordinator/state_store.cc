@@ -1,10 +1,17 @@
 #include "coordinator/state_store.h"
 
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/file.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <map>
+#include <tuple>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -162,16 +169,73 @@ constexpr char kMetricColumns[] =
     "attempt, rank, global_step, epoch, step, steps, loss, samples_per_s, step_ms, comm_ms, "
     "time_ms";
 
+// Takes <dir>/LOCK exclusively (flock: released when the process dies, however it
+// dies) and writes our pid into it for the next one to name. Returns its descriptor.
+absl::StatusOr<int> LockStateDir(const std::string& dir) {
+  const std::string path = (std::filesystem::path(dir) / "LOCK").string();
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("--state-dir: cannot open ", path, ": ", std::strerror(errno)));
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char buf[32] = {};
+    const ssize_t n = ::pread(fd, buf, sizeof(buf) - 1, 0);
+    std::string holder = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+    holder.erase(holder.find_last_not_of(" \n") + 1);
+    ::close(fd);
+    if (err == EWOULDBLOCK) {
+      return absl::UnavailableError(absl::StrCat(
+          "state dir ", dir, " is in use by another ddp-coordinator (pid ",
+          holder.empty() ? "unknown" : holder, "?): stop it, or give this one another --state-dir"));
+    }
+    return absl::UnavailableError(
+        absl::StrCat("--state-dir: cannot lock ", path, ": ", std::strerror(err)));
+  }
+  const std::string pid = absl::StrCat(::getpid(), "\n");
+  // Best effort: the pid only improves a later contender's message.
+  (void)!::ftruncate(fd, 0);
+  (void)!::pwrite(fd, pid.data(), pid.size(), 0);
+  return fd;
+}
+
 }  // namespace
+
+absl::Status ValidateRetention(const RetentionOptions& r) {
+  for (auto [flag, value] : {std::pair{"--retain-jobs", r.retain_jobs},
+                             std::pair{"--max-log-lines", r.max_log_lines},
+                             std::pair{"--max-metric-rows", r.max_metric_rows}}) {
+    if (value < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, ": must be >= 1 (got ", value, "); it bounds what is kept"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> JobsPastRetention(std::vector<FinishedJob> finished,
+                                           int64_t retain_jobs) {
+  std::sort(finished.begin(), finished.end(), [](const FinishedJob& a, const FinishedJob& b) {
+    return std::tie(a.end_ms, a.seq) < std::tie(b.end_ms, b.seq);
+  });
+  std::vector<std::string> out;
+  const int64_t drop = static_cast<int64_t>(finished.size()) - std::max<int64_t>(retain_jobs, 0);
+  for (int64_t i = 0; i < drop; ++i) out.push_back(finished[static_cast<size_t>(i)].id);
+  return out;
+}
 
 absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& dir,
                                                              RetentionOptions retention) {
+  DDP_RETURN_IF_ERROR(ValidateRetention(retention));
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) {
     return absl::UnavailableError(
         absl::StrCat("--state-dir: cannot create ", dir, ": ", ec.message()));
   }
+  auto lock_fd = LockStateDir(dir);
+  if (!lock_fd.ok()) return lock_fd.status();
   const std::string path = (std::filesystem::path(dir) / "ddp.sqlite").string();
   sqlite3* db = nullptr;
   if (sqlite3_open_v2(path.c_str(), &db,
@@ -179,10 +243,11 @@ absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& 
                       nullptr) != SQLITE_OK) {
     std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
     sqlite3_close(db);
+    ::close(*lock_fd);
     return absl::UnavailableError(absl::StrCat("cannot open ", path, ": ", msg));
   }
   sqlite3_busy_timeout(db, 5000);
-  std::unique_ptr<StateStore> store(new StateStore(db, retention));
+  std::unique_ptr<StateStore> store(new StateStore(db, *lock_fd, retention));
   absl::MutexLock lock(&store->mu_);
   DDP_RETURN_IF_ERROR(store->ExecLocked("PRAGMA journal_mode=WAL"));
   DDP_RETURN_IF_ERROR(store->ExecLocked("PRAGMA synchronous=NORMAL"));
@@ -207,8 +272,11 @@ absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& 
 }
 
 StateStore::~StateStore() {
-  absl::MutexLock lock(&mu_);
-  sqlite3_close(db_);
+  {
+    absl::MutexLock lock(&mu_);
+    sqlite3_close(db_);
+  }
+  ::close(lock_fd_);  // Releases the state dir.
 }
 
 absl::Status StateStore::ExecLocked(const char* sql) {
@@ -496,21 +564,15 @@ absl::StatusOr<std::vector<v1::EpochSummary>> StateStore::Epochs(const std::stri
   return out;
 }
 
-absl::StatusOr<std::vector<std::string>> StateStore::EnforceRetention(
-    const std::vector<std::string>& finished_ids) {
+absl::Status StateStore::EnforceRetention(const std::vector<std::string>& delete_ids) {
   absl::MutexLock lock(&mu_);
-  std::vector<std::string> deleted;
-  absl::Status st = InTransaction(db_, [&]() -> absl::Status {
-    const int64_t drop = static_cast<int64_t>(finished_ids.size()) - retention_.retain_jobs;
-    for (int64_t i = 0; i < drop; ++i) {
-      deleted.push_back(finished_ids[static_cast<size_t>(i)]);
-      for (const char* table : {"jobs", "attempts", "ranks", "metrics", "epochs", "logs"}) {
-        Stmt d(db_, absl::StrCat("DELETE FROM ", table, " WHERE ",
-                                 std::string(table) == "jobs" ? "id" : "job_id", " = ?")
-                        .c_str());
-        DDP_RETURN_IF_ERROR(d.ok());
-        DDP_RETURN_IF_ERROR(d.Bind(1, finished_ids[static_cast<size_t>(i)]).Run());
-      }
+  return InTransaction(db_, [&]() -> absl::Status {
+    for (const char* table : {"jobs", "attempts", "ranks", "metrics", "epochs", "logs"}) {
+      Stmt d(db_, absl::StrCat("DELETE FROM ", table, " WHERE ",
+                               std::string(table) == "jobs" ? "id" : "job_id", " = ?")
+                      .c_str());
+      DDP_RETURN_IF_ERROR(d.ok());
+      for (const std::string& id : delete_ids) DDP_RETURN_IF_ERROR(d.Bind(1, id).Run());
     }
     // Per job: keep the newest rows only.
     Stmt logs(db_,
@@ -526,8 +588,6 @@ absl::StatusOr<std::vector<std::string>> StateStore::EnforceRetention(
     DDP_RETURN_IF_ERROR(metrics.ok());
     return metrics.Bind(1, retention_.max_metric_rows).Run();
   });
-  if (!st.ok()) return st;
-  return deleted;
 }
 
 }  // namespace ddp

@@ -6,8 +6,9 @@
 // serves metric history and logs from here.
 //
 // Retention is bounded: per job at most `max_metric_rows` step rows and
-// `max_log_lines` output lines (the newest are kept), and the newest `retain_jobs`
-// finished jobs (older ones are deleted whole).
+// `max_log_lines` output lines (the newest are kept), and the `retain_jobs` finished
+// jobs that ended last (JobsPastRetention picks the others; EnforceRetention deletes
+// them whole).
 //
 // Thread-safe: one connection, one mutex. WAL journal, synchronous=NORMAL: a crash
 // of the coordinator loses nothing committed; a power cut may lose the last commits.
@@ -35,6 +36,22 @@ struct RetentionOptions {
   int64_t retain_jobs = 500;         // Finished jobs kept.
 };
 
+// INVALID_ARGUMENT naming the flag when a bound is < 1 (0 would delete everything).
+absl::Status ValidateRetention(const RetentionOptions& retention);
+
+// A finished job as retention sees it.
+struct FinishedJob {
+  std::string id;
+  int64_t end_ms = 0;  // When it finished.
+  int64_t seq = 0;     // Submission order: breaks ties.
+};
+
+// The finished jobs retention deletes: all but the `retain_jobs` that ended last,
+// ordered by end time (end_ms, then seq), oldest first. A long job submitted long ago
+// is as new as its end.
+std::vector<std::string> JobsPastRetention(std::vector<FinishedJob> finished,
+                                           int64_t retain_jobs);
+
 struct StoredJob {
   v1::Job job;  // With attempts and rank tables; no metrics.
   int64_t seq = 0;  // Submission order.
@@ -47,8 +64,12 @@ struct LoadedState {
 
 class StateStore {
  public:
-  // Opens (creating) <dir>/ddp.sqlite. UNAVAILABLE if the directory cannot be
-  // created or the database cannot be opened; DATA_LOSS if it is not ours.
+  // Opens (creating) <dir>/ddp.sqlite, holding an exclusive lock on <dir>/LOCK until
+  // the store is destroyed (or the process dies), so two coordinators never share a
+  // directory. INVALID_ARGUMENT for bad retention bounds; UNAVAILABLE if the directory
+  // is in use by another coordinator ("state dir X is in use by another
+  // ddp-coordinator (pid N?)"), cannot be created, or the database cannot be opened;
+  // DATA_LOSS if it is not ours.
   static absl::StatusOr<std::unique_ptr<StateStore>> Open(const std::string& dir,
                                                           RetentionOptions retention = {});
   ~StateStore();
@@ -75,17 +96,20 @@ class StateStore {
   absl::StatusOr<std::vector<v1::RankMetrics>> MetricHistory(const std::string& job_id);
   absl::StatusOr<std::vector<v1::EpochSummary>> Epochs(const std::string& job_id);
 
-  // Applies the retention bounds; `finished_ids` are terminal jobs, oldest first.
-  // Returns the ids of the jobs it deleted.
-  absl::StatusOr<std::vector<std::string>> EnforceRetention(
-      const std::vector<std::string>& finished_ids);
+  // Deletes the jobs `delete_ids` whole (attempts, ranks, metrics, epochs, logs) and
+  // trims every job's output to the per-job bounds, in one transaction.
+  absl::Status EnforceRetention(const std::vector<std::string>& delete_ids);
+
+  const RetentionOptions& retention() const { return retention_; }
 
  private:
-  StateStore(sqlite3* db, RetentionOptions retention) : db_(db), retention_(retention) {}
+  StateStore(sqlite3* db, int lock_fd, RetentionOptions retention)
+      : db_(db), lock_fd_(lock_fd), retention_(retention) {}
   absl::Status ExecLocked(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
   sqlite3* db_ ABSL_GUARDED_BY(mu_);
+  const int lock_fd_;  // <dir>/LOCK, held exclusively while the store is open.
   const RetentionOptions retention_;
 };
 

@@ -3,6 +3,9 @@
 // queue, restarts and recovery. Real SQLite store, no sockets, no sleeps.
 #include "coordinator/coordinator.h"
 
+#include <sqlite3.h>
+
+#include <atomic>
 #include <map>
 #include <memory>
 
@@ -29,6 +32,12 @@ std::string JobYaml(const std::string& extra = "", const std::string& nodes = "2
                       extra);
 }
 
+class CountingListener final : public EventHub::Listener {
+ public:
+  void Notify() override { ++notified; }
+  std::atomic<int> notified{0};
+};
+
 class CoordinatorTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -40,7 +49,7 @@ class CoordinatorTest : public ::testing::Test {
     coordinator_.reset();
     hub_.reset();
     store_.reset();
-    auto store = StateStore::Open(dir_);
+    auto store = StateStore::Open(dir_, retention_);
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
     hub_ = std::make_unique<EventHub>(store_.get(), &clock_, EventHub::Options{});
@@ -89,6 +98,30 @@ class CoordinatorTest : public ::testing::Test {
     return s;
   }
 
+  // Output lines from `worker` for rank 0 of `job_id`'s attempt 1.
+  absl::Status ReportLines(const std::string& worker, const std::string& job_id,
+                           const std::vector<std::string>& texts) {
+    v1::ReportEventsRequest req;
+    req.set_worker(worker);
+    req.set_incarnation(incarnations_[worker]);
+    for (const std::string& text : texts) {
+      v1::ReportedEvent* e = req.add_events();
+      e->set_job_id(job_id);
+      e->set_attempt(1);
+      e->mutable_log()->set_stream("stdout");
+      e->mutable_log()->set_text(text);
+    }
+    return coordinator_->ReportEvents(req);
+  }
+
+  std::vector<std::string> LogTexts(const std::string& job_id) {
+    std::vector<std::string> out;
+    for (const auto& l : hub_->Logs(job_id, 0, std::nullopt, 100)) {
+      out.push_back(absl::StrCat(l.seq(), " ", l.text()));
+    }
+    return out;
+  }
+
   std::string Submit(const std::string& yaml) {
     v1::SubmitJobRequest req;
     req.set_spec_yaml(yaml);
@@ -103,21 +136,43 @@ class CoordinatorTest : public ::testing::Test {
     return job.ok() ? *job : v1::Job();
   }
 
-  // Brings a 2-node job to RUNNING on w1 and w2; returns their tasks.
-  std::pair<v1::Task, v1::Task> StartOnTwoWorkers(const std::string& id) {
-    auto t1 = Heartbeat("w1");
-    auto t2 = Heartbeat("w2");
-    EXPECT_EQ(t1.size(), 1u);
-    EXPECT_EQ(t2.size(), 1u);
-    Heartbeat("w1", {Report(t1[0])});
-    Heartbeat("w2", {Report(t2[0])});
+  // Brings a 2-node job to RUNNING on w1 and w2 (or `a` and `b`); returns their tasks.
+  std::pair<v1::Task, v1::Task> StartOnTwoWorkers(const std::string& id,
+                                                  const std::string& a = "w1",
+                                                  const std::string& b = "w2") {
+    auto t1 = TaskOf(id, Heartbeat(a));
+    auto t2 = TaskOf(id, Heartbeat(b));
+    Heartbeat(a, {Report(t1)});
+    Heartbeat(b, {Report(t2)});
     EXPECT_EQ(Get(id).state(), v1::RUNNING);
-    return {t1[0], t2[0]};
+    return {t1, t2};
+  }
+
+  // The task of job `id` among `tasks`.
+  static v1::Task TaskOf(const std::string& id, const std::vector<v1::Task>& tasks) {
+    for (const v1::Task& t : tasks) {
+      if (t.job_id() == id) return t;
+    }
+    ADD_FAILURE() << "no task of " << id;
+    return v1::Task();
+  }
+
+  // Runs `sql` on the state database through a connection of its own, as another
+  // process (or an operator) would.
+  void RunSql(const std::string& sql) {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open((dir_ + "/ddp.sqlite").c_str(), &db), SQLITE_OK);
+    char* err = nullptr;
+    const int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err);
+    EXPECT_EQ(rc, SQLITE_OK) << (err ? err : "");
+    sqlite3_free(err);
+    sqlite3_close(db);
   }
 
   std::string dir_;
   FakeClock clock_;
   CoordinatorOptions options_;  // 500ms RPC, 1s interval, 10s heartbeat timeout.
+  RetentionOptions retention_;
   std::unique_ptr<StateStore> store_;
   std::unique_ptr<EventHub> hub_;
   std::unique_ptr<Coordinator> coordinator_;
@@ -154,6 +209,27 @@ TEST_F(CoordinatorTest, SubmitRejectsBadSpecsAndStoresNothing) {
   EXPECT_TRUE(stored->jobs.empty());
 }
 
+TEST_F(CoordinatorTest, ASubmissionTheStoreCannotWriteFailsAndLeavesNothingBehind) {
+  Register("w1");
+  Register("w2");
+  // Every insert into `jobs` fails, as on a full disk.
+  RunSql("CREATE TRIGGER refuse BEFORE INSERT ON jobs BEGIN"
+         " SELECT RAISE(FAIL, 'database or disk is full'); END;");
+  v1::SubmitJobRequest req;
+  req.set_spec_yaml(JobYaml());
+  EXPECT_THAT(coordinator_->Submit(req),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("could not store the job (sqlite: step: database or disk is "
+                                 "full); nothing was queued")));
+  EXPECT_TRUE(coordinator_->ListJobs(10).empty());
+  EXPECT_TRUE(Heartbeat("w1").empty()) << "nothing was scheduled";
+
+  RunSql("DROP TRIGGER refuse;");
+  const std::string id = Submit(JobYaml());
+  EXPECT_EQ(coordinator_->ListJobs(10).size(), 1u);
+  EXPECT_EQ(TaskOf(id, Heartbeat("w1")).job_id(), id);
+}
+
 TEST_F(CoordinatorTest, ALiveRdzvIdCannotBeReused) {
   Submit(JobYaml("rdzv_id: shared\n"));
   v1::SubmitJobRequest req;
@@ -185,6 +261,101 @@ TEST_F(CoordinatorTest, StaleOrUnknownWorkersAreRejected) {
   events.set_incarnation("old");
   EXPECT_THAT(coordinator_->ReportEvents(events),
               StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+TEST_F(CoordinatorTest, AnEventBatchResentAfterItWasAppliedIsStoredOnce) {
+  Register("w1");
+  const std::string id = Submit(JobYaml("", "1"));
+  auto report = [&](int64_t batch_seq, const std::string& text) {
+    v1::ReportEventsRequest req;
+    req.set_worker("w1");
+    req.set_incarnation(incarnations_["w1"]);
+    req.set_batch_seq(batch_seq);
+    v1::ReportedEvent* e = req.add_events();
+    e->set_job_id(id);
+    e->set_attempt(1);
+    e->mutable_log()->set_stream("stdout");
+    e->mutable_log()->set_text(text);
+    return coordinator_->ReportEvents(req);
+  };
+  auto lines = [&] {
+    std::vector<std::string> out;
+    for (const auto& l : hub_->Logs(id, 0, std::nullopt, 100)) out.push_back(l.text());
+    return out;
+  };
+  EXPECT_TRUE(report(1, "first").ok());
+  EXPECT_TRUE(report(1, "first").ok()) << "a repeat is answered OK";
+  EXPECT_TRUE(report(2, "second").ok());
+  EXPECT_TRUE(report(2, "second").ok());
+  EXPECT_THAT(lines(), ElementsAre("first", "second"));
+  // A restarted agent numbers its batches from 1 again.
+  Register("w1", 1, "w1-inc2");
+  EXPECT_TRUE(report(1, "after restart").ok());
+  EXPECT_THAT(lines(), ElementsAre("first", "second", "after restart"));
+}
+
+TEST_F(CoordinatorTest, FinishedJobsKeepNoFeedInMemoryYetShowTheirMetricsAndLogs) {
+  Register("w1");
+  Register("w2");
+  const std::string id = Submit(JobYaml());
+  auto [t1, t2] = StartOnTwoWorkers(id);
+  v1::ReportEventsRequest step;
+  step.set_worker("w1");
+  step.set_incarnation(incarnations_["w1"]);
+  v1::ReportedEvent* e = step.add_events();
+  e->set_job_id(id);
+  e->set_attempt(1);
+  e->mutable_event()->set_type("step");
+  e->mutable_event()->set_global_step(7);
+  ASSERT_TRUE(coordinator_->ReportEvents(step).ok());
+  ASSERT_TRUE(ReportLines("w1", id, {"hello"}).ok());
+  EXPECT_EQ(hub_->stats().feeds, 1u) << "a live job's feed";
+  Heartbeat("w1", {Report(t1, 0)});
+  Heartbeat("w2", {Report(t2, 0)});
+  ASSERT_EQ(Get(id).state(), v1::SUCCEEDED);
+  EXPECT_EQ(hub_->stats().feeds, 0u) << "finished and unwatched";
+
+  v1::Job job = Get(id);
+  ASSERT_EQ(job.metrics_size(), 1) << "reloaded from SQLite";
+  EXPECT_EQ(job.metrics(0).global_step(), 7);
+  EXPECT_EQ(coordinator_->ListJobs(10).size(), 1u);
+  EXPECT_THAT(LogTexts(id), ElementsAre("1 hello"));
+  EXPECT_EQ(hub_->stats().feeds, 0u) << "reads keep nothing";
+}
+
+TEST_F(CoordinatorTest, EventsOfUnknownJobsAreDroppedAndWatchingOneLeavesNothing) {
+  Register("w1");
+  EXPECT_TRUE(ReportLines("w1", "ghost", {"boo"}).ok());
+  EXPECT_EQ(hub_->stats().feeds, 0u);
+  auto stored = store_->ReadLogs("ghost", 0, std::nullopt, 100);
+  ASSERT_TRUE(stored.ok());
+  EXPECT_TRUE(stored->empty()) << "nothing stored that retention would never delete";
+  auto listener = std::make_shared<CountingListener>();
+  hub_->Subscribe("ghost", listener);
+  EXPECT_EQ(hub_->stats().watched_jobs, 1u);
+  hub_->Unsubscribe("ghost", listener.get());
+  EXPECT_EQ(hub_->stats().watched_jobs, 0u);
+  EXPECT_EQ(hub_->stats().feeds, 0u);
+}
+
+TEST_F(CoordinatorTest, AFinishedJobsFeedIsFreedWhenItsLastListenerLeaves) {
+  Register("w1");
+  const std::string id = Submit(JobYaml("", "1"));
+  const v1::Task task = TaskOf(id, Heartbeat("w1"));
+  Heartbeat("w1", {Report(task)});
+  auto listener = std::make_shared<CountingListener>();
+  hub_->Subscribe(id, listener);
+  ASSERT_TRUE(ReportLines("w1", id, {"a", "b"}).ok());
+  Heartbeat("w1", {Report(task, 0)});
+  ASSERT_EQ(Get(id).state(), v1::SUCCEEDED);
+  EXPECT_GT(listener->notified, 0);
+  EXPECT_EQ(hub_->stats().feeds, 1u) << "still watched";
+  hub_->Unsubscribe(id, listener.get());
+  EXPECT_EQ(hub_->stats().feeds, 0u);
+  // A late line (a stopping trainer's last words) continues the numbering from SQLite.
+  ASSERT_TRUE(ReportLines("w1", id, {"c"}).ok());
+  EXPECT_EQ(hub_->stats().feeds, 0u);
+  EXPECT_THAT(LogTexts(id), ElementsAre("1 a", "2 b", "3 c"));
 }
 
 TEST_F(CoordinatorTest, RanksFollowWorkerNameOrderAndLocalRanksAreContiguous) {
@@ -332,6 +503,46 @@ TEST_F(CoordinatorTest, APermanentExitFailsTheJobWithoutRestarting) {
                                       "data.csv.path: cannot open 'x.csv'"));
 }
 
+TEST_F(CoordinatorTest, APermanentFailureBeatsARetryableOneReportedWithIt) {
+  Register("w1", 2);
+  const std::string id = Submit(JobYaml("nproc_per_node: 2\nmax_restarts: 3\n", "1"));
+  const v1::Task task = TaskOf(id, Heartbeat("w1"));
+  Heartbeat("w1", {Report(task)});
+  v1::TaskStatus status = Report(task, /*exit_code=*/1);  // Rank 0: a peer died.
+  status.mutable_ranks(1)->set_exit_code(2);             // Rank 1: bad data.
+  Heartbeat("w1", {status});
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.restarts(), 0);
+  EXPECT_THAT(job.reason(), HasSubstr("rank 1 on w1 exited with code 2 (permanent error)"));
+}
+
+TEST_F(CoordinatorTest, APermanentExitReportedAfterARetryableFailureCancelsTheRestart) {
+  Register("w1");
+  Register("w2");
+  const std::string id = Submit(JobYaml("max_restarts: 3\n"));
+  auto [t1, t2] = StartOnTwoWorkers(id);
+  Heartbeat("w1", {Report(t1, /*exit_code=*/1)});
+  ASSERT_EQ(Get(id).state(), v1::PENDING) << "restarting";
+  Heartbeat("w2", {Report(t2, /*exit_code=*/2)});
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.attempts_size(), 1);
+  EXPECT_EQ(job.restarts(), 0);
+  EXPECT_THAT(job.reason(), HasSubstr("rank 1 on w2 exited with code 2 (permanent error)"));
+  EXPECT_TRUE(Heartbeat("w1").empty());
+}
+
+TEST_F(CoordinatorTest, AJobThatEndsBeforeItWasSeenRunningHasAStartTime) {
+  Register("w1");
+  const std::string id = Submit(JobYaml("", "1"));
+  const v1::Task task = TaskOf(id, Heartbeat("w1"));
+  Heartbeat("w1", {Report(task, 0)});  // Started and finished between two heartbeats.
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::SUCCEEDED);
+  EXPECT_NE(job.start_ms(), 0);
+}
+
 TEST_F(CoordinatorTest, RetryableFailuresStopAtMaxRestarts) {
   Register("w1");
   Register("w2");
@@ -388,6 +599,48 @@ TEST_F(CoordinatorTest, CancelStopsTheTrainersAndFreesTheSlots) {
   EXPECT_EQ(Get(next).state(), v1::RENDEZVOUS);
 }
 
+TEST_F(CoordinatorTest, TrainersHandedOutButNotYetReportedHoldTheirSlotsAfterACancel) {
+  Register("w1");
+  Register("w2");
+  const std::string id = Submit(JobYaml());
+  // Both workers are handed their task; neither has reported it yet.
+  const v1::Task t1 = TaskOf(id, Heartbeat("w1"));
+  TaskOf(id, Heartbeat("w2"));
+  auto cancelled = coordinator_->Cancel(id);
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_EQ(cancelled->attempts(0).live_trainers(), 2) << "they may be starting right now";
+  const std::string next = Submit(JobYaml());
+  EXPECT_EQ(Get(next).state(), v1::PENDING) << "not on top of the cancelled trainers";
+
+  // w1 started its trainer and is told to stop it; w2 never got its task.
+  EXPECT_TRUE(Heartbeat("w1", {Report(t1)}).empty());
+  EXPECT_TRUE(Heartbeat("w2").empty());
+  EXPECT_EQ(Get(id).attempts(0).live_trainers(), 1);
+  EXPECT_EQ(Get(next).state(), v1::PENDING);
+  Heartbeat("w1", {Report(t1, /*exit_code=*/143)});
+  EXPECT_EQ(Get(id).attempts(0).live_trainers(), 0);
+  EXPECT_EQ(Get(next).state(), v1::RENDEZVOUS);
+}
+
+TEST_F(CoordinatorTest, ATaskHandedOutBeforeItsAttemptFailedKeepsItsSlotUntilShownGone) {
+  Register("w1");
+  Register("w2");
+  const std::string id = Submit(JobYaml("max_restarts: 1\n"));
+  const v1::Task t1 = TaskOf(id, Heartbeat("w1"));
+  const v1::Task t2 = TaskOf(id, Heartbeat("w2"));
+  // w2's trainer fails at once, before w1 has reported starting its own.
+  Heartbeat("w2", {Report(t2, /*exit_code=*/1)});
+  v1::Job job = Get(id);
+  ASSERT_EQ(job.state(), v1::PENDING);
+  EXPECT_EQ(job.attempts_size(), 1) << "w1 may be starting attempt 1's trainer";
+  EXPECT_TRUE(Heartbeat("w1", {Report(t1)}).empty());
+  EXPECT_EQ(Get(id).attempts_size(), 1);
+  Heartbeat("w1", {Report(t1, /*exit_code=*/143)});
+  job = Get(id);
+  EXPECT_EQ(job.attempts_size(), 2);
+  EXPECT_EQ(job.state(), v1::RENDEZVOUS);
+}
+
 TEST_F(CoordinatorTest, ARestartedCoordinatorRecoversJobsRankTablesAndMetrics) {
   Register("w1");
   Register("w2");
@@ -421,6 +674,29 @@ TEST_F(CoordinatorTest, ARestartedCoordinatorRecoversJobsRankTablesAndMetrics) {
   EXPECT_EQ(Get(id).state(), v1::SUCCEEDED);
 }
 
+TEST_F(CoordinatorTest, AJobWhoseStoredSpecNoLongerParsesIsRecoveredAsFailed) {
+  const std::string id = Submit(JobYaml());  // PENDING: no workers.
+  auto stored = store_->Load();
+  ASSERT_TRUE(stored.ok());
+  ASSERT_EQ(stored->jobs.size(), 1u);
+  v1::Job job = stored->jobs[0].job;
+  job.set_spec_yaml("name: demo\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n"
+                    "train: {batch_size: 0}\n");  // As if written by another version.
+  ASSERT_TRUE(store_->SaveJob(job, stored->jobs[0].seq).ok());
+
+  Open();
+  ASSERT_TRUE(coordinator_->Recover().ok());
+  job = Get(id);
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_THAT(job.reason(), HasSubstr("stored spec no longer parses: "));
+  EXPECT_THAT(job.reason(), HasSubstr("train.batch_size: must be > 0"));
+  EXPECT_NE(job.end_ms(), 0);
+  ASSERT_EQ(coordinator_->ListJobs(10).size(), 1u) << "listed, not hidden";
+  stored = store_->Load();
+  ASSERT_TRUE(stored.ok());
+  EXPECT_EQ(stored->jobs[0].job.state(), v1::FAILED) << "and stored so";
+}
+
 TEST_F(CoordinatorTest, WorkersThatDoNotReturnAfterRecoveryAreLost) {
   Register("w1");
   Register("w2");
@@ -432,6 +708,34 @@ TEST_F(CoordinatorTest, WorkersThatDoNotReturnAfterRecoveryAreLost) {
   coordinator_->Tick();
   EXPECT_EQ(Get(id).state(), v1::FAILED);
   EXPECT_THAT(Get(id).reason(), HasSubstr("lost: no heartbeat"));
+}
+
+TEST_F(CoordinatorTest, RetentionKeepsTheJobsThatEndedLastNotTheLastSubmitted) {
+  retention_.retain_jobs = 1;
+  Open();
+  for (const char* w : {"w1", "w2", "w3", "w4"}) Register(w);
+  const std::string long_job = Submit(JobYaml());   // Submitted first, on w1 + w2.
+  const std::string short_job = Submit(JobYaml());  // Submitted second, on w3 + w4.
+  auto [l1, l2] = StartOnTwoWorkers(long_job, "w1", "w2");
+  auto [s1, s2] = StartOnTwoWorkers(short_job, "w3", "w4");
+  clock_.Advance(absl::Seconds(1));
+  Heartbeat("w3", {Report(s1, 0)});
+  Heartbeat("w4", {Report(s2, 0)});
+  clock_.Advance(absl::Seconds(1));
+  Heartbeat("w1", {Report(l1, 0)});
+  Heartbeat("w2", {Report(l2, 0)});
+  ASSERT_EQ(Get(short_job).state(), v1::SUCCEEDED);
+  ASSERT_EQ(Get(long_job).state(), v1::SUCCEEDED);
+
+  clock_.Advance(absl::Minutes(1));
+  coordinator_->Tick();
+
+  EXPECT_EQ(Get(long_job).state(), v1::SUCCEEDED) << "it ended last: the newest finished job";
+  EXPECT_THAT(coordinator_->GetJob(short_job), StatusIs(absl::StatusCode::kNotFound));
+  auto stored = store_->Load();
+  ASSERT_TRUE(stored.ok());
+  ASSERT_EQ(stored->jobs.size(), 1u);
+  EXPECT_EQ(stored->jobs[0].job.id(), long_job);
 }
 
 }  // namespace

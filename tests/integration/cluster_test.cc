@@ -96,7 +96,11 @@ TEST_F(ClusterTest, TrainsTheBreastCancerExampleWhileWatchShowsEveryRankLive) {
   }
   EXPECT_GE(epochs_seen[0].size(), 10u) << watch.out;
   EXPECT_GE(epochs_seen[1].size(), 10u) << watch.out;
-  EXPECT_LT(watch.out.find(" rank 1 epoch "), watch.out.find("SUCCEEDED"));
+  const size_t rank1 = watch.out.find(" rank 1 epoch ");
+  const size_t succeeded = watch.out.find("SUCCEEDED");
+  ASSERT_NE(rank1, std::string::npos) << watch.out;
+  ASSERT_NE(succeeded, std::string::npos) << watch.out;
+  EXPECT_LT(rank1, succeeded) << "live updates before the outcome";
 
   auto job = cluster_->GetJob(id);
   ASSERT_TRUE(job.ok());
@@ -123,9 +127,11 @@ TEST_F(ClusterTest, TrainsTheBreastCancerExampleWhileWatchShowsEveryRankLive) {
   EXPECT_THAT(all.out, HasSubstr("[rank 1] * started: mlp 30-64-32-2"));
 }
 
-TEST_F(ClusterTest, AStalledWatcherSlowsNeitherTrainingNorOtherWatchers) {
+// A paused ddpctl: the kernel's socket buffers absorb what the coordinator sends it,
+// so this is no test of back-pressure (server_test's StreamingTest is); it checks
+// that a watcher paused mid-job and resumed after the end still reports the outcome.
+TEST_F(ClusterTest, AWatcherPausedMidJobResumesToTheOutcome) {
   const std::string id = SubmitOk(*cluster_, LongJob(cluster_->dir(), "watched", 2));
-  // A watcher that stops reading: its stream's window fills, and it stays stopped.
   auto stalled = cluster_->CtlAsync({"watch", id});
   ASSERT_TRUE(stalled.ok());
   ASSERT_TRUE(cluster_->WaitFor(id, Running).ok());
@@ -257,6 +263,16 @@ TEST_F(ClusterTest, ARestartedCoordinatorServesTheSameHistory) {
 TEST_F(ClusterTest, TrainingCarriesOnWhileTheCoordinatorRestarts) {
   const std::string id = SubmitOk(*cluster_, LongJob(cluster_->dir(), "survivor", 3));
   ASSERT_TRUE(cluster_->WaitFor(id, Running).ok());
+  // A watcher and a log follower, connected before the coordinator dies.
+  auto watch = cluster_->CtlAsync({"watch", id});
+  auto logs = cluster_->CtlAsync({"logs", id, "-f"});
+  ASSERT_TRUE(watch.ok()) << watch.status();
+  ASSERT_TRUE(logs.ok()) << logs.status();
+  testing::OutputCollector watch_out((*watch)->stdout_fd()), watch_err((*watch)->stderr_fd());
+  testing::OutputCollector logs_out((*logs)->stdout_fd()), logs_err((*logs)->stderr_fd());
+  ASSERT_TRUE(watch_out.WaitFor(" RUNNING")) << watch_err.text();
+  ASSERT_TRUE(logs_out.WaitFor("* started:")) << logs_err.text();
+
   EXPECT_TRUE(cluster_->StopCoordinator(SIGKILL).signal == SIGKILL);
   ASSERT_TRUE(cluster_->StartCoordinator().ok());
   // The data plane never went through the coordinator: the same attempt finishes.
@@ -265,6 +281,49 @@ TEST_F(ClusterTest, TrainingCarriesOnWhileTheCoordinatorRestarts) {
   EXPECT_EQ(done->attempts_size(), 1);
   EXPECT_EQ(done->restarts(), 0);
   EXPECT_EQ(done->epoch_history_size(), 3);
+
+  // Both reconnected and ended with the job: watch with its outcome, logs with the
+  // output after the restart and nothing twice.
+  auto watch_exit = (*watch)->WaitFor(absl::Minutes(2));
+  ASSERT_TRUE(watch_exit.has_value());
+  const std::string werr = watch_err.Finish();
+  EXPECT_EQ(watch_exit->exit_code, 0) << werr;
+  EXPECT_THAT(werr, HasSubstr("coordinator unavailable, reconnecting..."));
+  EXPECT_THAT(werr, HasSubstr(absl::StrCat("job ", id, " SUCCEEDED")));
+  auto logs_exit = (*logs)->WaitFor(absl::Minutes(2));
+  ASSERT_TRUE(logs_exit.has_value());
+  const std::string lout = logs_out.Finish();
+  EXPECT_EQ(logs_exit->exit_code, 0) << logs_err.Finish();
+  for (int rank : {0, 1}) {
+    const std::string started = absl::StrCat("[rank ", rank, "] * started:");
+    const size_t first = lout.find(started);
+    ASSERT_NE(first, std::string::npos) << lout;
+    EXPECT_EQ(lout.find(started, first + 1), std::string::npos) << "repeated after reconnecting";
+    EXPECT_THAT(lout, HasSubstr(absl::StrCat("[rank ", rank, "] * done after")));
+  }
+}
+
+TEST(CoordinatorProcessTest, BadFlagValuesExitTwoAndABusyStateDirExitsOne) {
+  const std::string dir = testing::MakeTempDir("coordinator-flags");
+  const std::string bin = testing::BinDir() + "/ddp-coordinator";
+  CtlResult zero = testing::RunCapture(
+      {bin, "--listen", "127.0.0.1:0", "--state-dir", dir, "--retain-jobs", "0"},
+      absl::Seconds(30));
+  EXPECT_EQ(zero.exit_code, 2);
+  EXPECT_THAT(zero.err, HasSubstr("--retain-jobs: must be >= 1 (got 0)"));
+  CtlResult order = testing::RunCapture(
+      {bin, "--listen", "127.0.0.1:0", "--state-dir", dir, "--heartbeat-timeout", "500ms"},
+      absl::Seconds(30));
+  EXPECT_EQ(order.exit_code, 2);
+  EXPECT_THAT(order.err, HasSubstr("must be shorter than --heartbeat-timeout"));
+
+  auto cluster = LocalCluster::Start({.workers = 0});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  CtlResult busy = testing::RunCapture(
+      {bin, "--listen", "127.0.0.1:0", "--state-dir", (*cluster)->dir() + "/state"},
+      absl::Seconds(30));
+  EXPECT_EQ(busy.exit_code, 1);
+  EXPECT_THAT(busy.err, HasSubstr("is in use by another ddp-coordinator (pid "));
 }
 
 TEST(ClusterRestartTest, ALostWorkerRestartsTheJobFromItsCheckpointOnAnotherNode) {

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <filesystem>
 #include <thread>
 
@@ -88,6 +89,58 @@ CtlResult RunCapture(const std::vector<std::string>& argv, absl::Duration timeou
   }
   r.exit_code = (*proc)->Wait().ShellCode();
   return r;
+}
+
+OutputCollector::OutputCollector(int fd) : fd_(fd) {
+  thread_ = std::thread([this] {
+    while (true) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (stop_) return;
+      }
+      // A short poll so that the destructor can stop a reader whose writer lives on.
+      pollfd p = {fd_, POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      char buf[8192];
+      const ssize_t n = ::read(fd_, buf, sizeof(buf));
+      absl::MutexLock lock(&mu_);
+      if (n > 0) {
+        text_.append(buf, static_cast<size_t>(n));
+      } else if (n == 0 || errno != EINTR) {
+        eof_ = true;
+        return;
+      }
+    }
+  });
+}
+
+OutputCollector::~OutputCollector() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+bool OutputCollector::WaitFor(const std::string& needle, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return eof_ || text_.find(needle) != std::string::npos;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+  return text_.find(needle) != std::string::npos;
+}
+
+std::string OutputCollector::Finish(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto eof = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return eof_; };
+  mu_.AwaitWithTimeout(absl::Condition(&eof), timeout);
+  return text_;
+}
+
+std::string OutputCollector::text() {
+  absl::MutexLock lock(&mu_);
+  return text_;
 }
 
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const Options& options) {

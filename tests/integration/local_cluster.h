@@ -7,9 +7,12 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/process.h"
 #include "ddp/v1/job_service.grpc.pb.h"
@@ -24,6 +27,28 @@ struct CtlResult {
 
 // Runs argv to completion, capturing both streams (killed after `timeout`).
 CtlResult RunCapture(const std::vector<std::string>& argv, absl::Duration timeout);
+
+// Reads a background process's output pipe on a thread of its own (so the process
+// never blocks on a full pipe) and lets the test wait for text in it.
+class OutputCollector {
+ public:
+  explicit OutputCollector(int fd);
+  ~OutputCollector();  // Stops reading (at EOF, or at once if the pipe stays open).
+
+  // Whether `needle` appeared within `timeout`.
+  bool WaitFor(const std::string& needle, absl::Duration timeout = absl::Minutes(3));
+  // Waits for EOF (the writer exited) up to `timeout`; returns everything read.
+  std::string Finish(absl::Duration timeout = absl::Minutes(3));
+  std::string text();
+
+ private:
+  const int fd_;
+  absl::Mutex mu_;
+  std::string text_ ABSL_GUARDED_BY(mu_);
+  bool eof_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
 
 class LocalCluster {
  public:

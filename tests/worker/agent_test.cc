@@ -3,8 +3,11 @@
 // Real processes, pipes and signals; the test waits on conditions, never sleeps.
 #include "worker/agent/agent.h"
 
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <functional>
 #include <thread>
@@ -30,12 +33,13 @@ class FakeCoordinator final : public CoordinatorClient {
     v1::HeartbeatRequest heartbeat;
     v1::ReportEventsRequest events;
     v1::RegisterRequest registration;
+    absl::Status result;
   };
 
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& req,
                                                 absl::Duration) override {
     absl::MutexLock lock(&mu_);
-    calls_.push_back({next_++, "Register", {}, {}, req});
+    calls_.push_back({next_++, "Register", {}, {}, req, absl::OkStatus()});
     v1::RegisterResponse resp;
     resp.set_heartbeat_interval_ms(50);
     resp.set_heartbeat_timeout_ms(1000);
@@ -46,7 +50,7 @@ class FakeCoordinator final : public CoordinatorClient {
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req,
                                                   absl::Duration) override {
     absl::MutexLock lock(&mu_);
-    calls_.push_back({next_++, "Heartbeat", req, {}, {}});
+    calls_.push_back({next_++, "Heartbeat", req, {}, {}, absl::OkStatus()});
     if (!heartbeat_errors_.empty()) {
       absl::Status st = heartbeat_errors_.front();
       heartbeat_errors_.erase(heartbeat_errors_.begin());
@@ -57,8 +61,16 @@ class FakeCoordinator final : public CoordinatorClient {
 
   absl::Status ReportEvents(const v1::ReportEventsRequest& req, absl::Duration) override {
     absl::MutexLock lock(&mu_);
-    calls_.push_back({next_++, "ReportEvents", {}, req, {}});
-    return absl::OkStatus();
+    auto released = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !hold_reports_; };
+    mu_.Await(absl::Condition(&released));
+    if (clock_ != nullptr) clock_->Advance(per_report_);  // Each call takes that long.
+    absl::Status result;
+    if (!report_errors_.empty()) {
+      result = report_errors_.front();
+      report_errors_.erase(report_errors_.begin());
+    }
+    calls_.push_back({next_++, "ReportEvents", {}, req, {}, result});
+    return result;
   }
 
   void SetDesired(const std::vector<v1::Task>& tasks) {
@@ -69,6 +81,25 @@ class FakeCoordinator final : public CoordinatorClient {
   void FailNextHeartbeat(absl::Status st) {
     absl::MutexLock lock(&mu_);
     heartbeat_errors_.push_back(std::move(st));
+  }
+  void FailNextReport(absl::Status st) {
+    absl::MutexLock lock(&mu_);
+    report_errors_.push_back(std::move(st));
+  }
+  // ReportEvents blocks until ReleaseReports().
+  void HoldReports() {
+    absl::MutexLock lock(&mu_);
+    hold_reports_ = true;
+  }
+  void ReleaseReports() {
+    absl::MutexLock lock(&mu_);
+    hold_reports_ = false;
+  }
+  // Each ReportEvents call advances `clock` by `d`, as a slow link would.
+  void AdvanceOnReport(FakeClock* clock, absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    clock_ = clock;
+    per_report_ = d;
   }
 
   // Waits until `pred(calls)` holds (10s at most); returns whether it did.
@@ -88,6 +119,10 @@ class FakeCoordinator final : public CoordinatorClient {
   int next_ ABSL_GUARDED_BY(mu_) = 0;
   v1::HeartbeatResponse desired_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Status> heartbeat_errors_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Status> report_errors_ ABSL_GUARDED_BY(mu_);
+  bool hold_reports_ ABSL_GUARDED_BY(mu_) = false;
+  FakeClock* clock_ ABSL_GUARDED_BY(mu_) = nullptr;
+  absl::Duration per_report_ ABSL_GUARDED_BY(mu_);
 };
 
 // The last status a heartbeat reported for `rank`, if any.
@@ -107,6 +142,24 @@ std::optional<v1::LocalRankStatus> RankStatus(const std::vector<FakeCoordinator:
 bool Exited(const std::vector<FakeCoordinator::Call>& calls, int rank) {
   auto s = RankStatus(calls, rank);
   return s.has_value() && s->exited();
+}
+
+// The seq of the first heartbeat that reports `rank` exited, or -1.
+int ExitSeq(const std::vector<FakeCoordinator::Call>& calls, int rank) {
+  for (const auto& call : calls) {
+    if (Exited({call}, rank)) return call.seq;
+  }
+  return -1;
+}
+
+// Output lines delivered (by successful ReportEvents calls) from stdout.
+int StdoutLines(const std::vector<FakeCoordinator::Call>& calls) {
+  int n = 0;
+  for (const auto& call : calls) {
+    if (!call.result.ok()) continue;
+    for (const auto& e : call.events.events()) n += e.has_log() && e.log().stream() == "stdout";
+  }
+  return n;
 }
 
 class AgentTest : public ::testing::Test {
@@ -131,7 +184,7 @@ class AgentTest : public ::testing::Test {
     return path;
   }
 
-  void StartAgent(const std::string& trainer) {
+  void StartAgent(const std::string& trainer, Clock* clock = RealClock()) {
     AgentOptions o;
     o.name = "w1";
     o.advertise_addr = "127.0.0.1";
@@ -141,7 +194,7 @@ class AgentTest : public ::testing::Test {
     o.work_dir = dir_ + "/work";
     o.stop_grace = absl::Milliseconds(300);
     o.tick = absl::Milliseconds(10);
-    agent_ = std::make_unique<Agent>(o, std::move(client_), RealClock());
+    agent_ = std::make_unique<Agent>(o, std::move(client_), clock);
     thread_ = std::thread([this] { result_ = agent_->Run(); });
   }
 
@@ -161,7 +214,37 @@ class AgentTest : public ::testing::Test {
     return t;
   }
 
+  // The task with one rank (2) only.
+  v1::Task OneRankTask() {
+    v1::Task t = Task();
+    t.clear_ranks();
+    t.add_ranks(2);
+    return t;
+  }
+
+  // A trainer that prints `lines` lines, runs `then`, tells the test through a FIFO
+  // that everything is written (WaitForTrainerOutput), and runs `last`.
+  std::string ChattyTrainer(int lines, const std::string& then, const std::string& last) {
+    fifo_ = dir_ + "/written";
+    EXPECT_EQ(::mkfifo(fifo_.c_str(), 0600), 0);
+    return Trainer(absl::StrCat("seq 1 ", lines, "\n", then, "\necho done > ", fifo_, "\n",
+                                last));
+  }
+
+  // Returns once the ChattyTrainer has written all its output (10s at most).
+  void WaitForTrainerOutput() {
+    const int fd = ::open(fifo_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    pollfd p = {fd, POLLIN, 0};
+    EXPECT_EQ(::poll(&p, 1, 10000), 1) << "the trainer did not finish writing";
+    char buf[16];
+    EXPECT_GT(::read(fd, buf, sizeof(buf)), 0);
+    ::close(fd);
+  }
+
+  FakeClock fake_clock_;  // For agents that must not see real time pass.
   std::string dir_;
+  std::string fifo_;
   std::unique_ptr<CoordinatorClient> client_;
   FakeCoordinator* fake_;
   std::unique_ptr<Agent> agent_;
@@ -286,6 +369,102 @@ TEST_F(AgentTest, AMissingWorkdirIsReportedAsATaskError) {
   }
 }
 
+TEST_F(AgentTest, ATaskWithoutRanksIsReportedAsATaskError) {
+  v1::Task t = Task();
+  t.clear_ranks();
+  fake_->SetDesired({t});
+  StartAgent(Trainer("exit 0"));
+  ASSERT_TRUE(fake_->WaitFor([](const auto& c) {
+    for (const auto& call : c) {
+      for (const auto& task : call.heartbeat.tasks()) {
+        if (!task.error().empty()) return true;
+      }
+    }
+    return false;
+  }));
+  for (const auto& call : fake_->calls()) {
+    for (const auto& task : call.heartbeat.tasks()) {
+      if (!task.error().empty()) {
+        EXPECT_THAT(task.error(), HasSubstr("has no ranks"));
+      }
+    }
+  }
+}
+
+TEST_F(AgentTest, ABatchLostToADeadlineIsResentUnchangedWithItsNumber) {
+  fake_->FailNextReport(absl::DeadlineExceededError("deadline exceeded"));
+  fake_->SetDesired({OneRankTask()});
+  StartAgent(Trainer("echo one\necho two\nexit 0"));
+  ASSERT_TRUE(fake_->WaitFor([](const auto& c) { return Exited(c, 2); }));
+  std::vector<FakeCoordinator::Call> reports;
+  for (const auto& call : fake_->calls()) {
+    if (call.method == "ReportEvents") reports.push_back(call);
+  }
+  ASSERT_GE(reports.size(), 2u);
+  EXPECT_FALSE(reports[0].result.ok());
+  EXPECT_EQ(reports[0].events.batch_seq(), 1);
+  EXPECT_EQ(reports[1].events.SerializeAsString(), reports[0].events.SerializeAsString())
+      << "the same batch, with the same number: the coordinator drops it if it had it";
+  for (size_t i = 2; i < reports.size(); ++i) {
+    EXPECT_EQ(reports[i].events.batch_seq(), reports[i - 1].events.batch_seq() + 1);
+  }
+  EXPECT_EQ(StdoutLines(fake_->calls()), 2);
+}
+
+TEST_F(AgentTest, AChattyTrainerCannotStarveHeartbeats) {
+  FakeClock& clock = fake_clock_;
+  // Each report takes longer than the heartbeat interval (50ms): a heartbeat is due
+  // after every turn.
+  fake_->AdvanceOnReport(&clock, absl::Milliseconds(60));
+  fake_->HoldReports();  // Lets a backlog of many batches build up.
+  fake_->SetDesired({OneRankTask()});
+  StartAgent(ChattyTrainer(40000, "", "exec sleep 30"), &clock);
+  WaitForTrainerOutput();
+  fake_->ReleaseReports();
+  ASSERT_TRUE(fake_->WaitFor([](const auto& c) { return StdoutLines(c) == 40000; }));
+  int run = 0, longest = 0, heartbeats = 0;
+  bool reporting = false;
+  for (const auto& call : fake_->calls()) {
+    if (call.method == "ReportEvents") {
+      reporting = true;
+      longest = std::max(longest, ++run);
+    } else if (call.method == "Heartbeat" && reporting) {
+      ++heartbeats;
+      run = 0;
+    }
+  }
+  EXPECT_LE(longest, 4) << "at most four batches before the heartbeat's turn";
+  EXPECT_GE(heartbeats, 4) << "heartbeats went on while the backlog drained";
+}
+
+TEST_F(AgentTest, AnExitIsReportedOnlyAfterAllTheOutputBeforeIt) {
+  FakeClock& clock = fake_clock_;
+  fake_->AdvanceOnReport(&clock, absl::Milliseconds(60));
+  fake_->HoldReports();
+  fake_->SetDesired({OneRankTask()});
+  StartAgent(ChattyTrainer(
+                 30000, "echo '{\"type\":\"error\",\"message\":\"bad data\"}' >&3", "exit 2"),
+             &clock);
+  WaitForTrainerOutput();
+  fake_->ReleaseReports();
+  ASSERT_TRUE(fake_->WaitFor([](const auto& c) { return Exited(c, 2); }));
+  const auto calls = fake_->calls();
+  int error_seq = -1, last_line_seq = -1;
+  for (const auto& call : calls) {
+    if (!call.result.ok()) continue;
+    for (const auto& e : call.events.events()) {
+      if (e.has_event() && e.event().type() == "error") error_seq = call.seq;
+      if (e.has_log() && e.log().text() == "30000") last_line_seq = call.seq;
+    }
+  }
+  const int exit_seq = ExitSeq(calls, 2);
+  ASSERT_GE(error_seq, 0);
+  ASSERT_GE(last_line_seq, 0);
+  EXPECT_LT(last_line_seq, exit_seq);
+  EXPECT_LT(error_seq, exit_seq) << "the error that explains the exit arrives first";
+  EXPECT_EQ(RankStatus(calls, 2)->exit_code(), 2);
+}
+
 TEST(EventBufferTest, DropsTheOldestWhenFullAndCountsThem) {
   EventBuffer buffer(/*capacity=*/3);
   for (int i = 0; i < 5; ++i) {
@@ -302,6 +481,8 @@ TEST(EventBufferTest, DropsTheOldestWhenFullAndCountsThem) {
   batch = buffer.Take(1, &dropped);
   EXPECT_EQ(batch[0].rank(), 2);
   EXPECT_EQ(dropped, 2);
+  EXPECT_EQ(buffer.pushed(), 5);
+  EXPECT_EQ(buffer.departed(), 3) << "two dropped, one taken";
 }
 
 TEST(TrainerEventParsingTest, ParsesTrainerLinesAndRejectsOthers) {

@@ -12,8 +12,9 @@
 namespace ddp {
 namespace {
 
-constexpr size_t kMaxBatch = 2000;  // Events per ReportEvents call.
-constexpr int kFreePorts = 3;       // Candidate MASTER_PORTs per heartbeat.
+constexpr size_t kMaxBatch = 2000;     // Events per ReportEvents call.
+constexpr int kMaxBatchesPerTurn = 4;  // Then the heartbeat's turn: never starved.
+constexpr int kFreePorts = 3;          // Candidate MASTER_PORTs per heartbeat.
 
 }  // namespace
 
@@ -73,20 +74,37 @@ absl::Status Agent::RegisterOnce() {
   return absl::OkStatus();
 }
 
+int64_t Agent::Delivered() const {
+  return buffer_.departed() - (unsent_.has_value() ? unsent_->events_size() : 0);
+}
+
+bool Agent::HoldsExits() const {
+  const int64_t delivered = Delivered();
+  for (const auto& [key, task] : tasks_) {
+    if (task->HoldsExits(delivered)) return true;
+  }
+  return false;
+}
+
 absl::Status Agent::Flush() {
-  while (buffer_.size() > 0) {
-    int64_t dropped = 0;
-    std::vector<v1::ReportedEvent> batch = buffer_.Take(kMaxBatch, &dropped);
-    v1::ReportEventsRequest req;
-    req.set_worker(options_.name);
-    req.set_incarnation(incarnation_);
-    req.set_dropped(dropped);
-    for (auto& e : batch) *req.add_events() = e;
-    absl::Status st = client_->ReportEvents(req, rpc_deadline_);
-    if (!st.ok()) {
-      buffer_.PutBack(std::move(batch), dropped);
-      return st;
+  for (int i = 0; i < kMaxBatchesPerTurn; ++i) {
+    if (!unsent_.has_value()) {
+      if (buffer_.size() == 0) break;
+      int64_t dropped = 0;
+      std::vector<v1::ReportedEvent> batch = buffer_.Take(kMaxBatch, &dropped);
+      v1::ReportEventsRequest req;
+      req.set_worker(options_.name);
+      req.set_incarnation(incarnation_);
+      req.set_dropped(dropped);
+      req.set_batch_seq(next_batch_seq_++);
+      for (auto& e : batch) *req.add_events() = std::move(e);
+      unsent_ = std::move(req);
     }
+    // A failed batch is re-sent unchanged, number included: if the coordinator did
+    // store it (a deadline that hit after it had), it drops the repeat.
+    absl::Status st = client_->ReportEvents(*unsent_, rpc_deadline_);
+    if (!st.ok()) return st;
+    unsent_.reset();
   }
   return absl::OkStatus();
 }
@@ -96,9 +114,13 @@ absl::Status Agent::HeartbeatOnce() {
   req.set_worker(options_.name);
   req.set_incarnation(incarnation_);
   std::set<TaskKey> sent_finished;
+  const int64_t delivered = Delivered();
+  held_exits_ = false;
   for (auto& [key, task] : tasks_) {
-    *req.add_tasks() = task->Status();
-    if (task->Finished()) sent_finished.insert(key);
+    *req.add_tasks() = task->Status(delivered);
+    const bool holds = task->HoldsExits(delivered);
+    held_exits_ = held_exits_ || holds;
+    if (task->Finished() && !holds) sent_finished.insert(key);
   }
   for (int i = 0; i < kFreePorts; ++i) {
     auto port = PickFreePort("0.0.0.0");
@@ -158,6 +180,8 @@ absl::Status Agent::Run() {
     const absl::Time now = clock_->Now();
     bool changed = false;
     for (auto& [key, task] : tasks_) changed |= task->Poll(now);
+    const int64_t pushed = buffer_.pushed();  // Read after Poll(): see StampExits.
+    for (auto& [key, task] : tasks_) task->StampExits(pushed);
 
     if (!registered_) {
       absl::Status st = RegisterOnce();
@@ -177,13 +201,19 @@ absl::Status Agent::Run() {
       next_heartbeat = now;
     }
 
-    // Output first: a failure's `error` event must precede the exit it explains.
-    const bool heartbeat_due = changed || now >= next_heartbeat;
+    // Output first (a few batches; the rest waits for the next turn, so a chatty
+    // trainer cannot starve heartbeats). A failure's `error` event still precedes the
+    // exit it explains: exits wait for the output before them (StampExits).
     absl::Status st = Flush();
+    // The time after the flush, which may have taken a while. Also heartbeat when
+    // exits held back by the last heartbeat may now be reported.
+    const absl::Time flushed = clock_->Now();
+    const bool heartbeat_due = changed || flushed >= next_heartbeat ||
+                               (st.ok() && held_exits_ && !HoldsExits());
     if (st.ok() && heartbeat_due) st = HeartbeatOnce();
     if (st.ok()) {
       if (heartbeat_due) {
-        next_heartbeat = now + heartbeat_interval_;
+        next_heartbeat = flushed + heartbeat_interval_;
         failures_ = 0;
       }
     } else if (st.code() == absl::StatusCode::kNotFound) {
@@ -202,8 +232,12 @@ absl::Status Agent::Run() {
       }
       next_heartbeat = now + std::min(Backoff(), heartbeat_interval_);
     }
+    // A backlog of output is sent on the next turn at once.
+    const bool backlog = st.ok() && (unsent_.has_value() || buffer_.size() > 0);
     const absl::Duration wait =
-        std::max(absl::ZeroDuration(), std::min(options_.tick, next_heartbeat - clock_->Now()));
+        backlog ? absl::ZeroDuration()
+                : std::max(absl::ZeroDuration(),
+                           std::min(options_.tick, next_heartbeat - clock_->Now()));
     stop_.WaitForNotificationWithTimeout(wait);
   }
 
@@ -217,11 +251,14 @@ absl::Status Agent::Run() {
       task->Poll(clock_->Now());
       all = all && task->Finished();
     }
+    const int64_t pushed = buffer_.pushed();
+    for (auto& [key, task] : tasks_) task->StampExits(pushed);
     if (all || clock_->Now() - begin > options_.stop_grace + absl::Seconds(5)) break;
     absl::SleepFor(absl::Milliseconds(20));
   }
   if (registered_ && fatal.ok()) {
-    (void)Flush();
+    absl::Status st;
+    while (st.ok() && (unsent_.has_value() || buffer_.size() > 0)) st = Flush();
     (void)HeartbeatOnce();
   }
   return fatal;

@@ -9,10 +9,12 @@
 //        └───────────────────────────┘ heartbeat FAILED_PRECONDITION: another agent took
 //                                      this name; Run() returns the error
 //
-// Each turn: reap trainers; report their output (events first, so a failure's `error`
-// event precedes the exit it explains); heartbeat with every task's status and get the
-// desired tasks back; start new tasks, stop the ones no longer wanted (SIGTERM, then
-// SIGKILL after the grace period). While the coordinator is unreachable trainers keep
+// Each turn: reap trainers; report their output (up to four batches, the rest on the
+// next turn, so heartbeats are never starved; each batch numbered, and re-sent
+// unchanged after an error); heartbeat with every task's status, an exit only once
+// the output before it has been delivered (so a failure's `error` event precedes the
+// exit it explains), and get the desired tasks back; start new tasks, stop the ones
+// no longer wanted (SIGTERM, then SIGKILL after the grace period). While the coordinator is unreachable trainers keep
 // running and their output waits in a bounded buffer: the data plane never goes
 // through the coordinator.
 #ifndef DDP_WORKER_AGENT_AGENT_H_
@@ -20,6 +22,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -68,7 +71,12 @@ class Agent {
   using TaskKey = std::pair<std::string, int>;
 
   absl::Status RegisterOnce();
+  // Sends up to a few batches of output (the unsent one first).
   absl::Status Flush();
+  // Events that left the buffer and reached the coordinator (or were dropped).
+  int64_t Delivered() const;
+  // Some task's exit waits for output not yet delivered.
+  bool HoldsExits() const;
   absl::Status HeartbeatOnce();
   void Reconcile(const v1::HeartbeatResponse& desired);
   absl::Duration Backoff();
@@ -82,6 +90,10 @@ class Agent {
   std::map<TaskKey, std::unique_ptr<TrainerTask>> tasks_;
   // Finished tasks no longer wanted, kept until one heartbeat has reported them.
   std::map<TaskKey, bool> reported_finished_;
+  // The batch being sent: kept, unchanged, until the coordinator takes it.
+  std::optional<v1::ReportEventsRequest> unsent_;
+  int64_t next_batch_seq_ = 1;  // ReportEventsRequest.batch_seq of the next batch.
+  bool held_exits_ = false;     // The last heartbeat held back some exit.
   absl::Notification stop_;
   std::function<void(bool)> on_registered_;
 

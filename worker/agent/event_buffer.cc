@@ -12,6 +12,7 @@ void EventBuffer::TrimLocked() {
 void EventBuffer::Push(v1::ReportedEvent event) {
   absl::MutexLock lock(&mu_);
   queue_.push_back(std::move(event));
+  ++pushed_;
   TrimLocked();
 }
 
@@ -37,6 +38,16 @@ void EventBuffer::PutBack(std::vector<v1::ReportedEvent> events, int64_t dropped
 size_t EventBuffer::size() const {
   absl::MutexLock lock(&mu_);
   return queue_.size();
+}
+
+int64_t EventBuffer::pushed() const {
+  absl::MutexLock lock(&mu_);
+  return pushed_;
+}
+
+int64_t EventBuffer::departed() const {
+  absl::MutexLock lock(&mu_);
+  return pushed_ - static_cast<int64_t>(queue_.size());
 }
 
 }  // namespace ddp

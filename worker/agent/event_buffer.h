@@ -26,6 +26,11 @@ class EventBuffer {
   // Returns a batch that could not be sent, in front of newer entries.
   void PutBack(std::vector<v1::ReportedEvent> events, int64_t dropped);
   size_t size() const;
+  // Entries ever pushed, and of those, the ones that have left: taken (net of those
+  // put back) or dropped. Events leave in push order, so every entry pushed before
+  // the pushed() count N has left once departed() >= N.
+  int64_t pushed() const;
+  int64_t departed() const;
 
  private:
   void TrimLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -34,6 +39,7 @@ class EventBuffer {
   mutable absl::Mutex mu_;
   std::deque<v1::ReportedEvent> queue_ ABSL_GUARDED_BY(mu_);
   int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t pushed_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ddp

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <grpc/grpc.h>
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/server_builder.h>
@@ -137,6 +138,7 @@ int main(int argc, char** argv) {
   grpc::ServerBuilder builder;
   UnimplementedService unimplemented;
   builder.RegisterCallbackGenericService(&unimplemented);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // Port taken: fail, don't share.
   int health_port = 0;
   builder.AddListeningPort(health_listen, grpc::InsecureServerCredentials(), &health_port);
   std::unique_ptr<grpc::Server> health = builder.BuildAndStart();

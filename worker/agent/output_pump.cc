@@ -5,7 +5,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 
+#include "absl/time/clock.h"
+#include "common/logging.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace ddp {
@@ -101,7 +104,16 @@ void OutputPump::Loop() {
         owners.push_back(s.get());
       }
     }
-    if (::poll(fds.data(), fds.size(), 1000) < 0 && errno != EINTR) return;
+    if (::poll(fds.data(), fds.size(), 1000) < 0) {
+      if (errno == EINTR) continue;
+      // Keep going: returning would leave every trainer blocked on a full pipe.
+      if (poll_errors_++ % 100 == 0) {
+        DDP_LOG(ERROR) << "output pump: poll over " << fds.size()
+                       << " descriptors failed: " << std::strerror(errno) << " (retrying)";
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+      continue;
+    }
     if (fds[0].revents) {
       char buf[64];
       while (::read(wake_[0], buf, sizeof(buf)) > 0) {

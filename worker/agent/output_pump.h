@@ -65,6 +65,7 @@ class OutputPump {
   std::vector<std::unique_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);
   std::map<OutputSource, int> open_ ABSL_GUARDED_BY(mu_);  // Pipes not yet at EOF.
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t poll_errors_ = 0;  // Loop thread only.
   std::thread thread_;
 };
 

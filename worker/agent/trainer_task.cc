@@ -22,15 +22,26 @@ std::unique_ptr<TrainerTask> TrainerTask::Start(const v1::Task& task,
                                                 OutputPump* pump) {
   std::unique_ptr<TrainerTask> t(new TrainerTask(task, pump));
   t->options_ = options;
+  if (task.ranks().empty()) {
+    t->error_ = absl::StrCat("task ", task.job_id(), " attempt ", task.attempt(),
+                             " has no ranks for this worker");
+    return t;
+  }
   namespace fs = std::filesystem;
   const fs::path dir =
       fs::path(options.work_dir) / task.job_id() / absl::StrCat("attempt-", task.attempt());
   std::error_code ec;
   fs::create_directories(dir, ec);
   const std::string spec_path = (dir / "job.yaml").string();
-  std::ofstream(spec_path) << task.spec_yaml();
-  if (ec || !fs::exists(spec_path)) {
-    t->error_ = absl::StrCat("cannot write ", spec_path, ": ", ec.message());
+  if (ec) {
+    t->error_ = absl::StrCat("cannot create ", dir.string(), ": ", ec.message());
+    return t;
+  }
+  std::ofstream spec(spec_path, std::ios::trunc);
+  spec << task.spec_yaml();
+  spec.close();
+  if (!spec) {  // Not opened, or a short write (disk full): the trainer would misread it.
+    t->error_ = absl::StrCat("cannot write ", spec_path, " (disk full? permissions?)");
     return t;
   }
   const std::string cwd = task.workdir().empty() ? (fs::path(options.work_dir) / task.job_id()).string()
@@ -126,6 +137,19 @@ void TrainerTask::Stop(absl::Time now) {
   }
 }
 
+void TrainerTask::StampExits(int64_t pushed) {
+  for (Rank& r : ranks_) {
+    if (r.reported_exit && r.exit_mark < 0) r.exit_mark = pushed;
+  }
+}
+
+bool TrainerTask::HoldsExits(int64_t delivered) const {
+  for (const Rank& r : ranks_) {
+    if (r.reported_exit && r.exit_mark > delivered) return true;
+  }
+  return false;
+}
+
 bool TrainerTask::Finished() const {
   for (const Rank& r : ranks_) {
     if (!r.reported_exit) return false;
@@ -133,7 +157,7 @@ bool TrainerTask::Finished() const {
   return true;
 }
 
-v1::TaskStatus TrainerTask::Status() const {
+v1::TaskStatus TrainerTask::Status(int64_t delivered) const {
   v1::TaskStatus s;
   s.set_job_id(task_.job_id());
   s.set_attempt(task_.attempt());
@@ -142,7 +166,7 @@ v1::TaskStatus TrainerTask::Status() const {
     v1::LocalRankStatus* rs = s.add_ranks();
     rs->set_rank(r.rank);
     rs->set_pid(r.pid);
-    if (r.reported_exit) {
+    if (r.reported_exit && r.exit_mark <= delivered) {
       rs->set_exited(true);
       rs->set_exit_code(r.exit->exit_code);
       rs->set_signal(r.exit->signal);

@@ -47,7 +47,18 @@ class TrainerTask {
   bool stopping() const { return kill_at_.has_value(); }
   // Every rank has exited (and its output is drained), or it never started.
   bool Finished() const;
-  v1::TaskStatus Status() const;
+
+  // Exits wait for the output before them. StampExits(n) tags exits seen since the
+  // last call with n, the outbox's pushed() count read after Poll(): everything the
+  // rank wrote was pushed before that. An exit is reported once the outbox has
+  // delivered that far (`delivered`: events that left the outbox and reached the
+  // coordinator, or were dropped), so the `error` event that explains a failure
+  // always reaches the coordinator before the exit, however long the backlog.
+  void StampExits(int64_t pushed);
+  // Some exit is held back: the output before it is not yet delivered.
+  bool HoldsExits(int64_t delivered) const;
+  // Every rank's pid and, where it may be reported, its exit.
+  v1::TaskStatus Status(int64_t delivered) const;
 
  private:
   struct Rank {
@@ -57,6 +68,7 @@ class TrainerTask {
     std::optional<ExitStatus> exit;  // Reaped.
     bool reported_exit = false;      // Reaped and drained (or drain timed out).
     absl::Time reaped_at;
+    int64_t exit_mark = -1;          // StampExits() count; -1 until stamped.
   };
   TrainerTask(v1::Task task, OutputPump* pump) : task_(std::move(task)), pump_(pump) {}
   OutputSource SourceOf(const Rank& r) const { return {task_.job_id(), task_.attempt(), r.rank}; }

@@ -1,0 +1,205 @@
+// The coordinator's composition root in-process: a real gRPC server on a loopback
+// port with a scratch state directory, reached through raw stubs.
+#include "coordinator/server.h"
+
+#include <grpc/grpc.h>
+#include <grpcpp/client_context.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/support/channel_arguments.h>
+#include <unistd.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "ddp/v1/job_service.grpc.pb.h"
+#include "ddp/v1/worker_service.grpc.pb.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/common/status_matchers.h"
+#include "tests/common/test_util.h"
+
+namespace ddp {
+namespace {
+
+using ::ddp::testing::StatusIs;
+using ::testing::HasSubstr;
+
+CoordinatorServerOptions Options(const std::string& state_dir, int port = 0) {
+  CoordinatorServerOptions o;
+  o.listen = absl::StrCat("127.0.0.1:", port);
+  o.state_dir = state_dir;
+  return o;
+}
+
+TEST(CoordinatorServerTest, ASecondServerOnTheSameStateDirFailsWithAClearError) {
+  const std::string dir = testing::MakeTempDir("server-dir");
+  auto first = CoordinatorServer::Start(Options(dir));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_THAT(CoordinatorServer::Start(Options(dir)),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr(absl::StrCat("state dir ", dir,
+                                              " is in use by another ddp-coordinator (pid ",
+                                              ::getpid(), "?)"))));
+  first->reset();
+  auto again = CoordinatorServer::Start(Options(dir));
+  EXPECT_TRUE(again.ok()) << "the directory is free once the first server is gone: "
+                          << again.status();
+}
+
+TEST(CoordinatorServerTest, ASecondServerCannotShareTheListenPort) {
+  auto first = CoordinatorServer::Start(Options(testing::MakeTempDir("server-port-a")));
+  ASSERT_TRUE(first.ok()) << first.status();
+  const int port = (*first)->port();
+  // gRPC would set SO_REUSEPORT and let both bind, splitting clients between them.
+  EXPECT_THAT(CoordinatorServer::Start(Options(testing::MakeTempDir("server-port-b"), port)),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr(absl::StrCat("cannot listen on 127.0.0.1:", port))));
+}
+
+TEST(CoordinatorServerTest, BadOptionsNameTheFlag) {
+  CoordinatorServerOptions o = Options(testing::MakeTempDir("server-flags"));
+  o.retention.max_metric_rows = 0;
+  EXPECT_THAT(ValidateServerOptions(o), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                 HasSubstr("--max-metric-rows: must be >= 1")));
+  o = Options("");
+  EXPECT_THAT(ValidateServerOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--state-dir is required")));
+}
+
+// A channel with a TCP connection of its own (gRPC would otherwise share one between
+// channels to the same target, and a stalled stream's unread data would hold up the
+// others' connection window). `stalled_reader`: no window growth (BDP probing off),
+// so what the server writes while the reader does not read stays in the server's
+// hands instead of piling up in the client's transport.
+std::shared_ptr<grpc::Channel> Connect(int port, bool stalled_reader = false) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  if (stalled_reader) args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  return grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port),
+                                   grpc::InsecureChannelCredentials(), args);
+}
+
+// The server with one registered worker running a one-node job.
+class StreamingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto server = CoordinatorServer::Start(Options(testing::MakeTempDir("server-streams")));
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    workers_ = v1::WorkerService::NewStub(Connect(server_->port()));
+    jobs_ = v1::JobService::NewStub(Connect(server_->port()));
+
+    grpc::ClientContext rctx;
+    v1::RegisterRequest reg;
+    reg.set_worker("w1");
+    reg.set_incarnation("inc");
+    reg.set_address("127.0.0.1");
+    reg.set_slots(1);
+    v1::RegisterResponse reg_resp;
+    ASSERT_TRUE(workers_->Register(&rctx, reg, &reg_resp).ok());
+    Heartbeat(false);  // Reports a free port.
+    grpc::ClientContext sctx;
+    v1::SubmitJobRequest submit;
+    submit.set_spec_yaml("name: streamed\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n"
+                         "train: {batch_size: 4}\n");
+    v1::SubmitJobResponse submitted;
+    ASSERT_TRUE(jobs_->SubmitJob(&sctx, submit, &submitted).ok());
+    job_id_ = submitted.job_id();
+    Heartbeat(false);  // Takes the task and reports its trainer running: RUNNING.
+  }
+
+  // Reports the job's trainer running, or (`exited`) done.
+  void Heartbeat(bool exited) {
+    grpc::ClientContext ctx;
+    v1::HeartbeatRequest req;
+    req.set_worker("w1");
+    req.set_incarnation("inc");
+    req.add_free_ports(45678);
+    if (!job_id_.empty()) {
+      v1::TaskStatus* t = req.add_tasks();
+      t->set_job_id(job_id_);
+      t->set_attempt(1);
+      v1::LocalRankStatus* r = t->add_ranks();
+      r->set_rank(0);
+      r->set_pid(4242);
+      r->set_exited(exited);
+    }
+    v1::HeartbeatResponse resp;
+    ASSERT_TRUE(workers_->Heartbeat(&ctx, req, &resp).ok());
+  }
+
+  // Reports `n` more `epoch` events of rank 0; returns the RPC's status.
+  grpc::Status ReportEpochs(int n) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::ReportEventsRequest req;
+    req.set_worker("w1");
+    req.set_incarnation("inc");
+    req.set_batch_seq(++batch_seq_);
+    for (int i = 0; i < n; ++i) {
+      v1::ReportedEvent* e = req.add_events();
+      e->set_job_id(job_id_);
+      e->set_attempt(1);
+      e->mutable_event()->set_type("epoch");
+      e->mutable_event()->set_epoch(++epochs_);
+      e->mutable_event()->set_train_loss(1.0 / epochs_);
+      e->mutable_event()->set_val_loss(2.0 / epochs_);
+      e->mutable_event()->set_val_accuracy(0.5);
+    }
+    v1::ReportEventsResponse resp;
+    return workers_->ReportEvents(&ctx, req, &resp);
+  }
+
+  std::unique_ptr<CoordinatorServer> server_;
+  std::unique_ptr<v1::WorkerService::Stub> workers_;
+  std::unique_ptr<v1::JobService::Stub> jobs_;
+  std::string job_id_;
+  int64_t batch_seq_ = 0;
+  int epochs_ = 0;
+};
+
+TEST_F(StreamingTest, AStalledWatcherHoldsUpNeitherIngestionNorOtherWatchersAndGetsTheNewest) {
+  // Every update carries the whole epoch history: over 100 KB, more than the stalled
+  // reader's window.
+  ASSERT_TRUE(ReportEpochs(3000).ok());
+  v1::WatchJobRequest req;
+  req.set_job_id(job_id_);
+
+  auto stalled_stub = v1::JobService::NewStub(Connect(server_->port(), /*stalled_reader=*/true));
+  grpc::ClientContext stalled_ctx;
+  auto stalled = stalled_stub->WatchJob(&stalled_ctx, req);
+  v1::Job job;
+  ASSERT_TRUE(stalled->Read(&job));
+  ASSERT_EQ(job.state(), v1::RUNNING);
+  ASSERT_EQ(job.epoch_history_size(), 3000);
+  ASSERT_GT(job.ByteSizeLong(), 100u << 10);
+  // From here on the stalled watcher reads nothing until the job has ended.
+
+  grpc::ClientContext live_ctx;
+  auto live = jobs_->WatchJob(&live_ctx, req);
+  constexpr int kUpdates = 40;
+  for (int i = 1; i <= kUpdates; ++i) {
+    ASSERT_TRUE(ReportEpochs(10).ok()) << "ingestion is never held up by a watcher";
+    do {
+      ASSERT_TRUE(live->Read(&job)) << "the live watcher keeps getting updates";
+    } while (job.epoch_history_size() < 3000 + 10 * i);
+  }
+  Heartbeat(/*exited=*/true);
+  do {
+    ASSERT_TRUE(live->Read(&job));
+  } while (job.state() != v1::SUCCEEDED);
+  EXPECT_TRUE(live->Finish().ok());
+
+  // Resumed, the stalled watcher gets what its window held, then the newest state:
+  // not one message per update.
+  int received = 0;
+  while (stalled->Read(&job)) ++received;
+  EXPECT_TRUE(stalled->Finish().ok());
+  EXPECT_EQ(job.state(), v1::SUCCEEDED);
+  EXPECT_EQ(job.epoch_history_size(), 3000 + 10 * kUpdates);
+  EXPECT_LE(received, 5) << "of " << kUpdates + 1 << " updates";
+}
+
+}  // namespace
+}  // namespace ddp

@@ -1,0 +1,154 @@
+// The state store on a real SQLite database in a scratch directory: retention, and
+// the exclusive hold a store takes on its directory.
+#include "coordinator/state_store.h"
+
+#include <unistd.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/common/status_matchers.h"
+#include "tests/common/test_util.h"
+
+namespace ddp {
+namespace {
+
+using ::ddp::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+v1::Job EndedJob(const std::string& id, int64_t end_ms) {
+  v1::Job job;
+  job.set_id(id);
+  job.set_name(id);
+  job.set_rdzv_id(id);
+  job.set_state(v1::SUCCEEDED);
+  job.set_end_ms(end_ms);
+  v1::Attempt* a = job.add_attempts();
+  a->set_number(1);
+  a->set_state(v1::SUCCEEDED);
+  v1::RankAssignment* r = a->add_ranks();
+  r->set_rank(0);
+  r->set_worker("w1");
+  return job;
+}
+
+// `steps` metric rows and `lines` log lines (seq 1..lines) for `job_id`.
+void AppendOutput(StateStore& store, const std::string& job_id, int steps, int lines) {
+  std::vector<v1::RankMetrics> metrics;
+  for (int i = 1; i <= steps; ++i) {
+    v1::RankMetrics& m = metrics.emplace_back();
+    m.set_attempt(1);
+    m.set_global_step(i);
+  }
+  std::vector<v1::LogLine> logs;
+  for (int i = 1; i <= lines; ++i) {
+    v1::LogLine& l = logs.emplace_back();
+    l.set_seq(i);
+    l.set_attempt(1);
+    l.set_text(absl::StrCat("line ", i));
+  }
+  ASSERT_TRUE(store.Append(job_id, metrics, {}, logs).ok());
+}
+
+std::vector<std::string> StoredJobIds(StateStore& store) {
+  auto loaded = store.Load();
+  EXPECT_TRUE(loaded.ok()) << loaded.status();
+  std::vector<std::string> ids;
+  if (loaded.ok()) {
+    for (const StoredJob& j : loaded->jobs) ids.push_back(j.job.id());
+  }
+  return ids;
+}
+
+TEST(JobsPastRetentionTest, KeepsTheJobsThatEndedLastWhateverTheirSubmissionOrder) {
+  // "long" was submitted first but finished last: it is the newest finished job.
+  std::vector<FinishedJob> finished = {
+      {"long", /*end_ms=*/300, /*seq=*/1},
+      {"short", /*end_ms=*/100, /*seq=*/2},
+      {"medium", /*end_ms=*/200, /*seq=*/3},
+  };
+  EXPECT_THAT(JobsPastRetention(finished, 2), ElementsAre("short"));
+  EXPECT_THAT(JobsPastRetention(finished, 1), ElementsAre("short", "medium"));
+  EXPECT_THAT(JobsPastRetention(finished, 3), IsEmpty());
+}
+
+TEST(JobsPastRetentionTest, BreaksEndTimeTiesBySubmissionOrder) {
+  std::vector<FinishedJob> finished = {{"b", 100, 2}, {"a", 100, 1}, {"c", 100, 3}};
+  EXPECT_THAT(JobsPastRetention(finished, 1), ElementsAre("a", "b"));
+}
+
+TEST(StateStoreTest, RetentionDeletesJobsWholeAndTrimsEveryJobsOutputToTheNewest) {
+  const std::string dir = testing::MakeTempDir("store-retention");
+  RetentionOptions retention;
+  retention.max_metric_rows = 3;
+  retention.max_log_lines = 2;
+  retention.retain_jobs = 1;
+  auto store = StateStore::Open(dir, retention);
+  ASSERT_TRUE(store.ok()) << store.status();
+  StateStore& s = **store;
+  ASSERT_TRUE(s.SaveJob(EndedJob("old", 100), 1).ok());
+  ASSERT_TRUE(s.SaveJob(EndedJob("new", 200), 2).ok());
+  AppendOutput(s, "old", 5, 4);
+  AppendOutput(s, "new", 5, 4);
+
+  ASSERT_TRUE(s.EnforceRetention({"old"}).ok());
+
+  EXPECT_THAT(StoredJobIds(s), ElementsAre("new"));
+  auto old_logs = s.ReadLogs("old", 0, std::nullopt, 100);
+  ASSERT_TRUE(old_logs.ok());
+  EXPECT_THAT(*old_logs, IsEmpty());
+  auto old_metrics = s.MetricHistory("old");
+  ASSERT_TRUE(old_metrics.ok());
+  EXPECT_THAT(*old_metrics, IsEmpty());
+
+  auto logs = s.ReadLogs("new", 0, std::nullopt, 100);
+  ASSERT_TRUE(logs.ok());
+  std::vector<int64_t> seqs;
+  for (const auto& l : *logs) seqs.push_back(l.seq());
+  EXPECT_THAT(seqs, ElementsAre(3, 4)) << "the newest max_log_lines lines";
+  auto metrics = s.MetricHistory("new");
+  ASSERT_TRUE(metrics.ok());
+  std::vector<int64_t> steps;
+  for (const auto& m : *metrics) steps.push_back(m.global_step());
+  EXPECT_THAT(steps, ElementsAre(3, 4, 5)) << "the newest max_metric_rows rows";
+}
+
+TEST(StateStoreTest, RetentionBoundsBelowOneAreRejected) {
+  const std::string dir = testing::MakeTempDir("store-bounds");
+  RetentionOptions retention;
+  retention.retain_jobs = 0;
+  EXPECT_THAT(StateStore::Open(dir, retention),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--retain-jobs: must be >= 1 (got 0)")));
+  retention = RetentionOptions();
+  retention.max_log_lines = -5;
+  EXPECT_THAT(ValidateRetention(retention),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--max-log-lines")));
+  retention = RetentionOptions();
+  retention.max_metric_rows = 0;
+  EXPECT_THAT(ValidateRetention(retention),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--max-metric-rows")));
+  EXPECT_TRUE(ValidateRetention(RetentionOptions()).ok());
+}
+
+TEST(StateStoreTest, ASecondStoreOnTheSameDirectoryIsRefusedUntilTheFirstCloses) {
+  const std::string dir = testing::MakeTempDir("store-lock");
+  auto first = StateStore::Open(dir);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_THAT(StateStore::Open(dir),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr(absl::StrCat("state dir ", dir,
+                                              " is in use by another ddp-coordinator (pid ",
+                                              ::getpid(), "?)"))));
+  first->reset();
+  EXPECT_TRUE(StateStore::Open(dir).ok()) << "the lock goes with the store";
+}
+
+}  // namespace
+}  // namespace ddp
