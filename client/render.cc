@@ -51,15 +51,7 @@ std::string RankState(const v1::RankAssignment& r) {
 }  // namespace
 
 const char* StateName(v1::JobState s) {
-  switch (s) {
-    case v1::PENDING: return "PENDING";
-    case v1::RENDEZVOUS: return "RENDEZVOUS";
-    case v1::RUNNING: return "RUNNING";
-    case v1::SUCCEEDED: return "SUCCEEDED";
-    case v1::FAILED: return "FAILED";
-    case v1::CANCELLED: return "CANCELLED";
-    default: return "UNKNOWN";
-  }
+  return v1::JobState_Name(s).c_str();  // The enum value names, from protoc.
 }
 
 std::string FormatTable(const std::vector<std::vector<std::string>>& rows) {

@@ -44,15 +44,7 @@ bool IsTerminal(v1::JobState s) {
 }
 
 const char* JobStateName(v1::JobState s) {
-  switch (s) {
-    case v1::PENDING: return "PENDING";
-    case v1::RENDEZVOUS: return "RENDEZVOUS";
-    case v1::RUNNING: return "RUNNING";
-    case v1::SUCCEEDED: return "SUCCEEDED";
-    case v1::FAILED: return "FAILED";
-    case v1::CANCELLED: return "CANCELLED";
-    default: return "UNSPECIFIED";
-  }
+  return v1::JobState_Name(s).c_str();  // The enum value names, from protoc.
 }
 
 Coordinator::TouchList::~TouchList() {
