@@ -104,18 +104,23 @@ class CommandsTest : public ::testing::Test {
     return st.ok() ? absl::OkStatus() : absl::UnknownError(st.error_message());
   }
 
-  // Registers worker w1 (incarnation "inc") and reports `texts` as stdout lines of
-  // `job_id`, as batch `batch_seq`.
-  void ReportLines(const std::string& job_id, const std::vector<std::string>& texts,
-                   int64_t batch_seq) {
-    grpc::ClientContext rctx;
+  // Registers worker w1 (incarnation "inc", one slot).
+  void RegisterWorker() {
+    grpc::ClientContext ctx;
     v1::RegisterRequest reg;
     reg.set_worker("w1");
     reg.set_incarnation("inc");
     reg.set_address("127.0.0.1");
     reg.set_slots(1);
-    v1::RegisterResponse reg_resp;
-    ASSERT_TRUE(workers_->Register(&rctx, reg, &reg_resp).ok());
+    v1::RegisterResponse resp;
+    ASSERT_TRUE(workers_->Register(&ctx, reg, &resp).ok());
+  }
+
+  // Registers worker w1 (incarnation "inc") and reports `texts` as stdout lines of
+  // `job_id`, as batch `batch_seq`.
+  void ReportLines(const std::string& job_id, const std::vector<std::string>& texts,
+                   int64_t batch_seq) {
+    RegisterWorker();
     v1::ReportEventsRequest req;
     req.set_worker("w1");
     req.set_incarnation("inc");
@@ -146,14 +151,7 @@ class CommandsTest : public ::testing::Test {
 
   // Registers worker w1 and reports `steps` step events of rank 0 for `job_id`.
   void ReportSteps(const std::string& job_id, int steps) {
-    grpc::ClientContext rctx;
-    v1::RegisterRequest reg;
-    reg.set_worker("w1");
-    reg.set_incarnation("inc");
-    reg.set_address("127.0.0.1");
-    reg.set_slots(1);
-    v1::RegisterResponse reg_resp;
-    ASSERT_TRUE(workers_->Register(&rctx, reg, &reg_resp).ok());
+    RegisterWorker();
     constexpr int kBatch = 5000;
     for (int first = 0; first < steps; first += kBatch) {
       v1::ReportEventsRequest req;

@@ -214,6 +214,24 @@ class AgentTest : public ::testing::Test {
     return t;
   }
 
+  // Waits for a heartbeat that reports a task error and returns that error ("" if
+  // none came).
+  std::string FirstTaskError() {
+    std::string error;
+    fake_->WaitFor([&error](const auto& calls) {
+      for (const auto& call : calls) {
+        for (const auto& task : call.heartbeat.tasks()) {
+          if (!task.error().empty()) {
+            error = task.error();
+            return true;
+          }
+        }
+      }
+      return false;
+    });
+    return error;
+  }
+
   // The task with one rank (2) only.
   v1::Task OneRankTask() {
     v1::Task t = Task();
@@ -352,21 +370,7 @@ TEST_F(AgentTest, AMissingWorkdirIsReportedAsATaskError) {
   t.set_workdir("/nonexistent/dir");
   fake_->SetDesired({t});
   StartAgent(Trainer("exit 0"));
-  ASSERT_TRUE(fake_->WaitFor([](const auto& c) {
-    for (const auto& call : c) {
-      for (const auto& task : call.heartbeat.tasks()) {
-        if (!task.error().empty()) return true;
-      }
-    }
-    return false;
-  }));
-  for (const auto& call : fake_->calls()) {
-    for (const auto& task : call.heartbeat.tasks()) {
-      if (!task.error().empty()) {
-        EXPECT_THAT(task.error(), HasSubstr("workdir /nonexistent/dir does not exist"));
-      }
-    }
-  }
+  EXPECT_THAT(FirstTaskError(), HasSubstr("workdir /nonexistent/dir does not exist"));
 }
 
 TEST_F(AgentTest, ATaskWithoutRanksIsReportedAsATaskError) {
@@ -374,21 +378,7 @@ TEST_F(AgentTest, ATaskWithoutRanksIsReportedAsATaskError) {
   t.clear_ranks();
   fake_->SetDesired({t});
   StartAgent(Trainer("exit 0"));
-  ASSERT_TRUE(fake_->WaitFor([](const auto& c) {
-    for (const auto& call : c) {
-      for (const auto& task : call.heartbeat.tasks()) {
-        if (!task.error().empty()) return true;
-      }
-    }
-    return false;
-  }));
-  for (const auto& call : fake_->calls()) {
-    for (const auto& task : call.heartbeat.tasks()) {
-      if (!task.error().empty()) {
-        EXPECT_THAT(task.error(), HasSubstr("has no ranks"));
-      }
-    }
-  }
+  EXPECT_THAT(FirstTaskError(), HasSubstr("has no ranks"));
 }
 
 TEST_F(AgentTest, ABatchLostToADeadlineIsResentUnchangedWithItsNumber) {

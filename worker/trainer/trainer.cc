@@ -202,7 +202,8 @@ absl::Status TrainerImpl::Setup() {
   ro.first_bucket_cap_bytes =
       static_cast<int64_t>(spec_.train.first_bucket_cap_mb * 1024 * 1024);
   ro.timeout = comm_->timeout();
-  reducer_ = std::make_unique<GradientReducer>(trainable, comm_->backend_ptr(), env_.world_size, ro,
+  reducer_ = std::make_unique<GradientReducer>(std::move(trainable), comm_->backend_ptr(),
+                                               env_.world_size, ro,
                                                spec_.metrics.trace_buckets ? &trace_ : nullptr);
   train_batches_ = std::make_unique<BatchAssembler>(data_.train, spec_.train.batch_size);
   const int64_t per_rank = DistributedSamplerLength(data_.train.size(), sampler_);
