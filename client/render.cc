@@ -278,10 +278,17 @@ std::string RenderJob(const v1::Job& job, absl::Time now) {
     out += FormatTable(rows);
   }
   if (!job.epoch_history().empty()) {
-    out += "\nEpochs:\n";
+    // The newest epochs only: a long job would bury the rest of the page.
+    constexpr int kEpochRows = 10;
+    const int total = job.epoch_history_size();
+    const int first = std::max(0, total - kEpochRows);
+    out += first == 0 ? "\nEpochs:\n"
+                      : absl::StrCat("\nEpochs (the last ", kEpochRows, " of ", total,
+                                     "; all of them: -o json):\n");
     std::vector<std::vector<std::string>> rows = {
         {"  ATTEMPT", "EPOCH", "TRAIN LOSS", "VAL LOSS", "VAL ACCURACY"}};
-    for (const v1::EpochSummary& e : job.epoch_history()) {
+    for (int i = first; i < total; ++i) {
+      const v1::EpochSummary& e = job.epoch_history(i);
       rows.push_back({absl::StrCat("  ", e.attempt()), absl::StrCat(e.epoch()),
                       Metric(e.train_loss(), "%.4f"), Metric(e.val_loss(), "%.4f"),
                       Metric(e.val_accuracy() * 100, "%.2f%%")});

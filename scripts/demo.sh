@@ -64,7 +64,7 @@ set -e
 job=$("$bin/ddpctl" list -o json | grep -o '"id":"[^"]*"' | head -1 | cut -d'"' -f4)
 echo
 echo "demo: ddpctl get $job   (rank table, epochs)"
-"$bin/ddpctl" get "$job" | sed -n '1,24p'
+"$bin/ddpctl" get "$job"
 echo
 echo "demo: ddpctl logs $job --rank 1 --tail 4"
 "$bin/ddpctl" logs "$job" --rank 1 --tail 4

@@ -91,5 +91,27 @@ TEST(RenderTest, LogLinesNameTheRankUnlessFiltered) {
   EXPECT_EQ(RenderLogLine(l, false), "hello");
 }
 
+TEST(RenderTest, GetShowsTheNewestEpochsOfALongJob) {
+  const absl::Time now = absl::FromUnixSeconds(1800000000);
+  v1::Job job = RunningJob(now);
+  for (int e = 0; e < 25; ++e) {
+    v1::EpochSummary* s = job.add_epoch_history();
+    s->set_attempt(1);
+    s->set_epoch(e);
+    s->set_train_loss(1.0 / (e + 1));
+    s->set_val_loss(0.5);
+    s->set_val_accuracy(0.9);
+  }
+  const std::string out = RenderJob(job, now);
+  EXPECT_THAT(out, HasSubstr("Epochs (the last 10 of 25; all of them: -o json):"));
+  // Epochs 15..24 are listed (train loss 1/16 .. 1/25), epoch 14 (1/15) is not.
+  EXPECT_THAT(out, HasSubstr("0.0400"));  // Epoch 24.
+  EXPECT_THAT(out, HasSubstr("0.0625"));  // Epoch 15.
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("0.0667")));  // Epoch 14.
+
+  job.mutable_epoch_history()->DeleteSubrange(0, 20);
+  EXPECT_THAT(RenderJob(job, now), HasSubstr("\nEpochs:\n"));
+}
+
 }  // namespace
 }  // namespace ddp
