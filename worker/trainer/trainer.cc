@@ -107,6 +107,10 @@ class TrainerImpl {
   // training forward, or when none ran yet (PyTorch's require_forward_param_sync).
   // `grad_sync`: this forward is followed by a backward that all-reduces.
   absl::StatusOr<at::Tensor> Forward(const at::Tensor& input, bool grad_sync);
+  // Broadcasts rank 0's buffers if the rule above says the next forward must.
+  absl::Status SyncBuffersIfDue();
+  // `values` summed over all ranks (one double all-reduce).
+  absl::StatusOr<std::vector<double>> SumOverRanks(const std::vector<double>& values);
   void EmitStart();
   void EmitTrace();
 
@@ -385,8 +389,21 @@ void TrainerImpl::EmitStart() {
   }
 }
 
+absl::Status TrainerImpl::SyncBuffersIfDue() {
+  if (!sync_buffers_ || buffers_.empty()) return absl::OkStatus();
+  return comm_->Broadcast(buffers_);
+}
+
+absl::StatusOr<std::vector<double>> TrainerImpl::SumOverRanks(const std::vector<double>& values) {
+  at::Tensor totals =
+      at::tensor(values, at::TensorOptions().dtype(at::kDouble)).to(device_.device);
+  DDP_RETURN_IF_ERROR(comm_->AllReduceSum(totals));
+  at::Tensor t = totals.cpu();
+  return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+}
+
 absl::StatusOr<at::Tensor> TrainerImpl::Forward(const at::Tensor& input, bool grad_sync) {
-  if (sync_buffers_ && !buffers_.empty()) DDP_RETURN_IF_ERROR(comm_->Broadcast(buffers_));
+  DDP_RETURN_IF_ERROR(SyncBuffersIfDue());
   at::Tensor out = model_->Forward(input);
   sync_buffers_ = grad_sync;
   return out;
@@ -498,7 +515,6 @@ absl::Status TrainerImpl::TrainEpoch(int64_t epoch, int64_t first_step) {
 
 absl::Status TrainerImpl::EndEpoch(int64_t epoch, bool complete, bool checkpoint_due) {
   const auto t0 = Clock::now();
-  const at::TensorOptions f64 = at::TensorOptions().dtype(at::kDouble).device(device_.device);
   // [train loss sum, train steps, val loss sum, val correct, val count], summed over ranks.
   double val_loss = 0, correct = 0, count = 0;
   if (data_.val.size() > 0) {
@@ -508,7 +524,7 @@ absl::Status TrainerImpl::EndEpoch(int64_t epoch, bool complete, bool checkpoint
     // if a syncing training forward came last, and the next training forward does
     // not. Decided here once for every rank, including one that has no validation
     // samples, so the broadcast stays collective.
-    if (sync_buffers_ && !buffers_.empty()) DDP_RETURN_IF_ERROR(comm_->Broadcast(buffers_));
+    DDP_RETURN_IF_ERROR(SyncBuffersIfDue());
     sync_buffers_ = false;
     // Every rank evaluates val[rank::world] without padding, so the reduced totals
     // count each validation sample exactly once.
@@ -531,13 +547,11 @@ absl::Status TrainerImpl::EndEpoch(int64_t epoch, bool complete, bool checkpoint
     }
     model_->SetTraining(true);
   }
-  at::Tensor totals = at::tensor(
-      {epoch_loss_sum_, static_cast<double>(epoch_steps_), val_loss, correct, count}, f64);
-  DDP_RETURN_IF_ERROR(comm_->AllReduceSum(totals));
+  DDP_ASSIGN_OR_RETURN(
+      const std::vector<double> v,
+      SumOverRanks({epoch_loss_sum_, static_cast<double>(epoch_steps_), val_loss, correct, count}));
   epoch_loss_sum_ = 0;
   epoch_steps_ = 0;
-  at::Tensor t = totals.cpu();
-  const double* v = t.data_ptr<double>();
   if (env_.rank == 0) {
     JsonObject e = events_.Make("epoch");
     e.Add("epoch", epoch).Add("train_loss", v[1] > 0 ? v[0] / v[1] : 0.0);
@@ -570,14 +584,10 @@ absl::Status TrainerImpl::Checkpoint(const TrainingPosition& pos) {
   last_saved_ = pos;
   const auto t0 = Clock::now();
   // Mid-epoch, the epoch's loss totals so far, summed over ranks, travel along.
-  double loss_totals[2] = {0, 0};
+  std::vector<double> loss_totals = {0, 0};
   if (pos.step > 0) {
-    at::Tensor totals = at::tensor({epoch_loss_sum_, static_cast<double>(epoch_steps_)},
-                                   at::TensorOptions().dtype(at::kDouble).device(device_.device));
-    DDP_RETURN_IF_ERROR(comm_->AllReduceSum(totals));
-    at::Tensor t = totals.cpu();
-    loss_totals[0] = t.data_ptr<double>()[0];
-    loss_totals[1] = t.data_ptr<double>()[1];
+    DDP_ASSIGN_OR_RETURN(loss_totals,
+                         SumOverRanks({epoch_loss_sum_, static_cast<double>(epoch_steps_)}));
   }
   if (env_.rank != 0) return absl::OkStatus();
   c10::impl::GenericDict model(c10::StringType::get(), c10::TensorType::get());
