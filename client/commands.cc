@@ -5,17 +5,23 @@
 #include <grpcpp/create_channel.h>
 #include <grpcpp/support/channel_arguments.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "client/collapse.h"
 #include "client/reconnect.h"
 #include "client/render.h"
+#include "client/sanitize.h"
 #include "common/jobspec/job_spec.h"
+#include "common/json_writer.h"
 #include "common/rpc/status.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -46,6 +52,7 @@ absl::StatusOr<v1::Job> FetchJob(CtlContext& ctx, const std::string& job_id, boo
   v1::Job job;
   absl::Status st = FromGrpcStatus(ctx.stub->GetJob(&rpc, req, &job));
   if (!st.ok()) return st;
+  SanitizeMessage(&job);
   return job;
 }
 
@@ -61,8 +68,15 @@ int OutcomeCode(v1::JobState s) {
 
 CtlContext MakeContext(const std::string& coordinator, bool json, bool tty, std::ostream* out,
                        std::ostream* err) {
+  return *MakeSecureContext(coordinator, ChannelSecurity(), json, tty, out, err);
+}
+
+absl::StatusOr<CtlContext> MakeSecureContext(const std::string& coordinator,
+                                             const ChannelSecurity& security, bool json,
+                                             bool tty, std::ostream* out, std::ostream* err) {
   CtlContext ctx;
   ctx.coordinator = coordinator;
+  ctx.tls = !security.ca_file.empty();
   ctx.json = json;
   ctx.tty = tty;
   ctx.out = out;
@@ -75,17 +89,38 @@ CtlContext MakeContext(const std::string& coordinator, bool json, bool tty, std:
   // grows to two minutes).
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  ctx.stub = v1::JobService::NewStub(
-      grpc::CreateCustomChannel(coordinator, grpc::InsecureChannelCredentials(), args));
+  auto channel = MakeChannel(coordinator, security, args);
+  if (!channel.ok()) return channel.status();
+  ctx.stub = v1::JobService::NewStub(*channel);
   return ctx;
 }
 
-int ReportError(CtlContext& ctx, const absl::Status& st, const std::string& job_id) {
+int ReportError(CtlContext& ctx, const absl::Status& status, const std::string& job_id) {
   std::ostream& err = *ctx.err;
+  // The message may quote what a worker or trainer said.
+  const absl::Status st(status.code(), SanitizeText(status.message()));
   switch (st.code()) {
     case absl::StatusCode::kUnavailable:
+      if (ctx.tls && (absl::StrContains(st.message(), "SSL") ||
+                      absl::StrContains(st.message(), "andshake") ||
+                      absl::StrContains(st.message(), "certificate"))) {
+        err << "ddpctl: the TLS handshake with " << ctx.coordinator
+            << " failed: is --tls-ca (DDP_TLS_CA) the CA that signed the coordinator's "
+               "certificate, and does the certificate name the host you connect to? ("
+            << st.message() << ")\n";
+        return kCtlFailed;
+      }
       err << "ddpctl: no coordinator at " << ctx.coordinator
-          << ": is ddp-coordinator running? (set --coordinator or DDP_COORDINATOR)\n";
+          << ": is ddp-coordinator running? (set --coordinator or DDP_COORDINATOR"
+          << (ctx.tls ? "" : "; if it serves TLS, pass its CA with --tls-ca or DDP_TLS_CA")
+          << ")\n";
+      return kCtlFailed;
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kPermissionDenied:
+      err << "ddpctl: " << (st.code() == absl::StatusCode::kUnauthenticated
+                                ? "not authenticated: "
+                                : "permission denied: ")
+          << st.message() << "\n";
       return kCtlFailed;
     case absl::StatusCode::kDeadlineExceeded:
       err << "ddpctl: the coordinator at " << ctx.coordinator
@@ -117,6 +152,14 @@ int Submit(CtlContext& ctx, const std::string& path, bool watch) {
     *ctx.err << "ddpctl: cannot read " << path << "\n";
     return kCtlUsage;
   }
+  // Refuse an oversized file before reading it: it would be refused anyway.
+  std::error_code size_error;
+  const uintmax_t size = std::filesystem::file_size(path, size_error);
+  if (!size_error && size > kMaxSpecBytes) {
+    *ctx.err << "ddpctl: " << path << " is " << size << " bytes; a job file may have at most "
+             << kMaxSpecBytes << " (the spec size limit)\n";
+    return kCtlUsage;
+  }
   std::stringstream text;
   text << in.rdbuf();
   // Validate here first: a bad file never reaches the coordinator's queue.
@@ -137,6 +180,7 @@ int Submit(CtlContext& ctx, const std::string& path, bool watch) {
   v1::SubmitJobResponse resp;
   absl::Status st = FromGrpcStatus(ctx.stub->SubmitJob(&rpc, req, &resp));
   if (!st.ok()) return ReportError(ctx, st);
+  SanitizeMessage(&resp);
   if (ctx.json) {
     *ctx.out << ToJson(resp.job()) << "\n";
   } else {
@@ -171,6 +215,7 @@ int Watch(CtlContext& ctx, const std::string& job_id) {
       v1::Job job;
       while (reader->Read(&job)) {
         reconnect.Connected();
+        SanitizeMessage(&job);
         absl::MutexLock lock(&mu);
         latest = job;
         have = fresh = true;
@@ -260,6 +305,7 @@ int List(CtlContext& ctx, int limit) {
   v1::ListJobsResponse resp;
   absl::Status st = FromGrpcStatus(ctx.stub->ListJobs(&rpc, req, &resp));
   if (!st.ok()) return ReportError(ctx, st);
+  SanitizeMessage(&resp);
   if (ctx.json) {
     *ctx.out << ToJson(resp) << "\n";
   } else {
@@ -276,6 +322,7 @@ int Cancel(CtlContext& ctx, const std::string& job_id, bool wait) {
   v1::Job job;
   absl::Status st = FromGrpcStatus(ctx.stub->CancelJob(&rpc, req, &job));
   if (!st.ok()) return ReportError(ctx, st, job_id);
+  SanitizeMessage(&job);
   // Wait until the workers report every trainer gone, including those handed out but
   // not yet started (they have no pid yet).
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
@@ -303,7 +350,8 @@ int Cancel(CtlContext& ctx, const std::string& job_id, bool wait) {
   return kCtlOk;
 }
 
-int Logs(CtlContext& ctx, const std::string& job_id, bool follow, int rank, int tail) {
+int Logs(CtlContext& ctx, const std::string& job_id, bool follow, int rank, int tail,
+         bool collapse) {
   v1::StreamLogsRequest req;
   req.set_job_id(job_id);
   req.set_follow(follow);
@@ -312,11 +360,29 @@ int Logs(CtlContext& ctx, const std::string& job_id, bool follow, int rank, int 
     req.set_has_rank(true);
     req.set_rank(rank);
   }
-  if (follow) {
+  std::map<int, int> world_sizes;  // attempt -> ranks, for --collapse
+  if (follow || collapse) {
     // Reached once, the coordinator is worth waiting for if it goes away.
     auto job = FetchJob(ctx, job_id, false);
     if (!job.ok()) return ReportError(ctx, job.status(), job_id);
+    for (const v1::Attempt& a : job->attempts()) world_sizes[a.number()] = a.world_size();
   }
+  // A line that only some ranks print waits at most this long for the others.
+  LineCollapser collapser(world_sizes, absl::Seconds(1));
+  auto print = [&](const std::vector<CollapsedLine>& ready) {
+    for (const CollapsedLine& c : ready) {
+      if (ctx.json) {
+        JsonObject o;
+        o.Add("attempt", c.attempt).Add("stream", c.stream).Add("text", c.text);
+        std::vector<std::string> ranks;
+        for (int r : c.ranks) ranks.push_back(absl::StrCat(r));
+        o.AddRaw("ranks", JsonArray(ranks));
+        *ctx.out << o.str() << "\n";
+      } else {
+        *ctx.out << RenderCollapsedLine(c) << "\n";
+      }
+    }
+  };
   Reconnector reconnect(ctx.err, ctx.reconnect_for);
   bool seen = false;  // A line: resume after it, not from the tail again.
   while (true) {
@@ -325,14 +391,21 @@ int Logs(CtlContext& ctx, const std::string& job_id, bool follow, int rank, int 
     v1::LogBatch batch;
     while (reader->Read(&batch)) {
       reconnect.Connected();
+      SanitizeMessage(&batch);
       for (const v1::LogLine& l : batch.lines()) {
-        *ctx.out << (ctx.json ? ToJson(l) : RenderLogLine(l, rank < 0)) << "\n";
+        if (collapse) {
+          print(collapser.Add(l, absl::Now()));
+        } else {
+          *ctx.out << (ctx.json ? ToJson(l) : RenderLogLine(l, rank < 0)) << "\n";
+        }
         req.set_after_seq(l.seq());
         seen = true;
       }
+      if (collapse) print(collapser.Expire(absl::Now()));
       ctx.out->flush();
     }
     absl::Status st = FromGrpcStatus(reader->Finish());
+    if (collapse && (st.ok() || !follow)) print(collapser.Flush());
     if (st.ok()) return kCtlOk;
     if (!follow || !reconnect.Retry(st)) {
       return reconnect.lost() ? ReportLost(ctx, st) : ReportError(ctx, st, job_id);
@@ -341,16 +414,45 @@ int Logs(CtlContext& ctx, const std::string& job_id, bool follow, int rank, int 
   }
 }
 
-int Workers(CtlContext& ctx) {
-  grpc::ClientContext rpc;
-  SetDeadline(rpc);
-  v1::ListWorkersResponse resp;
-  absl::Status st = FromGrpcStatus(ctx.stub->ListWorkers(&rpc, v1::ListWorkersRequest(), &resp));
-  if (!st.ok()) return ReportError(ctx, st);
+int Workers(CtlContext& ctx, int limit, bool summary_only, const std::string& page_token) {
+  constexpr int kPage = 1000;  // Each reply stays small, whatever the cluster's size.
+  v1::ListWorkersResponse all;
+  v1::ListWorkersRequest req;
+  req.set_summary_only(summary_only);
+  req.set_page_token(page_token);
+  while (true) {
+    req.set_limit(limit > 0 ? std::min(kPage, limit - all.workers_size()) : kPage);
+    grpc::ClientContext rpc;
+    SetDeadline(rpc);
+    v1::ListWorkersResponse page;
+    absl::Status st = FromGrpcStatus(ctx.stub->ListWorkers(&rpc, req, &page));
+    if (!st.ok()) return ReportError(ctx, st);
+    for (auto& w : *page.mutable_workers()) *all.add_workers() = std::move(w);
+    *all.mutable_summary() = page.summary();
+    all.set_coordinator_version(page.coordinator_version());
+    all.set_next_page_token(page.next_page_token());
+    if (summary_only || page.next_page_token().empty() ||
+        (limit > 0 && all.workers_size() >= limit)) {
+      break;
+    }
+    req.set_page_token(page.next_page_token());
+  }
+  SanitizeMessage(&all);
   if (ctx.json) {
-    *ctx.out << ToJson(resp) << "\n";
-  } else {
-    *ctx.out << RenderWorkers({resp.workers().begin(), resp.workers().end()}, absl::Now());
+    *ctx.out << ToJson(all) << "\n";
+    return kCtlOk;
+  }
+  const std::vector<v1::Worker> workers(all.workers().begin(), all.workers().end());
+  for (const std::string& w : WorkerVersionWarnings(workers, all.coordinator_version())) {
+    *ctx.err << w << "\n";
+  }
+  if (!summary_only) {
+    *ctx.out << RenderWorkers(workers, absl::Now());
+  }
+  *ctx.out << RenderWorkerSummary(all.summary()) << "\n";
+  if (!summary_only && !all.next_page_token().empty()) {
+    *ctx.out << "(the first " << all.workers_size() << "; more with `ddpctl workers --limit "
+             << limit << " --page-token " << all.next_page_token() << "`, all with --limit 0)\n";
   }
   return kCtlOk;
 }

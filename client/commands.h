@@ -15,7 +15,9 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/rpc/credentials.h"
 #include "ddp/v1/job_service.grpc.pb.h"
 
 namespace ddp {
@@ -28,6 +30,7 @@ inline constexpr int kCtlLost = 4;
 
 struct CtlContext {
   std::string coordinator;  // HOST:PORT, for messages.
+  bool tls = false;         // --tls-ca given: a failed handshake is named as such.
   bool json = false;        // -o json
   bool tty = false;         // stdout is a terminal: redraw in place
   std::ostream* out;
@@ -37,9 +40,14 @@ struct CtlContext {
   absl::Duration reconnect_for = absl::Seconds(60);
 };
 
-// Connects (lazily) to `coordinator`.
+// Connects (lazily) to `coordinator`, in plaintext without a token.
 CtlContext MakeContext(const std::string& coordinator, bool json, bool tty, std::ostream* out,
                        std::ostream* err);
+// The same with TLS (security.ca_file) and a bearer token (security.token). Errors:
+// unusable certificate files, a token that would go in plaintext beyond loopback.
+absl::StatusOr<CtlContext> MakeSecureContext(const std::string& coordinator,
+                                             const ChannelSecurity& security, bool json,
+                                             bool tty, std::ostream* out, std::ostream* err);
 
 // Prints `status` as ddpctl's error message and returns the exit code for it.
 int ReportError(CtlContext& ctx, const absl::Status& status, const std::string& job_id = "");
@@ -51,8 +59,21 @@ int Watch(CtlContext& ctx, const std::string& job_id);
 int Get(CtlContext& ctx, const std::string& job_id, bool history);
 int List(CtlContext& ctx, int limit);
 int Cancel(CtlContext& ctx, const std::string& job_id, bool wait);
-int Logs(CtlContext& ctx, const std::string& job_id, bool follow, int rank, int tail);
-int Workers(CtlContext& ctx);
+// collapse: fold a line several ranks printed alike into one (client/collapse.h).
+int Logs(CtlContext& ctx, const std::string& job_id, bool follow, int rank, int tail,
+         bool collapse = false);
+// Every worker (following ListWorkers' pages), or the first `limit` (> 0) from
+// `page_token`, then the cluster's summary; `summary_only` prints the summary alone.
+int Workers(CtlContext& ctx, int limit, bool summary_only, const std::string& page_token = "");
+
+struct PlotOptions {
+  // FILE.svg or FILE.png; "table" draws a Unicode chart on stdout, "json" prints the
+  // series.
+  std::string output = "table";
+  int width = 960, height = 720;  // Pixels, for files.
+};
+// client/plot_command.cc
+int Plot(CtlContext& ctx, const std::string& job_id, const PlotOptions& options);
 
 }  // namespace ddp
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "client/stragglers.h"
 
 namespace ddp {
 namespace {
@@ -170,6 +171,9 @@ std::vector<std::string> RenderWatch(const v1::Job& job, const ProgressEstimator
   std::vector<std::vector<std::string>> rows = {
       {"RANK", "WORKER", "STATE", "EPOCH", "STEP", "LOSS", "SAMPLES/S", "STEP MS", "COMM MS",
        "UPDATED"}};
+  // Stragglers and stale ranks get a NOTE column (only while there is something to note).
+  const std::map<int, std::string> notes = RankNotes(job, now);
+  if (!notes.empty()) rows[0].push_back("NOTE");
   if (attempt != nullptr) {
     for (const v1::RankAssignment& r : attempt->ranks()) {
       auto it = by_rank.find(r.rank());
@@ -182,11 +186,22 @@ std::vector<std::string> RenderWatch(const v1::Job& job, const ProgressEstimator
                       m ? Metric(m->step_ms(), "%.1f") : "-",
                       m ? Metric(m->comm_ms(), "%.1f") : "-",
                       m ? Ago(m->update_ms(), now) : "-"});
+      if (auto n = notes.find(r.rank()); n != notes.end()) rows.back().push_back(n->second);
     }
   }
   std::string table = FormatTable(rows);
   for (absl::string_view l : absl::StrSplit(table, '\n', absl::SkipEmpty())) {
-    lines.emplace_back(l);
+    // Paint the note (the last column) after alignment: escapes take no width.
+    size_t cut = absl::string_view::npos;
+    for (const char* word : {"straggler ", "stale "}) {
+      const size_t at = notes.empty() ? absl::string_view::npos : l.rfind(word);
+      if (at != absl::string_view::npos && (cut == absl::string_view::npos || at > cut)) cut = at;
+    }
+    if (color && cut != absl::string_view::npos) {
+      lines.push_back(absl::StrCat(l.substr(0, cut), paint(std::string(l.substr(cut)), "33;1")));
+    } else {
+      lines.emplace_back(l);
+    }
   }
   if (!job.epoch_history().empty()) {
     const v1::EpochSummary& e = job.epoch_history(job.epoch_history_size() - 1);
@@ -207,6 +222,7 @@ std::vector<std::string> RenderWatchLines(const v1::Job& job, const v1::Job* pre
     lines.push_back(absl::StrCat(stamp, " job ", job.id(), " ", StateName(job.state()),
                                  job.reason().empty() ? "" : ": " + job.reason()));
   }
+  const std::map<int, std::string> notes = RankNotes(job, now);
   std::map<int, int64_t> before;
   if (previous != nullptr) {
     for (const auto& m : previous->metrics()) before[m.rank()] = m.global_step();
@@ -219,6 +235,7 @@ std::vector<std::string> RenderWatchLines(const v1::Job& job, const v1::Job* pre
         m.rank(), m.epoch(), m.step() + 1, m.steps(), Metric(m.loss(), "%.4f"),
         WithThousands(m.samples_per_s()), Metric(m.step_ms(), "%.1f"),
         Metric(m.comm_ms(), "%.1f")));
+    if (auto n = notes.find(m.rank()); n != notes.end()) absl::StrAppend(&lines.back(), "  ", n->second);
   }
   const int seen = previous ? previous->epoch_history_size() : 0;
   for (int i = seen; i < job.epoch_history_size(); ++i) {
@@ -248,6 +265,7 @@ std::string RenderJob(const v1::Job& job, absl::Time now) {
       {"Restarts:", absl::StrCat(job.restarts(), " of ", job.max_restarts())},
       {"Workdir:", job.workdir().empty() ? "-" : job.workdir()},
       {"Submitted:", Ago(job.submit_ms(), now)},
+      {"Owner:", job.owner().empty() ? "- (submitted without authentication)" : job.owner()},
       {"Elapsed:", Elapsed(job, now)},
   };
   std::string out = FormatTable(info);
@@ -314,14 +332,61 @@ std::string RenderJobList(const std::vector<v1::Job>& jobs, absl::Time now) {
 
 std::string RenderWorkers(const std::vector<v1::Worker>& workers, absl::Time now) {
   std::vector<std::vector<std::string>> rows = {
-      {"WORKER", "STATE", "ADDRESS", "SLOTS", "FREE", "GPUS", "LAST HEARTBEAT", "JOBS"}};
+      {"WORKER", "STATE", "ADDRESS", "SLOTS", "FREE", "GPUS", "LAST HEARTBEAT", "VERSION",
+       "JOBS"}};
+  std::vector<std::vector<std::string>> gpus = {
+      {"WORKER", "GPU", "MODEL", "MEMORY", "UUID", "JOB", "RANK"}};
+  std::string quarantines;  // One line per quarantined worker, with its reason.
   for (const v1::Worker& w : workers) {
-    rows.push_back({w.name(), w.alive() ? "alive" : "lost", w.address(), absl::StrCat(w.slots()),
-                    absl::StrCat(w.free_slots()), absl::StrCat(w.gpus()),
-                    Ago(w.last_heartbeat_ms(), now),
+    const bool quarantined = w.alive() && w.quarantined_until_ms() != 0;
+    if (quarantined) {
+      const int64_t left_s =
+          std::max<int64_t>(0, (w.quarantined_until_ms() - absl::ToUnixMillis(now) + 999) / 1000);
+      absl::StrAppend(&quarantines, w.name(), " is quarantined for another ", left_s,
+                      "s: ", w.quarantine_reason(), "\n");
+    }
+    int free_gpus = 0;
+    for (const v1::GpuDevice& g : w.gpu_devices()) {
+      free_gpus += g.job_id().empty() ? 1 : 0;
+      gpus.push_back({w.name(), absl::StrCat(g.index()), g.model(),
+                      absl::StrFormat("%.0f GiB", static_cast<double>(g.memory_bytes()) / (1 << 30)),
+                      g.uuid(), g.job_id().empty() ? "-" : g.job_id(),
+                      g.job_id().empty() ? "-" : absl::StrCat(g.rank())});
+    }
+    // GPUS: free/total where the coordinator reports the devices, else the count.
+    const std::string gpu_cell = w.gpu_devices().empty()
+                                     ? absl::StrCat(w.gpus())
+                                     : absl::StrCat(w.alive() ? free_gpus : 0, "/", w.gpus());
+    rows.push_back({w.name(), !w.alive() ? "lost" : quarantined ? "quarantined" : "alive",
+                    w.address(), absl::StrCat(w.slots()),
+                    absl::StrCat(w.free_slots()), gpu_cell, Ago(w.last_heartbeat_ms(), now),
+                    w.version().empty() ? "-" : w.version(),
                     w.jobs().empty() ? "-" : absl::StrJoin(w.jobs(), ",")});
   }
-  return FormatTable(rows);
+  std::string out = FormatTable(rows);
+  if (!quarantines.empty()) out += "\n" + quarantines;
+  if (gpus.size() > 1) out += "\n" + FormatTable(gpus);
+  return out;
+}
+
+std::string RenderWorkerSummary(const v1::WorkerSummary& s) {
+  return absl::StrCat(WithThousands(s.workers()), " workers: ", WithThousands(s.alive()),
+                      " alive, ", WithThousands(s.lost()), " lost; ", WithThousands(s.slots()),
+                      " slots, ", WithThousands(s.free_slots()), " free; ",
+                      WithThousands(s.busy_workers()), " busy");
+}
+
+std::vector<std::string> WorkerVersionWarnings(const std::vector<v1::Worker>& workers,
+                                               const std::string& coordinator_version) {
+  std::vector<std::string> out;
+  if (coordinator_version.empty()) return out;  // An older coordinator: nothing to compare.
+  for (const v1::Worker& w : workers) {
+    if (w.version().empty() || w.version() == coordinator_version) continue;
+    out.push_back(absl::StrCat("warning: worker ", w.name(), " runs ddp ", w.version(),
+                               ", the coordinator ", coordinator_version,
+                               ": upgrade them to one version"));
+  }
+  return out;
 }
 
 std::string RenderLogLine(const v1::LogLine& line, bool with_rank) {

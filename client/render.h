@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "ddp/v1/job_service.pb.h"
 #include "ddp/v1/types.pb.h"
 
 namespace ddp {
@@ -49,6 +50,12 @@ std::string RenderJob(const v1::Job& job, absl::Time now);
 std::string RenderJobList(const std::vector<v1::Job>& jobs, absl::Time now);
 // `ddpctl workers`.
 std::string RenderWorkers(const std::vector<v1::Worker>& workers, absl::Time now);
+// "3 workers: 2 alive, 1 lost; 4 slots, 3 free; 1 busy".
+std::string RenderWorkerSummary(const v1::WorkerSummary& summary);
+// One warning per worker whose version differs from the coordinator's (none when either
+// is unknown).
+std::vector<std::string> WorkerVersionWarnings(const std::vector<v1::Worker>& workers,
+                                               const std::string& coordinator_version);
 // `ddpctl logs`: "[rank 1] text" (prefix omitted when only one rank is shown).
 std::string RenderLogLine(const v1::LogLine& line, bool with_rank);
 

@@ -7,7 +7,19 @@ find_package(gRPC CONFIG REQUIRED)
 find_package(yaml-cpp CONFIG REQUIRED)
 find_package(SQLite3 REQUIRED)
 find_package(ZLIB REQUIRED)
+find_package(OpenSSL REQUIRED)  # TLS file checks and token digests; gRPC links it too.
+
+if(DDP_FUZZ_BUILD)  # The clang fuzz build needs neither LibTorch nor GoogleTest.
+  find_program(GRPC_CPP_PLUGIN grpc_cpp_plugin REQUIRED)
+  return()
+endif()
 find_package(GTest CONFIG REQUIRED)
+# prometheus-cpp (Debian's prometheus-cpp-dev): the daemons' /metrics endpoints.
+find_package(prometheus-cpp CONFIG REQUIRED)
+# libsystemd: sd_notify readiness for the daemons' Type=notify units (a no-op when not
+# started by systemd).
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(SYSTEMD REQUIRED IMPORTED_TARGET libsystemd)
 
 # LibTorch: Debian's CPU 1.13 by default; point CMAKE_PREFIX_PATH (or Torch_DIR) at a
 # CUDA LibTorch, e.g. $(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)'),

@@ -14,6 +14,9 @@ inline constexpr int kExitRetryable = 1;
 // The job can never succeed as written: invalid spec, missing data file, model that
 // does not fit the data, checkpoint from another model. Never restarted.
 inline constexpr int kExitPermanent = 2;
+// This node cannot run the job but another may: the device it needs is not here.
+// Retryable like 1; it also tells the coordinator which node is at fault.
+inline constexpr int kExitNodeFault = 3;
 
 inline bool IsRetryableExit(int code) { return code != kExitOk && code != kExitPermanent; }
 

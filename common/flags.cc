@@ -21,6 +21,14 @@ void FlagSet::String(const std::string& name, std::string* target, const std::st
        }});
 }
 
+void FlagSet::StringList(const std::string& name, std::vector<std::string>* target,
+                         const std::string& help) {
+  Add({name, help + " (repeatable)", "", false, [target](const std::string& v, std::string*) {
+         target->push_back(v);
+         return true;
+       }});
+}
+
 void FlagSet::Int(const std::string& name, int64_t* target, const std::string& help) {
   Add({name, help, absl::StrCat(*target), false,
        [target](const std::string& v, std::string* err) {
@@ -133,6 +141,18 @@ absl::StatusOr<std::vector<std::string>> FlagSet::Parse(const std::vector<std::s
     }
   }
   return positional;
+}
+
+std::vector<FlagSet::Info> FlagSet::Describe() const {
+  std::vector<Info> out;
+  for (const Flag& f : flags_) {
+    Info info{f.name, f.help, !f.is_bool, {}};
+    for (const auto& [alias, target] : aliases_) {
+      if (target == f.name) info.aliases.push_back(alias);
+    }
+    out.push_back(std::move(info));
+  }
+  return out;
 }
 
 std::string FlagSet::Usage(const std::string& synopsis) const {

@@ -34,6 +34,9 @@ class FlagSet {
   void Double(const std::string& name, double* target, const std::string& help);
   void Bool(const std::string& name, bool* target, const std::string& help);
   void Duration(const std::string& name, absl::Duration* target, const std::string& help);
+  // Repeatable: each `--name value` appends to `target`.
+  void StringList(const std::string& name, std::vector<std::string>* target,
+                  const std::string& help);
   // A short alias (e.g. "o" for "output") for an already declared flag.
   void Alias(const std::string& alias, const std::string& name);
 
@@ -43,6 +46,14 @@ class FlagSet {
   absl::StatusOr<std::vector<std::string>> Parse(const std::vector<std::string>& args);
 
   bool help_requested() const { return help_requested_; }
+  struct Info {
+    std::string name;  // Without dashes.
+    std::string help;
+    bool takes_value = true;
+    std::vector<std::string> aliases;  // Short names ("o").
+  };
+  // Every flag, in declaration order (for shell completion).
+  std::vector<Info> Describe() const;
   // "usage: <program> ..." followed by one line per flag with its default.
   std::string Usage(const std::string& synopsis = "") const;
 

@@ -4,9 +4,18 @@
 #include <cmath>
 #include <cstdio>
 
+#include "common/utf8.h"
+
 namespace ddp {
 
 std::string JsonEscape(std::string_view s) {
+  // JSON text is UTF-8: invalid bytes (a Latin-1 file name, a torn line) become U+FFFD
+  // here, so no reader downstream chokes on them.
+  std::string repaired;
+  if (!IsValidUtf8(s)) {
+    repaired = ToValidUtf8(s);
+    s = repaired;
+  }
   std::string out;
   out.reserve(s.size() + 2);
   for (unsigned char c : s) {

@@ -14,7 +14,8 @@
 
 namespace ddp {
 
-// Escapes `s` as the body of a JSON string (no surrounding quotes).
+// Escapes `s` as the body of a JSON string (no surrounding quotes). Invalid UTF-8
+// becomes U+FFFD, so the output is always valid JSON text.
 std::string JsonEscape(std::string_view s);
 // The shortest decimal that round-trips `v`; "null" for NaN and infinities.
 std::string JsonNumber(double v);

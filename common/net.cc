@@ -20,6 +20,18 @@ std::string HostPort::ToString() const {
   return absl::StrCat(host, ":", port);
 }
 
+bool IsLoopbackHost(const std::string& host) {
+  if (host == "localhost") return true;
+  in_addr v4;
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6;
+  if (inet_pton(AF_INET6, host.c_str(), &v6) == 1) {
+    if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
+    if (IN6_IS_ADDR_V4MAPPED(&v6)) return v6.s6_addr[12] == 127;
+  }
+  return false;
+}
+
 absl::StatusOr<HostPort> ParseHostPort(const std::string& text) {
   HostPort hp;
   std::string port_text;

@@ -23,6 +23,11 @@ absl::StatusOr<HostPort> ParseHostPort(const std::string& text);
 // free-port probe; users of the port must treat a bind failure as retryable.
 absl::StatusOr<int> PickFreePort(const std::string& host = "127.0.0.1");
 
+// Whether `host` (as ParseHostPort returns it) names only this machine: "localhost",
+// 127.0.0.0/8 or ::1. Empty, "0.0.0.0", "::" and every other name are not: they
+// listen on (or reach) other machines' networks too.
+bool IsLoopbackHost(const std::string& host);
+
 // The machine's host name, for worker registration defaults.
 std::string LocalHostname();
 

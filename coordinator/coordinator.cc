@@ -1,5 +1,6 @@
-// Jobs: submission, queries, cancellation, scheduling and attempt outcomes.
-// Worker-facing methods are in coordinator_workers.cc.
+// The facade's job side: submission, queries, cancellation, scheduling, and acting
+// on what transitions changed. Worker-facing methods are in coordinator_workers.cc,
+// time-driven work in coordinator_housekeeping.cc.
 #include "coordinator/coordinator.h"
 
 #include <algorithm>
@@ -8,14 +9,13 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
+#include "common/jobspec/redact.h"
 #include "common/logging.h"
 #include "coordinator/rendezvous.h"
 
 namespace ddp {
 namespace {
-
-int64_t Millis(absl::Time t) { return absl::ToUnixMillis(t); }
 
 std::string Seconds(absl::Duration d) {
   return absl::StrFormat("%gs", absl::ToDoubleSeconds(d));
@@ -39,12 +39,9 @@ absl::Status ValidateTimeouts(const CoordinatorOptions& o) {
   return absl::OkStatus();
 }
 
-bool IsTerminal(v1::JobState s) {
-  return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED;
-}
-
-const char* JobStateName(v1::JobState s) {
-  return v1::JobState_Name(s).c_str();  // The enum value names, from protoc.
+absl::Duration StartTimeout(const CoordinatorOptions& o) {
+  if (o.start_timeout > absl::ZeroDuration()) return o.start_timeout;
+  return std::max(5 * o.heartbeat_interval, absl::Seconds(10));
 }
 
 Coordinator::TouchList::~TouchList() {
@@ -53,93 +50,181 @@ Coordinator::TouchList::~TouchList() {
 }
 
 Coordinator::Coordinator(CoordinatorOptions options, StateStore* store, EventHub* hub,
-                         Clock* clock)
-    : options_(options), store_(store), hub_(hub), clock_(clock) {
+                         Clock* clock, UsageLimits limits)
+    : options_(options),
+      limits_(limits),
+      store_(store),
+      hub_(hub),
+      clock_(clock),
+      writer_(store),
+      ingest_(hub),
+      registry_(options.heartbeat_timeout) {
+  absl::MutexLock lock(&mu_);
   last_retention_ = clock_->Now();
 }
 
-v1::Attempt* Coordinator::ActiveAttempt(JobRecord& job) {
-  if (job.job.attempts().empty()) return nullptr;
-  v1::Attempt* a = job.job.mutable_attempts(job.job.attempts_size() - 1);
-  return a->state() == v1::RENDEZVOUS || a->state() == v1::RUNNING ? a : nullptr;
-}
-
-Coordinator::JobRecord* Coordinator::FindLocked(const std::string& job_id) {
+JobRecord* Coordinator::FindLocked(const std::string& job_id) {
   auto it = jobs_.find(job_id);
   return it == jobs_.end() ? nullptr : &it->second;
 }
 
-absl::Status Coordinator::WriteLocked(const JobRecord& job) {
-  if (job.retiring) return absl::OkStatus();  // Being deleted by retention.
-  absl::Status st = store_->SaveJob(job.job, job.seq);
-  if (!st.ok()) {
-    DDP_LOG(ERROR) << "STATE STORE WRITE FAILED for job " << job.job.id() << " ("
-                   << JobStateName(job.job.state()) << "): " << st
-                   << ": check the --state-dir disk";
-  }
-  return st;
+Coordinator::Stats Coordinator::stats() {
+  Stats s;
+  s.store = writer_.stats();
+  absl::MutexLock lock(&mu_);
+  s.heartbeats = heartbeats_;
+  s.scheduling_passes = passes_;
+  s.foreign_reports = foreign_total_;
+  return s;
 }
 
-void Coordinator::PersistLocked(const JobRecord& job, TouchList& touched) {
-  touched.Add(job.job.id(), IsTerminal(job.job.state()));
-  if (!WriteLocked(job).ok()) {
-    DDP_LOG(ERROR) << "job " << job.job.id()
-                   << ": the change is live but would be lost if the coordinator restarted";
+void Coordinator::ApplyLocked(JobRecord& rec, const JobDelta& delta, TouchList& touched) {
+  const std::string& id = rec.job.id();
+  if (!rec.retiring) {  // A retiring job is being deleted: nothing more is written.
+    if (delta.job_row) writer_.PutJob(rec.job, rec.seq);
+    for (int n : delta.attempt_rows) writer_.PutAttempt(id, rec.job.attempts(n - 1));
+    for (const auto& [n, rank] : delta.rank_rows) {
+      const v1::Attempt& a = rec.job.attempts(n - 1);
+      if (rank < a.ranks_size() && a.ranks(rank).rank() == rank) {
+        writer_.PutRank(id, n, a.ranks(rank));
+      } else {
+        for (const v1::RankAssignment& r : a.ranks()) {
+          if (r.rank() == rank) writer_.PutRank(id, n, r);
+        }
+      }
+    }
   }
+  if (!delta.empty() || delta.finished) touched.Add(id, IsTerminal(rec.job.state()));
+  if (delta.ended_attempt != 0) EndAttemptLocked(rec, delta.ended_attempt);
+  if (delta.formed) {
+    PlaceAttemptLocked(rec);
+    rec.formed_ticket = writer_.last_staged();  // Covers the attempt's rows.
+  }
+  NoteMetricsLocked(rec, delta);
+  if (queue_.Sync(rec)) schedule_dirty_ = true;  // The queue changed.
+}
+
+void Coordinator::PlaceAttemptLocked(JobRecord& rec) {
+  const v1::Attempt* a = ActiveAttempt(rec);
+  if (a == nullptr) return;
+  const TaskKey key{rec.job.id(), a->number()};
+  std::map<std::string, AssignedTask> tasks;
+  for (const v1::RankAssignment& r : a->ranks()) {
+    AssignedTask& t = tasks[r.worker()];
+    t.ranks.push_back(r.rank());
+    if (!r.gpu_uuid().empty()) t.gpu_uuids.push_back(r.gpu_uuid());
+    t.group_rank = r.group_rank();
+  }
+  for (auto& [worker, task] : tasks) {
+    registry_.Assign(worker, key, std::move(task));
+    WakeLongPollsLocked(worker);
+  }
+  master_ports_[a->master_addr()].insert(a->master_port());
+  if (a->state() == v1::RENDEZVOUS) {
+    start_deadlines_.emplace(rec.start_deadline, rec.job.id(), a->number());
+  }
+}
+
+void Coordinator::WakeLongPollsLocked(const std::string& worker) {
+  if (const WorkerRecord* w = registry_.Find(worker)) {
+    task_waiters_.Changed(worker, w->desired_version);
+  }
+}
+
+void Coordinator::EndAttemptLocked(JobRecord& rec, int attempt) {
+  const v1::Attempt& a = rec.job.attempts(attempt - 1);
+  const TaskKey key{rec.job.id(), attempt};
+  std::set<std::string> workers;
+  for (const v1::RankAssignment& r : a.ranks()) workers.insert(r.worker());
+  // Its trainers drop out of their workers' desired state; their slots free up as
+  // the workers report them gone.
+  for (const std::string& w : workers) {
+    if (registry_.Unassign(w, key)) schedule_dirty_ = true;
+    WakeLongPollsLocked(w);
+  }
+  auto ports = master_ports_.find(a.master_addr());
+  if (ports != master_ports_.end()) {
+    auto it = ports->second.find(a.master_port());
+    if (it != ports->second.end()) ports->second.erase(it);
+    if (ports->second.empty()) master_ports_.erase(ports);
+  }
+}
+
+void Coordinator::ScheduleLocked(TouchList& touched) {
+  if (!schedule_dirty_) return;
+  ++passes_;
+  const absl::Time now = clock_->Now();
+  bool formed = true;
+  while (formed) {  // Each attempt formed changes the cluster: look again.
+    schedule_dirty_ = false;
+    formed = false;
+    for (Decision& d : SchedulePass(queue_, registry_, now)) {
+      JobRecord& rec = *d.job;
+      switch (d.kind) {
+        case Decision::Kind::kUnschedulable:
+          ApplyLocked(rec, MarkUnschedulable(rec, d.reason), touched);
+          break;
+        case Decision::Kind::kWait:
+          ApplyLocked(rec, Wait(rec, d.reason), touched);
+          break;
+        case Decision::Kind::kLastCall:
+          ApplyLocked(rec, OpenLastCall(rec, d.window_end, d.eligible), touched);
+          break;
+        case Decision::Kind::kForm:
+          formed = FormLocked(rec, d.nodes, touched);
+          break;
+      }
+    }
+  }
+  schedule_dirty_ = false;
+}
+
+bool Coordinator::FormLocked(JobRecord& rec, const std::vector<NodeOffer>& nodes,
+                             TouchList& touched) {
+  WorkerRecord* head = registry_.Find(nodes[0].worker);
+  const int port = head == nullptr ? 0
+                                   : PickMasterPort(head->free_ports,
+                                                    master_ports_[nodes[0].address]);
+  if (port == 0) {
+    ApplyLocked(rec, WaitForPort(rec, nodes[0].worker), touched);
+    port_wait_worker_ = nodes[0].worker;  // Its next heartbeat with ports: try again.
+    return false;
+  }
+  head->free_ports.erase(std::find(head->free_ports.begin(), head->free_ports.end(), port));
+  if (port_wait_worker_ == nodes[0].worker) port_wait_worker_.clear();
+  ApplyLocked(rec, FormAttempt(rec, nodes, port, clock_->Now(), StartTimeout(options_)), touched);
+  return true;
 }
 
 absl::Status Coordinator::Recover() {
   auto loaded = store_->Load();
   if (!loaded.ok()) return loaded.status();
-  TouchList touched(hub_);  // Tells the hub which jobs are finished.
-  absl::MutexLock lock(&mu_);
-  const absl::Time now = clock_->Now();
-  for (auto& stored : loaded->jobs) {
-    JobRecord rec;
-    rec.job = std::move(stored.job);
-    rec.seq = stored.seq;
-    next_seq_ = std::max(next_seq_, rec.seq + 1);
-    auto spec = ParseJobSpec(rec.job.spec_yaml(), rec.job.name());
-    if (!spec.ok()) {
-      // Written by another version, or edited: shown, not hidden. A finished job keeps
-      // its outcome; one in flight cannot be run (or restarted) without its spec.
-      const std::string reason =
-          absl::StrCat("stored spec no longer parses: ", spec.status().message());
-      DDP_LOG(ERROR) << "job " << rec.job.id() << ": " << reason;
-      rec.spec.name = rec.job.name();
-      if (!IsTerminal(rec.job.state())) {
-        if (v1::Attempt* a = ActiveAttempt(rec)) {
-          a->set_state(v1::FAILED);
-          a->set_reason(reason);
-          a->set_end_ms(Millis(now));
-        }
-        rec.job.set_state(v1::FAILED);
-        rec.job.set_reason(reason);
-        rec.job.set_end_ms(Millis(now));
-        PersistLocked(rec, touched);
-      }
-      touched.Add(rec.job.id(), /*finished=*/true);
-      jobs_[rec.job.id()] = std::move(rec);
-      continue;
+  {
+    TouchList touched(hub_);  // Tells the hub which jobs are finished.
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = clock_->Now();
+    const absl::Duration grace = std::max(options_.recovery_grace, options_.heartbeat_timeout);
+    for (const v1::Worker& w : loaded->workers) registry_.Restore(w, now, grace);
+    for (auto& stored : loaded->jobs) {
+      JobRecord loaded_rec;
+      loaded_rec.job = std::move(stored.job);
+      loaded_rec.seq = stored.seq;
+      loaded_rec.log_bytes = stored.log_bytes;
+      next_seq_ = std::max(next_seq_, loaded_rec.seq + 1);
+      const std::string id = loaded_rec.job.id();
+      JobRecord& rec = jobs_[id] = std::move(loaded_rec);
+      const JobDelta delta = RestoreJob(rec, now);
+      PlaceAttemptLocked(rec);
+      ApplyLocked(rec, delta, touched);
+      if (IsTerminal(rec.job.state())) touched.Add(id, /*finished=*/true);
     }
-    rec.spec = *std::move(spec);
-    if (rec.job.state() == v1::RENDEZVOUS && ActiveAttempt(rec) == nullptr) {
-      rec.job.set_state(v1::PENDING);  // Was gathering: decide again.
-    }
-    rec.start_deadline = now + absl::Seconds(rec.spec.rdzv.timeout_s);
-    if (IsTerminal(rec.job.state())) touched.Add(rec.job.id(), /*finished=*/true);
-    jobs_[rec.job.id()] = std::move(rec);
+    schedule_dirty_ = true;  // The next Tick decides for the queue.
+    DDP_LOG(INFO) << "recovered " << jobs_.size() << " jobs and "
+                  << registry_.workers().size() << " workers from the state store";
   }
-  for (auto& w : loaded->workers) {
-    WorkerRecord rec;
-    rec.info = std::move(w);
-    rec.last_seen = now;  // One heartbeat timeout from now to check in.
-    rec.confirmed = false;
-    workers_[rec.info.name()] = std::move(rec);
-  }
-  DDP_LOG(INFO) << "recovered " << jobs_.size() << " jobs and " << workers_.size()
-                << " workers from the state store";
-  return absl::OkStatus();
+  // What recovery changed (jobs whose spec no longer parses) is stored before the
+  // coordinator serves.
+  return writer_.Flush();
 }
 
 std::string Coordinator::NewJobIdLocked(const std::string& name) {
@@ -147,11 +232,12 @@ std::string Coordinator::NewJobIdLocked(const std::string& name) {
   while (true) {
     std::string id = name.substr(0, 50) + "-";
     for (int i = 0; i < 5; ++i) id += kAlphabet[absl::Uniform(rng_, 0, 36)];
-    if (jobs_.count(id) == 0) return id;
+    if (jobs_.count(id) == 0 && reserved_ids_.count(id) == 0) return id;
   }
 }
 
-absl::StatusOr<v1::Job> Coordinator::Submit(const v1::SubmitJobRequest& request) {
+absl::StatusOr<v1::Job> Coordinator::Submit(const v1::SubmitJobRequest& request,
+                                            const Caller& caller) {
   const std::string source = request.source_name().empty() ? "job.yaml" : request.source_name();
   auto spec = ParseJobSpec(request.spec_yaml(), source);
   if (!spec.ok()) return spec.status();
@@ -166,86 +252,124 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const v1::SubmitJobRequest& request)
         absl::StrCat("workdir: '", workdir, "' must be an absolute path"));
   }
 
-  TouchList touched(hub_);
-  absl::MutexLock lock(&mu_);
   JobRecord rec;
-  rec.job.set_id(NewJobIdLocked(spec->name));
-  const std::string rdzv_id = spec->rdzv_id.empty() ? rec.job.id() : spec->rdzv_id;
-  for (const auto& [id, other] : jobs_) {
-    if (!IsTerminal(other.job.state()) && other.job.rdzv_id() == rdzv_id) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "rdzv_id '", rdzv_id, "' is in use by job ", id, " (",
-          JobStateName(other.job.state()),
-          "): wait for it to finish, cancel it, or choose another rdzv_id"));
+  StoreWriter::Ticket ticket;
+  {
+    absl::MutexLock lock(&mu_);
+    const std::string id = NewJobIdLocked(spec->name);
+    const std::string rdzv_id = spec->rdzv_id.empty() ? id : spec->rdzv_id;
+    // Submissions being stored count as queued: a burst cannot overshoot the limits.
+    int64_t queued = static_cast<int64_t>(reserved_ids_.size());
+    int64_t queued_by_caller = static_cast<int64_t>(reserved_owners_.count(caller.name));
+    for (const auto& [other_id, other] : jobs_) {
+      if (Queued(other)) {
+        ++queued;
+        if (other.job.owner() == caller.name) ++queued_by_caller;
+      }
+      if (!IsTerminal(other.job.state()) && other.job.rdzv_id() == rdzv_id) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "rdzv_id '", rdzv_id, "' is in use by job ", other_id, " (",
+            JobStateName(other.job.state()),
+            "): wait for it to finish, cancel it, or choose another rdzv_id"));
+      }
     }
+    if (queued >= limits_.queued_jobs) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the queue is full: ", queued, " jobs are waiting, the coordinator's "
+          "--max-queued-jobs is ", limits_.queued_jobs,
+          ": wait for some to start, or cancel some"));
+    }
+    // Per user: only named callers (an open coordinator's callers are one anonymous
+    // caller, bounded by the total alone).
+    if (!caller.name.empty() && queued_by_caller >= limits_.queued_jobs_per_user) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          caller.name, " has ", queued_by_caller, " jobs waiting in the queue, the "
+          "coordinator's --max-queued-jobs-per-user is ", limits_.queued_jobs_per_user,
+          ": wait for some to start, or cancel some"));
+    }
+    if (reserved_rdzv_ids_.count(rdzv_id)) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "rdzv_id '", rdzv_id, "' is in use by a job being submitted right now: choose "
+          "another rdzv_id"));
+    }
+    rec = NewJob(id, next_seq_++, *std::move(spec), rdzv_id, request.spec_yaml(), workdir,
+                 clock_->Now());
+    rec.job.set_owner(caller.name);
+    reserved_ids_.insert(id);
+    reserved_owners_.insert(caller.name);
+    reserved_rdzv_ids_.insert(rdzv_id);
+    ticket = writer_.PutJob(rec.job, rec.seq, /*creation=*/true);
   }
-  rec.spec = *std::move(spec);
-  rec.seq = next_seq_++;
-  v1::Job& job = rec.job;
-  job.set_name(rec.spec.name);
-  job.set_rdzv_id(rdzv_id);
-  job.set_state(v1::PENDING);
-  job.set_reason("queued");
-  job.set_spec_yaml(request.spec_yaml());
-  job.set_workdir(workdir);
-  job.set_min_nodes(rec.spec.nodes.min);
-  job.set_max_nodes(rec.spec.nodes.max);
-  job.set_nproc_per_node(rec.spec.nproc_per_node);
-  job.set_max_restarts(rec.spec.max_restarts);
-  job.set_epochs(rec.spec.train.epochs);
-  job.set_submit_ms(Millis(clock_->Now()));
-  const std::string id = job.id();
   // Stored before it is visible: a job the store did not take was never submitted.
-  if (absl::Status st = WriteLocked(rec); !st.ok()) {
-    return absl::UnavailableError(absl::StrCat(
-        "the coordinator could not store the job (", st.message(),
-        "); nothing was queued: check the coordinator's --state-dir (disk full? permissions?)"
-        " and submit again"));
+  // Concurrent submissions share one commit.
+  const absl::Status stored = writer_.Wait(ticket);
+  v1::Job view;
+  {
+    TouchList touched(hub_);
+    absl::MutexLock lock(&mu_);
+    const std::string id = rec.job.id();
+    reserved_ids_.erase(id);
+    reserved_rdzv_ids_.erase(rec.job.rdzv_id());
+    reserved_owners_.erase(reserved_owners_.find(caller.name));
+    if (!stored.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          "the coordinator could not store the job (", stored.message(),
+          "); nothing was queued: check the coordinator's --state-dir (disk full? "
+          "permissions?) and submit again"));
+    }
+    JobRecord& job = jobs_[id] = std::move(rec);
+    DDP_LOG(INFO) << "job " << id << " submitted (" << NodeRangeString(job.spec.nodes)
+                  << " nodes)" << (caller.name.empty() ? "" : " by " + caller.name);
+    touched.Add(id, false);
+    if (queue_.Sync(job)) schedule_dirty_ = true;
+    ScheduleLocked(touched);
+    view = SummaryLocked(job);
   }
-  jobs_[id] = std::move(rec);
-  DDP_LOG(INFO) << "job " << id << " submitted (" << NodeRangeString(jobs_[id].spec.nodes)
-                << " nodes)";
-  ScheduleLocked(touched);
-  return ViewLocked(jobs_[id], false);
+  FillView(view, false);
+  return view;
 }
 
 v1::Job Coordinator::SummaryLocked(const JobRecord& rec) {
   v1::Job view = rec.job;
   for (v1::Attempt& a : *view.mutable_attempts()) {
-    a.set_live_trainers(LiveTrainersLocked(rec.job.id(), a));
-  }
-  if (rec.job.state() == v1::PENDING) {
-    int64_t position = 1;
-    for (const auto& [id, other] : jobs_) {
-      if (other.job.state() == v1::PENDING && other.seq < rec.seq) ++position;
+    const TaskKey key{rec.job.id(), a.number()};
+    int live = 0;
+    for (const v1::RankAssignment& r : a.ranks()) {
+      const WorkerRecord* w = registry_.Find(r.worker());
+      if (w != nullptr && registry_.RankMayLive(*w, key, r)) ++live;
     }
-    view.set_queue_position(position);
+    a.set_live_trainers(live);
   }
+  view.set_queue_position(queue_.Position(rec));
   return view;
 }
 
-v1::Job Coordinator::ViewLocked(const JobRecord& rec, bool metric_history) {
-  v1::Job view = SummaryLocked(rec);
-  const int attempt = rec.job.attempts().empty()
-                          ? 0
-                          : rec.job.attempts(rec.job.attempts_size() - 1).number();
-  hub_->Fill(rec.job.id(), attempt, &view);
+void Coordinator::FillView(v1::Job& view, bool metric_history) {
+  const int attempt =
+      view.attempts().empty() ? 0 : view.attempts(view.attempts_size() - 1).number();
+  hub_->Fill(view.id(), attempt, &view);
   if (metric_history) {
-    auto history = store_->MetricHistory(rec.job.id());
+    auto history = store_->MetricHistory(view.id());
     if (history.ok()) {
       for (auto& m : *history) *view.add_history() = std::move(m);
     }
   }
-  return view;
 }
 
-absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id, bool metric_history) {
-  absl::MutexLock lock(&mu_);
-  JobRecord* rec = FindLocked(job_id);
-  if (rec == nullptr) {
-    return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
+absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id, bool metric_history,
+                                            const Caller& caller) {
+  v1::Job view;
+  {
+    absl::MutexLock lock(&mu_);
+    JobRecord* rec = FindLocked(job_id);
+    if (rec == nullptr) {
+      return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
+    }
+    view = SummaryLocked(*rec);
   }
-  return ViewLocked(*rec, metric_history);
+  if (!caller.Owns(view)) view.set_spec_yaml(RedactSpecEnv(view.spec_yaml()));
+  FillView(view, metric_history);  // Reads of history never hold the lock.
+  return view;
 }
 
 std::vector<v1::Job> Coordinator::ListJobs(int limit) {
@@ -265,296 +389,40 @@ std::vector<v1::Job> Coordinator::ListJobs(int limit) {
   return out;
 }
 
-absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& job_id) {
-  TouchList touched(hub_);
-  absl::MutexLock lock(&mu_);
-  JobRecord* rec = FindLocked(job_id);
-  if (rec == nullptr) {
-    return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
-  }
-  if (IsTerminal(rec->job.state())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job ", job_id, " already finished (", JobStateName(rec->job.state()), ")"));
-  }
-  const int64_t now = Millis(clock_->Now());
-  if (v1::Attempt* a = ActiveAttempt(*rec)) {
-    a->set_state(v1::CANCELLED);
-    a->set_reason("cancelled by user");
-    a->set_end_ms(now);
-  }
-  rec->gathering = false;
-  rec->job.set_state(v1::CANCELLED);
-  rec->job.set_reason("cancelled by user");
-  rec->job.set_end_ms(now);
-  PersistLocked(*rec, touched);
-  DDP_LOG(INFO) << "job " << job_id << " cancelled";
-  ScheduleLocked(touched);  // Its slots free up once its trainers are gone.
-  return ViewLocked(*rec, false);
-}
-
-int Coordinator::FreeSlotsLocked(const WorkerRecord& worker) {
-  int busy = 0;
-  std::set<TaskKey> counted;
-  for (auto& [id, rec] : jobs_) {
-    v1::Attempt* a = ActiveAttempt(rec);
-    if (a == nullptr) continue;
-    for (const auto& r : a->ranks()) {
-      if (r.worker() == worker.info.name()) {
-        ++busy;
-        counted.insert({id, a->number()});
-      }
-    }
-  }
-  // Handed out and not yet shown gone: the trainers may be starting right now.
-  for (const auto& [key, ranks] : worker.dispatched) {
-    if (counted.insert(key).second) busy += ranks;
-  }
-  // Trainers of finished attempts hold their slots until they are gone.
-  for (const v1::TaskStatus& t : worker.reported) {
-    if (counted.count({t.job_id(), t.attempt()})) continue;
-    for (const auto& r : t.ranks()) busy += r.exited() ? 0 : 1;
-  }
-  return worker.info.slots() - busy;
-}
-
-int Coordinator::LiveTrainersLocked(const std::string& job_id, const v1::Attempt& attempt) {
-  const TaskKey key{job_id, attempt.number()};
-  int live = 0;
-  for (const v1::RankAssignment& r : attempt.ranks()) {
-    auto w = workers_.find(r.worker());
-    if (w == workers_.end()) continue;
-    const WorkerRecord& worker = w->second;
-    if (worker.dispatched.count(key)) {
-      ++live;
-      continue;
-    }
-    if (!worker.confirmed) {  // Recovered, not checked in yet: trust the rank table.
-      live += r.pid() != 0 && !r.exited() ? 1 : 0;
-      continue;
-    }
-    for (const v1::TaskStatus& t : worker.reported) {
-      if (t.job_id() != job_id || t.attempt() != attempt.number()) continue;
-      for (const v1::LocalRankStatus& s : t.ranks()) {
-        if (s.rank() == r.rank() && !s.exited()) ++live;
-      }
-    }
-  }
-  return live;
-}
-
-std::vector<v1::Task> Coordinator::DesiredTasksLocked(const std::string& worker) {
-  std::vector<v1::Task> tasks;
-  for (auto& [id, rec] : jobs_) {
-    v1::Attempt* a = ActiveAttempt(rec);
-    if (a == nullptr) continue;
-    v1::Task task;
-    for (const auto& r : a->ranks()) {
-      if (r.worker() != worker) continue;
-      task.add_ranks(r.rank());
-      task.set_group_rank(r.group_rank());
-    }
-    if (task.ranks().empty()) continue;
-    task.set_job_id(id);
-    task.set_attempt(a->number());
-    task.set_spec_yaml(rec.job.spec_yaml());
-    task.set_workdir(rec.job.workdir());
-    task.set_world_size(a->world_size());
-    task.set_master_addr(a->master_addr());
-    task.set_master_port(a->master_port());
-    for (const auto& [k, v] : rec.spec.env) (*task.mutable_env())[k] = v;
-    tasks.push_back(std::move(task));
-  }
-  return tasks;
-}
-
-void Coordinator::ScheduleLocked(TouchList& touched) {
-  const absl::Time now = clock_->Now();
-  std::vector<JobRecord*> queue;
-  for (auto& [id, rec] : jobs_) {
-    if (rec.job.state() == v1::PENDING || (rec.job.state() == v1::RENDEZVOUS && rec.gathering)) {
-      queue.push_back(&rec);
-    }
-  }
-  std::sort(queue.begin(), queue.end(),
-            [](const JobRecord* a, const JobRecord* b) { return a->seq < b->seq; });
-  for (JobRecord* rec : queue) {
-    std::vector<NodeOffer> offers;
-    for (auto& [name, w] : workers_) {
-      if (!w.alive || !w.confirmed) continue;
-      offers.push_back({name, w.info.address(), FreeSlotsLocked(w), w.info.gpus()});
-    }
-    std::vector<NodeOffer> eligible = EligibleNodes(offers, rec->spec.nproc_per_node);
-    const NodeRange& range = rec->spec.nodes;
-    const absl::Time window_end =
-        rec->gathering ? rec->window_end : now + absl::Seconds(rec->spec.rdzv.last_call_s);
-    switch (DecideRendezvous(static_cast<int>(eligible.size()), range, now, window_end)) {
-      case RendezvousStep::kWait: {
-        std::string reason = absl::StrCat(
-            "waiting for ", range.min, " node(s) with ",
-            rec->spec.nproc_per_node > 0 ? absl::StrCat(rec->spec.nproc_per_node) : "auto",
-            " free slot(s); ", eligible.size(), " available");
-        if (rec->job.state() != v1::PENDING || rec->job.reason() != reason) {
-          rec->job.set_state(v1::PENDING);
-          rec->job.set_reason(reason);
-          rec->gathering = false;
-          PersistLocked(*rec, touched);
-        }
-        return;  // Strict FIFO: nothing behind the head may start.
-      }
-      case RendezvousStep::kLastCall:
-        if (!rec->gathering) {
-          rec->gathering = true;
-          rec->window_end = window_end;
-          rec->job.set_state(v1::RENDEZVOUS);
-          rec->job.set_reason(absl::StrCat("rendezvous: ", eligible.size(), " of up to ",
-                                           range.max, " nodes; last call ends in ",
-                                           rec->spec.rdzv.last_call_s, "s"));
-          PersistLocked(*rec, touched);
-        }
-        return;
-      case RendezvousStep::kForm:
-        eligible.resize(std::min<size_t>(eligible.size(), static_cast<size_t>(range.max)));
-        if (!FormLocked(*rec, eligible, touched)) return;
-        break;
-    }
-  }
-}
-
-bool Coordinator::FormLocked(JobRecord& rec, const std::vector<NodeOffer>& nodes,
-                             TouchList& touched) {
-  WorkerRecord& head = workers_.at(nodes[0].worker);
-  // MASTER_PORT: a port the rank-0 node found free, not taken by another live attempt.
-  std::set<int> taken;
-  for (auto& [id, other] : jobs_) {
-    if (v1::Attempt* a = ActiveAttempt(other); a && a->master_addr() == nodes[0].address) {
-      taken.insert(a->master_port());
-    }
-  }
-  int port = 0;
-  for (auto it = head.free_ports.begin(); it != head.free_ports.end(); ++it) {
-    if (!taken.count(*it)) {
-      port = *it;
-      head.free_ports.erase(it);
-      break;
-    }
-  }
-  if (port == 0) {
-    const std::string reason = absl::StrCat("waiting for worker ", head.info.name(),
-                                            " to report a free port for the rendezvous store");
-    if (rec.job.reason() != reason) {
-      rec.job.set_reason(reason);
-      PersistLocked(rec, touched);
-    }
-    return false;
-  }
-  const absl::Time now = clock_->Now();
-  v1::Attempt* a = rec.job.add_attempts();
-  a->set_number(rec.job.attempts_size());
-  a->set_state(v1::RENDEZVOUS);
-  a->set_master_addr(nodes[0].address);
-  a->set_master_port(port);
-  for (auto& r : AssignRanks(nodes, rec.spec.nproc_per_node)) *a->add_ranks() = std::move(r);
-  a->set_world_size(a->ranks_size());
-  a->set_start_ms(Millis(now));
-  std::vector<std::string> names;
-  for (const NodeOffer& n : nodes) names.push_back(n.worker);
-  rec.gathering = false;
-  rec.start_deadline = now + absl::Seconds(rec.spec.rdzv.timeout_s);
-  rec.job.set_state(v1::RENDEZVOUS);
-  rec.job.set_reason(absl::StrCat("attempt ", a->number(), ": starting ", a->world_size(),
-                                  " trainers on ", absl::StrJoin(names, ", ")));
-  PersistLocked(rec, touched);
-  DDP_LOG(INFO) << "job " << rec.job.id() << " attempt " << a->number() << " formed: world "
-                << a->world_size() << " on " << absl::StrJoin(names, ", ") << ", store "
-                << a->master_addr() << ":" << port;
-  return true;
-}
-
-void Coordinator::FailAttemptLocked(JobRecord& rec, const std::string& reason, bool retryable,
-                                    TouchList& touched) {
-  v1::Attempt* a = ActiveAttempt(rec);
-  if (a == nullptr) return;
-  const int64_t now = Millis(clock_->Now());
-  a->set_state(v1::FAILED);
-  a->set_reason(reason);
-  a->set_end_ms(now);
-  if (retryable && rec.job.restarts() < rec.job.max_restarts()) {
-    rec.job.set_restarts(rec.job.restarts() + 1);
-    rec.job.set_state(v1::PENDING);
-    rec.job.set_reason(absl::StrCat("restarting (", rec.job.restarts(), " of ",
-                                    rec.job.max_restarts(), ") after attempt ", a->number(),
-                                    " failed: ", reason));
-  } else {
-    rec.job.set_state(v1::FAILED);
-    rec.job.set_reason(retryable && rec.job.max_restarts() > 0
-                           ? absl::StrCat(reason, " (no restarts left of ",
-                                          rec.job.max_restarts(), ")")
-                           : reason);
-    rec.job.set_end_ms(now);
-  }
-  DDP_LOG(WARNING) << "job " << rec.job.id() << " attempt " << a->number() << " failed: "
-                   << reason << " -> " << JobStateName(rec.job.state());
-  PersistLocked(rec, touched);
-}
-
-std::optional<std::vector<std::string>> Coordinator::Housekeep() {
-  TouchList touched(hub_);
-  absl::MutexLock lock(&mu_);
-  ExpireLocked(touched);
-  const absl::Time now = clock_->Now();
-  for (auto& [id, rec] : jobs_) {
-    v1::Attempt* a = ActiveAttempt(rec);
-    if (a == nullptr || a->state() != v1::RENDEZVOUS || now < rec.start_deadline) continue;
-    std::set<std::string> late;
-    for (const auto& r : a->ranks()) {
-      if (r.pid() == 0) late.insert(r.worker());
-    }
-    FailAttemptLocked(rec,
-                      absl::StrCat("rendezvous timed out: trainers on ",
-                                   absl::StrJoin(late, ", "), " not running within rdzv.timeout_s (",
-                                   rec.spec.rdzv.timeout_s, "s)"),
-                      /*retryable=*/true, touched);
-  }
-  ScheduleLocked(touched);
-  if (now - last_retention_ < absl::Minutes(1)) return std::nullopt;
-  last_retention_ = now;
-  // Jobs past retention stop being written (PersistLocked skips them, their events
-  // are dropped) until the store has deleted them and they are erased below.
-  std::vector<FinishedJob> finished;
-  for (const auto& [id, rec] : jobs_) {
-    if (IsTerminal(rec.job.state()) && !rec.retiring) {
-      finished.push_back({id, rec.job.end_ms(), rec.seq});
-    }
-  }
-  std::vector<std::string> retired =
-      JobsPastRetention(std::move(finished), store_->retention().retain_jobs);
-  for (const std::string& id : retired) jobs_[id].retiring = true;
-  return retired;
-}
-
-void Coordinator::Tick() {
-  std::optional<std::vector<std::string>> due = Housekeep();
-  if (!due.has_value()) return;
-  const std::vector<std::string>& retired = *due;
-  // The big deletes run without the coordinator's lock: heartbeats and watchers
-  // carry on meanwhile.
-  const absl::Status st = store_->EnforceRetention(retired);
-  if (!st.ok()) DDP_LOG(ERROR) << "retention: " << st << " (retrying in a minute)";
+absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& job_id, const Caller& caller) {
+  v1::Job view;
+  StoreWriter::Ticket ticket;
   {
+    TouchList touched(hub_);
     absl::MutexLock lock(&mu_);
-    for (const std::string& id : retired) {
-      if (st.ok()) {
-        jobs_.erase(id);
-      } else if (JobRecord* rec = FindLocked(id)) {
-        rec->retiring = false;
-      }
+    JobRecord* rec = FindLocked(job_id);
+    if (rec == nullptr) {
+      return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
     }
+    if (!caller.Owns(rec->job)) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          caller.name, " may not cancel job ", job_id, ": it belongs to ",
+          rec->job.owner().empty() ? "no one (submitted without authentication)"
+                                   : rec->job.owner(),
+          "; a user cancels only the jobs it submitted (an admin token cancels any)"));
+    }
+    auto delta = ddp::Cancel(*rec, clock_->Now());
+    if (!delta.ok()) return delta.status();
+    ApplyLocked(*rec, *delta, touched);
+    DDP_LOG(INFO) << "job " << job_id << " cancelled"
+                  << (caller.name.empty() ? "" : " by " + caller.name);
+    ScheduleLocked(touched);  // Its slots free up once its trainers are gone.
+    ticket = writer_.last_staged();
+    view = SummaryLocked(*rec);
   }
-  if (!st.ok()) return;
-  for (const std::string& id : retired) hub_->Forget(id);
-  if (!retired.empty()) {
-    DDP_LOG(INFO) << "retention: deleted " << retired.size() << " finished job(s)";
+  // Answered once stored: an acknowledged cancel survives a crash.
+  if (absl::Status st = writer_.Wait(ticket); !st.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "job ", job_id, " is cancelled, but the coordinator could not store that yet (",
+        st.message(), "); it keeps retrying: check the coordinator's --state-dir"));
   }
+  FillView(view, false);
+  return view;
 }
 
 }  // namespace ddp

@@ -1,14 +1,51 @@
 #include "coordinator/grpc_service.h"
 
+#include <functional>
 #include <memory>
 #include <optional>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/logging.h"
 #include "common/rpc/status.h"
+#include "coordinator/request_limits.h"
 
 namespace ddp {
 namespace {
+
+// A call refused before it reached the service logic (authorization, bounds).
+grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* ctx, const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+template <typename Message>
+class RefusedStream final : public grpc::ServerWriteReactor<Message> {
+ public:
+  explicit RefusedStream(const absl::Status& status) { this->Finish(ToGrpcStatus(status)); }
+  void OnDone() override { delete this; }
+};
+
+// The caller's identity when the method admits them and `bounds` is OK.
+absl::StatusOr<Identity> Admit(const Authorizer* auth, const grpc::CallbackServerContext& ctx,
+                               Method method, const absl::Status& bounds = absl::OkStatus(),
+                               const std::string& worker = "") {
+  auto caller = auth->Check(ctx, method, worker);
+  if (!caller.ok()) return caller;
+  if (!bounds.ok()) return bounds;
+  return caller;
+}
+
+// What the coordinator's logic needs of a JobService caller.
+Caller CallerOf(const Identity& id) {
+  if (id.via == "open") return Caller();  // Anonymous, trusted: the loopback quickstart.
+  Caller c;
+  c.name = id.name;
+  c.admin = id.role == Role::kAdmin;
+  return c;
+}
 
 template <typename T, typename Fill>
 grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const absl::StatusOr<T>& result,
@@ -40,6 +77,9 @@ class HubStream : public grpc::ServerWriteReactor<Message> {
   HubStream(EventHub* hub, FanOutExecutor* fanout, std::string job_id)
       : hub_(hub), fanout_(fanout), job_id_(std::move(job_id)) {}
 
+  // Runs once the stream is done (its StreamSlots count is given back).
+  void OnRelease(std::function<void()> release) { release_ = std::move(release); }
+
   void Start() {
     link_ = std::make_shared<Link>(this, fanout_);
     hub_->Subscribe(job_id_, link_);
@@ -70,6 +110,7 @@ class HubStream : public grpc::ServerWriteReactor<Message> {
   void OnDone() override {
     link_->Detach();
     hub_->Unsubscribe(job_id_, link_.get());
+    if (release_) release_();
     delete this;
   }
 
@@ -191,6 +232,7 @@ class HubStream : public grpc::ServerWriteReactor<Message> {
   FanOutExecutor* const fanout_;
   const std::string job_id_;
   std::shared_ptr<Link> link_;
+  std::function<void()> release_;
   absl::Mutex mu_;
   bool dirty_ ABSL_GUARDED_BY(mu_) = false;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
@@ -269,10 +311,41 @@ class LogStream final : public HubStream<v1::LogBatch> {
 
 }  // namespace
 
+absl::Status StreamSlots::Acquire(const std::string& caller) {
+  absl::MutexLock lock(&mu_);
+  if (total_ >= limits_.total) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the coordinator has ", total_, " watch and log streams open, its --max-streams is ",
+        limits_.total, ": close some (ddpctl watch / logs -f) and try again"));
+  }
+  if (!caller.empty()) {
+    int64_t& mine = by_caller_[caller];
+    if (mine >= limits_.per_caller) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          caller, " has ", mine, " watch and log streams open, the coordinator's "
+          "--max-streams-per-caller is ", limits_.per_caller,
+          ": close some (ddpctl watch / logs -f) and try again"));
+    }
+    ++mine;
+  }
+  ++total_;
+  return absl::OkStatus();
+}
+
+void StreamSlots::Release(const std::string& caller) {
+  absl::MutexLock lock(&mu_);
+  --total_;
+  if (caller.empty()) return;
+  auto it = by_caller_.find(caller);
+  if (it != by_caller_.end() && --it->second <= 0) by_caller_.erase(it);
+}
+
 grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext* ctx,
                                                     const v1::SubmitJobRequest* req,
                                                     v1::SubmitJobResponse* resp) {
-  return Unary(ctx, coordinator_->Submit(*req), [&](const v1::Job& job) {
+  auto caller = Admit(auth_, *ctx, Method::kSubmitJob, CheckSubmitRequest(*req));
+  if (!caller.ok()) return Refuse(ctx, caller.status());
+  return Unary(ctx, coordinator_->Submit(*req, CallerOf(*caller)), [&](const v1::Job& job) {
     resp->set_job_id(job.id());
     *resp->mutable_job() = job;
   });
@@ -280,13 +353,17 @@ grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext*
 
 grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext* ctx,
                                                  const v1::GetJobRequest* req, v1::Job* resp) {
-  return Unary(ctx, coordinator_->GetJob(req->job_id(), req->metric_history()),
+  auto caller = Admit(auth_, *ctx, Method::kGetJob);
+  if (!caller.ok()) return Refuse(ctx, caller.status());
+  return Unary(ctx, coordinator_->GetJob(req->job_id(), req->metric_history(), CallerOf(*caller)),
                [&](const v1::Job& job) { *resp = job; });
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* ctx,
                                                    const v1::ListJobsRequest* req,
                                                    v1::ListJobsResponse* resp) {
+  auto caller = Admit(auth_, *ctx, Method::kListJobs);
+  if (!caller.ok()) return Refuse(ctx, caller.status());
   for (auto& job : coordinator_->ListJobs(req->limit())) *resp->add_jobs() = std::move(job);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
@@ -296,18 +373,32 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(grpc::CallbackServerContext* ctx,
                                                     const v1::CancelJobRequest* req,
                                                     v1::Job* resp) {
-  return Unary(ctx, coordinator_->Cancel(req->job_id()), [&](const v1::Job& job) { *resp = job; });
+  auto caller = Admit(auth_, *ctx, Method::kCancelJob);
+  if (!caller.ok()) return Refuse(ctx, caller.status());
+  return Unary(ctx, coordinator_->Cancel(req->job_id(), CallerOf(*caller)),
+               [&](const v1::Job& job) { *resp = job; });
 }
 
 grpc::ServerWriteReactor<v1::Job>* JobServiceImpl::WatchJob(grpc::CallbackServerContext* ctx,
                                                             const v1::WatchJobRequest* req) {
+  auto caller = Admit(auth_, *ctx, Method::kWatchJob);
+  if (!caller.ok()) return new RefusedStream<v1::Job>(caller.status());
+  const std::string name = CallerOf(*caller).name;
+  if (absl::Status st = slots_.Acquire(name); !st.ok()) return new RefusedStream<v1::Job>(st);
   auto* watch = new JobWatch(coordinator_, hub_, &fanout_, req->job_id());
+  watch->OnRelease([this, name] { slots_.Release(name); });
   watch->Start();
   return watch;
 }
 
 grpc::ServerWriteReactor<v1::LogBatch>* JobServiceImpl::StreamLogs(
     grpc::CallbackServerContext* ctx, const v1::StreamLogsRequest* req) {
+  auto caller = Admit(auth_, *ctx, Method::kStreamLogs);
+  if (!caller.ok()) return new RefusedStream<v1::LogBatch>(caller.status());
+  const std::string name = CallerOf(*caller).name;
+  if (absl::Status st = slots_.Acquire(name); !st.ok()) {
+    return new RefusedStream<v1::LogBatch>(st);
+  }
   v1::StreamLogsRequest effective = *req;
   if (req->tail() > 0) {
     std::optional<int> rank;
@@ -316,6 +407,7 @@ grpc::ServerWriteReactor<v1::LogBatch>* JobServiceImpl::StreamLogs(
         std::max(req->after_seq(), hub_->TailStart(req->job_id(), rank, req->tail())));
   }
   auto* stream = new LogStream(coordinator_, hub_, &fanout_, effective);
+  stream->OnRelease([this, name] { slots_.Release(name); });
   stream->Start();
   return stream;
 }
@@ -323,15 +415,18 @@ grpc::ServerWriteReactor<v1::LogBatch>* JobServiceImpl::StreamLogs(
 grpc::ServerUnaryReactor* JobServiceImpl::ListWorkers(grpc::CallbackServerContext* ctx,
                                                       const v1::ListWorkersRequest* req,
                                                       v1::ListWorkersResponse* resp) {
-  for (auto& w : coordinator_->ListWorkers()) *resp->add_workers() = std::move(w);
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+  auto caller = Admit(auth_, *ctx, Method::kListWorkers);
+  if (!caller.ok()) return Refuse(ctx, caller.status());
+  return Unary(ctx, coordinator_->ListWorkers(*req),
+               [&](const v1::ListWorkersResponse& r) { *resp = r; });
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::Register(grpc::CallbackServerContext* ctx,
                                                       const v1::RegisterRequest* req,
                                                       v1::RegisterResponse* resp) {
+  auto caller = Admit(auth_, *ctx, Method::kRegister, CheckWorkerName(req->worker()),
+                      req->worker());
+  if (!caller.ok()) return Refuse(ctx, caller.status());
   return Unary(ctx, coordinator_->Register(*req),
                [&](const v1::RegisterResponse& r) { *resp = r; });
 }
@@ -339,15 +434,43 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Register(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(grpc::CallbackServerContext* ctx,
                                                        const v1::HeartbeatRequest* req,
                                                        v1::HeartbeatResponse* resp) {
-  return Unary(ctx, coordinator_->Heartbeat(*req),
-               [&](const v1::HeartbeatResponse& r) { *resp = r; });
+  auto caller = Admit(auth_, *ctx, Method::kHeartbeat, absl::OkStatus(), req->worker());
+  if (!caller.ok()) return Refuse(ctx, caller.status());
+  // Finished when the coordinator replies: at once, or once a newly formed attempt
+  // it hands out is stored (on the store writer's thread).
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  coordinator_->Heartbeat(*req, [reactor, resp](absl::StatusOr<v1::HeartbeatResponse> r) {
+    if (r.ok()) *resp = *std::move(r);
+    reactor->Finish(ToGrpcStatus(r.status()));
+  });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::ReportEvents(grpc::CallbackServerContext* ctx,
                                                           const v1::ReportEventsRequest* req,
                                                           v1::ReportEventsResponse* resp) {
+  auto caller = Admit(auth_, *ctx, Method::kReportEvents, CheckReportEventsRequest(*req),
+                      req->worker());
+  if (!caller.ok()) return Refuse(ctx, caller.status());
+  // Finished once the events are stored, on the coordinator's ingest thread.
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(coordinator_->ReportEvents(*req)));
+  coordinator_->ReportEvents(
+      *req, [reactor](absl::Status st) { reactor->Finish(ToGrpcStatus(st)); });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::WaitForTasks(grpc::CallbackServerContext* ctx,
+                                                          const v1::WaitForTasksRequest* req,
+                                                          v1::WaitForTasksResponse* resp) {
+  auto caller = Admit(auth_, *ctx, Method::kWaitForTasks, absl::OkStatus(), req->worker());
+  if (!caller.ok()) return Refuse(ctx, caller.status());
+  // Finished when the worker's desired state changes, at the poll's deadline (from the
+  // coordinator's housekeeping), or at shutdown: on the TaskWaiters' thread.
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  coordinator_->WaitForTasks(*req, [reactor, resp](absl::StatusOr<uint64_t> version) {
+    if (version.ok()) resp->set_desired_version(*version);
+    reactor->Finish(ToGrpcStatus(version.status()));
+  });
   return reactor;
 }
 

@@ -5,9 +5,21 @@
 // their pulls run on the JobService's fan-out thread (never on the thread that
 // ingested the change, never inside a reaction), with at most one write in flight:
 // the newest state is pulled when the previous write completes.
+//
+// Every handler first asks the Authorizer (auth.h) who the caller is and whether the
+// method admits them, and checks the request's bounds (request_limits.h); a refused
+// call finishes at once with that status and never reaches the service logic.
 #ifndef DDP_COORDINATOR_GRPC_SERVICE_H_
 #define DDP_COORDINATOR_GRPC_SERVICE_H_
 
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "coordinator/auth.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/event_hub.h"
 #include "coordinator/fanout.h"
@@ -16,12 +28,39 @@
 
 namespace ddp {
 
+// Bounds on open WatchJob and StreamLogs streams (--max-streams,
+// --max-streams-per-caller): each holds a fan-out subscription and a connection's
+// worth of buffers until its job ends or its client goes. A stream past either is
+// refused with RESOURCE_EXHAUSTED naming the flag. Callers are told apart by their
+// token's name; an open coordinator's anonymous callers share the total alone.
+struct StreamLimits {
+  int64_t total = 10000;
+  int64_t per_caller = 256;
+};
+
+// Counts open streams against StreamLimits. Thread-safe.
+class StreamSlots {
+ public:
+  explicit StreamSlots(StreamLimits limits) : limits_(limits) {}
+  // OK and one more stream of `caller` counted, or RESOURCE_EXHAUSTED.
+  absl::Status Acquire(const std::string& caller);
+  void Release(const std::string& caller);
+
+ private:
+  const StreamLimits limits_;
+  absl::Mutex mu_;
+  int64_t total_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, int64_t> by_caller_ ABSL_GUARDED_BY(mu_);
+};
+
 // Owns the fan-out thread of its streams: destroy it only after the server that
 // serves it has shut down.
 class JobServiceImpl final : public v1::JobService::CallbackService {
  public:
-  JobServiceImpl(Coordinator* coordinator, EventHub* hub)
-      : coordinator_(coordinator), hub_(hub) {}
+  // `auth` must outlive the service.
+  JobServiceImpl(Coordinator* coordinator, EventHub* hub, const Authorizer* auth,
+                 StreamLimits stream_limits = StreamLimits())
+      : coordinator_(coordinator), hub_(hub), auth_(auth), slots_(stream_limits) {}
 
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* ctx,
                                       const v1::SubmitJobRequest* req,
@@ -44,12 +83,15 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
  private:
   Coordinator* const coordinator_;
   EventHub* const hub_;
+  const Authorizer* const auth_;
+  StreamSlots slots_;
   FanOutExecutor fanout_;  // Runs WatchJob's and StreamLogs' pulls and writes.
 };
 
 class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
  public:
-  explicit WorkerServiceImpl(Coordinator* coordinator) : coordinator_(coordinator) {}
+  WorkerServiceImpl(Coordinator* coordinator, const Authorizer* auth)
+      : coordinator_(coordinator), auth_(auth) {}
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
                                      const v1::RegisterRequest* req,
@@ -60,9 +102,13 @@ class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
   grpc::ServerUnaryReactor* ReportEvents(grpc::CallbackServerContext* ctx,
                                          const v1::ReportEventsRequest* req,
                                          v1::ReportEventsResponse* resp) override;
+  grpc::ServerUnaryReactor* WaitForTasks(grpc::CallbackServerContext* ctx,
+                                         const v1::WaitForTasksRequest* req,
+                                         v1::WaitForTasksResponse* resp) override;
 
  private:
   Coordinator* const coordinator_;
+  const Authorizer* const auth_;
 };
 
 }  // namespace ddp

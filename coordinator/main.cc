@@ -1,19 +1,35 @@
 // ddp-coordinator: one per cluster. Flags are parsed here and nowhere else.
 //
-//   ddp-coordinator --listen 0.0.0.0:29400 --state-dir /var/lib/ddp
+//   ddp-coordinator --listen 0.0.0.0:29400 --state-dir /var/lib/ddp \
+//       --tls-cert coordinator.pem --tls-key coordinator.key --tls-ca ca.pem \
+//       --auth-token-file tokens --health-listen 0.0.0.0:29402 \
+//       --metrics-listen 0.0.0.0:29403
+//
+// Without TLS and tokens it serves only loopback addresses (or anything with
+// --insecure). SIGHUP re-reads the token file; certificates are re-read when they
+// change.
 //
 // Exit codes: 0 after SIGTERM/SIGINT; 1 when it cannot start (state dir in use or
-// unreadable, port taken); 2 for bad flags or flag values.
+// unreadable, port taken, unusable certificates or tokens); 2 for bad flags or flag
+// values.
 #include <signal.h>
+#include <sys/resource.h>
+#include <systemd/sd-daemon.h>
 
 #include <iostream>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "common/flags.h"
 #include "common/logging.h"
+#include "common/version.h"
 #include "coordinator/server.h"
 
 int main(int argc, char** argv) {
+  if (ddp::VersionRequested(argc, argv)) {
+    std::cout << ddp::VersionLine("ddp-coordinator") << "\n";
+    return 0;
+  }
   ddp::CoordinatorServerOptions opts;
   int64_t retain_jobs = opts.retention.retain_jobs;
   int64_t max_log_lines = opts.retention.max_log_lines;
@@ -28,9 +44,39 @@ int main(int argc, char** argv) {
                  "how often workers heartbeat");
   flags.Duration("heartbeat-timeout", &opts.timing.heartbeat_timeout,
                  "silence after which a worker is lost and its attempts fail");
+  flags.Duration("recovery-grace", &opts.timing.recovery_grace,
+                 "after a restart, how long recovered workers have to check in (at least "
+                 "--heartbeat-timeout; keep it above the agents' reconnect bound)");
+  flags.Duration("start-timeout", &opts.timing.start_timeout,
+                 "how long a formed attempt's trainers may take to start (0: max(5 "
+                 "heartbeat intervals, 10s))");
   flags.Int("retain-jobs", &retain_jobs, "finished jobs kept with their metrics and logs");
   flags.Int("max-log-lines", &max_log_lines, "output lines kept per job");
   flags.Int("max-metric-rows", &max_metric_rows, "step metrics kept per job");
+  flags.String("tls-cert", &opts.tls.cert_file,
+               "PEM certificate to serve TLS with (re-read when it changes)");
+  flags.String("tls-key", &opts.tls.key_file, "PEM private key of --tls-cert");
+  flags.String("tls-ca", &opts.tls.ca_file,
+               "CA whose client certificates identify workers (mTLS; CN or SAN = worker name)");
+  flags.String("auth-token-file", &opts.auth.token_file,
+               "file of `token role [name]` lines (roles admin, user, viewer, worker); "
+               "SIGHUP or a change re-reads it");
+  flags.String("health-listen", &opts.health_listen,
+               "HOST:PORT of a plaintext gRPC health service for probes (\"\": SERVING while "
+               "the state store writes; \"liveness\": while the process runs)");
+  flags.String("metrics-listen", &opts.metrics_listen,
+               "HOST:PORT to serve Prometheus metrics on (http://HOST:PORT/metrics)");
+  flags.Int("max-queued-jobs", &opts.usage.queued_jobs,
+            "jobs that may wait in the queue; a submission past it is refused");
+  flags.Int("max-queued-jobs-per-user", &opts.usage.queued_jobs_per_user,
+            "jobs one token name may have waiting in the queue");
+  flags.Int("max-log-bytes-per-job", &opts.usage.log_bytes_per_job,
+            "output bytes kept per job; what a job prints past it is dropped");
+  flags.Int("max-streams", &opts.streams.total, "watch and log streams open at once, in all");
+  flags.Int("max-streams-per-caller", &opts.streams.per_caller,
+            "watch and log streams one token name may have open at once");
+  flags.Bool("insecure", &opts.insecure,
+             "allow a non-loopback --listen without TLS or tokens (not for shared networks)");
   auto positional = flags.Parse(argc, argv);
   if (flags.help_requested()) {
     std::cout << flags.Usage();
@@ -50,22 +96,39 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  // Debian's Abseil is built with Mutex deadlock detection on, which records every
+  // lock in a global graph: a tenth of the coordinator's CPU at thousands of
+  // heartbeats a second. The lock order is documented and kept by hand.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+
   // Block the shutdown signals before any thread starts (threads inherit the mask);
   // the main thread waits for them while gRPC's threads serve.
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 
+  // Every connection costs a descriptor: take all the kernel allows us.
+  struct rlimit files;
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
+  }
+
   auto server = ddp::CoordinatorServer::Start(opts);
-  if (!server.ok()) {  // The state dir or the port.
+  if (!server.ok()) {  // The state dir, the port, certificates or tokens.
     std::cerr << "ddp-coordinator: " << server.status().message() << "\n";
     return 1;
   }
+  // Type=notify units start their dependents only now, with the port open.
+  sd_notifyf(0, "READY=1\nSTATUS=serving on port %d", (*server)->port());
+  DDP_LOG(INFO) << ddp::VersionLine("ddp-coordinator") << " serving on port " << (*server)->port();
   int sig = 0;
-  sigwait(&set, &sig);
+  while (sigwait(&set, &sig) == 0 && sig == SIGHUP) (void)(*server)->ReloadCredentials();
   DDP_LOG(INFO) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << ", shutting down";
+  sd_notify(0, "STOPPING=1");
   (*server)->Shutdown();
   (*server)->Wait();
   DDP_LOG(INFO) << "ddp-coordinator stopped";

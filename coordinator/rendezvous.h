@@ -12,6 +12,8 @@
 #ifndef DDP_COORDINATOR_RENDEZVOUS_H_
 #define DDP_COORDINATOR_RENDEZVOUS_H_
 
+#include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -21,23 +23,47 @@
 
 namespace ddp {
 
+// What one node of a job needs: `nproc_per_node` ranks (0: "auto"), each with a GPU
+// of its own when `gpus` (backend nccl). Implicit from a rank count: a CPU need.
+struct NodeNeed {
+  NodeNeed(int nproc = 1, bool gpus_needed = false)  // NOLINT: implicit on purpose.
+      : nproc_per_node(nproc), gpus(gpus_needed) {}
+  int nproc_per_node;
+  bool gpus;
+  // The fewest ranks a node must be able to take: nproc_per_node, 1 for auto.
+  int MinRanks() const { return nproc_per_node > 0 ? nproc_per_node : 1; }
+};
+// The need of one node of `spec`: GPUs only for backend nccl (backend auto uses
+// GPUs when the nodes it lands on have them free: UseGpus).
+NodeNeed NeedOf(const JobSpec& spec);
+
 // What a worker can give a job right now.
 struct NodeOffer {
   std::string worker;
   std::string address;
   int free_slots = 0;
-  int gpus = 0;
+  int gpus = 0;                         // GPUs the node has.
+  std::vector<std::string> free_gpus;   // UUIDs of those no trainer holds, index order.
 };
 
-// Local ranks of a job on a worker: nproc_per_node, or for "auto" (0) one per GPU and
-// 1 on a CPU-only worker.
-int LocalRanksFor(int nproc_per_node, int gpus);
+// Whether an attempt on `nodes` gives every rank a GPU of its own: always for
+// backend nccl (the scheduler offered only nodes with enough free GPUs), never for
+// gloo, and for auto when every node has at least `MinRanks` free GPUs (all or
+// nothing: a job never mixes CUDA and CPU ranks).
+bool UseGpus(const JobSpec& spec, const std::vector<NodeOffer>& nodes);
 
-// The offers that can host one node of the job, sorted by worker name.
-std::vector<NodeOffer> EligibleNodes(std::vector<NodeOffer> offers, int nproc_per_node);
+// Local ranks of a job on a worker: nproc_per_node; for "auto" (0) one per free GPU
+// when the attempt uses GPUs, else 1.
+int LocalRanksFor(int nproc_per_node, const NodeOffer& offer, bool use_gpus);
 
 // The rank table for `nodes` (already chosen), ordered as described above.
-std::vector<v1::RankAssignment> AssignRanks(std::vector<NodeOffer> nodes, int nproc_per_node);
+// With `use_gpus`, local rank l of a node gets that node's free_gpus[l].
+std::vector<v1::RankAssignment> AssignRanks(std::vector<NodeOffer> nodes, int nproc_per_node,
+                                            bool use_gpus = false);
+
+// MASTER_PORT for a new attempt: the first of the ports its rank-0 node found free
+// in its last heartbeat that no live attempt on that address holds; 0 if none.
+int PickMasterPort(const std::vector<int32_t>& free_ports, const std::multiset<int>& taken);
 
 enum class RendezvousStep {
   kWait,      // Fewer than min nodes: the job stays (or goes back to) PENDING.

@@ -6,7 +6,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/metrics/metrics_server.h"
 #include "common/net.h"
+#include "coordinator/metrics.h"
+#include "coordinator/request_limits.h"
 
 namespace ddp {
 
@@ -20,6 +23,45 @@ absl::Status ValidateServerOptions(const CoordinatorServerOptions& options) {
   if (!listen.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--listen: ", listen.status().message()));
   }
+  if (options.tls.cert_file.empty() != options.tls.key_file.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key go together: give both");
+  }
+  if (!options.tls.ca_file.empty() && options.tls.cert_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls-ca needs --tls-cert and --tls-key: client certificates are checked only over TLS");
+  }
+  for (const auto& [flag, value] : {std::pair<const char*, const std::string&>{
+                                        "--health-listen", options.health_listen},
+                                    {"--metrics-listen", options.metrics_listen}}) {
+    if (value.empty()) continue;
+    if (auto parsed = ParseHostPort(value); !parsed.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": ", parsed.status().message()));
+    }
+  }
+  for (const auto& [flag, value] :
+       {std::pair{"--max-queued-jobs", options.usage.queued_jobs},
+        std::pair{"--max-queued-jobs-per-user", options.usage.queued_jobs_per_user},
+        std::pair{"--max-log-bytes-per-job", options.usage.log_bytes_per_job},
+        std::pair{"--max-streams", options.streams.total},
+        std::pair{"--max-streams-per-caller", options.streams.per_caller}}) {
+    if (value < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": must be >= 1 (got ", value, ")"));
+    }
+  }
+  if (!IsLoopbackHost(listen->host) && !options.insecure) {
+    const bool tls = !options.tls.cert_file.empty();
+    const bool tokens = !options.auth.token_file.empty();
+    if (!tls || !tokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--listen ", options.listen, " is reachable from other machines, but ",
+          !tls ? (tokens ? "TLS is" : "TLS and authentication are") : "authentication is",
+          " not configured: add ",
+          !tls ? "--tls-cert FILE --tls-key FILE [--tls-ca FILE] " : "",
+          !tokens ? "--auth-token-file FILE " : "",
+          "(scripts/make_certs.sh makes them), listen on 127.0.0.1, or pass --insecure to "
+          "serve it unprotected anyway"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -27,45 +69,144 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     const CoordinatorServerOptions& options, Clock* clock) {
   if (absl::Status st = ValidateServerOptions(options); !st.ok()) return st;
   auto listen = ParseHostPort(options.listen);
+  // Credentials first: unusable certificate or token files stop us before the state
+  // dir is locked.
+  auto credentials = MakeServerCredentials(options.tls);
+  if (!credentials.ok()) return credentials.status();
+  AuthOptions auth_options = options.auth;
+  auth_options.client_certificates = !options.tls.ca_file.empty();
+  auto auth = Authorizer::Create(auth_options);
+  if (!auth.ok()) return auth.status();
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
+  s->auth_ = *std::move(auth);
   // Locks the state dir: a second coordinator on it stops here.
   auto store = StateStore::Open(options.state_dir, options.retention);
   if (!store.ok()) return store.status();
   s->store_ = std::move(*store);
   s->hub_ = std::make_unique<EventHub>(s->store_.get(), clock, EventHub::Options{});
   s->coordinator_ =
-      std::make_unique<Coordinator>(options.timing, s->store_.get(), s->hub_.get(), clock);
+      std::make_unique<Coordinator>(options.timing, s->store_.get(), s->hub_.get(), clock,
+                                    options.usage);
   if (absl::Status st = s->coordinator_->Recover(); !st.ok()) return st;
-  s->job_service_ = std::make_unique<JobServiceImpl>(s->coordinator_.get(), s->hub_.get());
-  s->worker_service_ = std::make_unique<WorkerServiceImpl>(s->coordinator_.get());
+  s->job_service_ =
+      std::make_unique<JobServiceImpl>(s->coordinator_.get(), s->hub_.get(), s->auth_.get(),
+                                       options.streams);
+  s->worker_service_ =
+      std::make_unique<WorkerServiceImpl>(s->coordinator_.get(), s->auth_.get());
+  s->metrics_ = std::make_unique<CoordinatorMetricsExporter>(s->coordinator_.get());
+  if (!options.metrics_listen.empty()) {
+    auto metrics_server = MetricsServer::Start(options.metrics_listen);
+    if (!metrics_server.ok()) return metrics_server.status();
+    s->metrics_server_ = *std::move(metrics_server);
+    for (const auto& c : s->metrics_->collectables()) s->metrics_server_->Register(c);
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   // gRPC sets SO_REUSEPORT by default on Linux: a second coordinator could then bind
   // the same port and take half of the connections.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &s->port_);
+  // A request over the limit is refused by the transport with RESOURCE_EXHAUSTED.
+  builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
+  // A connection that never completes its TLS and HTTP/2 handshakes is dropped after
+  // 10 s (gRPC's default is 120 s), so idle or garbage connections cannot pile up.
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, 10000);
+  // Thousands of agents each send a small RPC a second: bandwidth probing (a PING
+  // per read, and its ack) would cost more syscalls than the RPCs themselves.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  builder.AddListeningPort(options.listen, *credentials, &s->port_);
   builder.RegisterService(s->job_service_.get());
   builder.RegisterService(s->worker_service_.get());
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> counting;
+  counting.push_back(s->metrics_->InterceptorFactory());
+  builder.experimental().SetInterceptorCreators(std::move(counting));
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen,
                                                ": is another coordinator running there?"));
   }
-  s->housekeeping_ = std::thread([srv = s.get(), tick = options.tick] {
-    while (!srv->stop_.WaitForNotificationWithTimeout(tick)) srv->coordinator_->Tick();
+  if (!options.health_listen.empty()) {
+    auto health = HealthServer::Start(options.health_listen);
+    if (!health.ok()) return health.status();
+    s->health_ = *std::move(health);
+    s->health_->Set("liveness", true);
+    s->UpdateHealth();
+  }
+  s->housekeeping_ = std::thread([srv = s.get(), tick = options.tick,
+                                  refresh = options.auth_refresh] {
+    absl::Time next_auth_check = absl::Now() + refresh;
+    while (!srv->stop_.WaitForNotificationWithTimeout(tick)) {
+      srv->coordinator_->Tick();
+      srv->UpdateHealth();
+      if (absl::Now() >= next_auth_check) {
+        next_auth_check = absl::Now() + refresh;
+        if (absl::Status st = srv->auth_->ReloadIfChanged(); !st.ok()) {
+          DDP_LOG(ERROR) << "--auth-token-file changed but cannot be used (" << st.message()
+                         << "); the previous tokens stay in force";
+        }
+      }
+    }
   });
   DDP_LOG(INFO) << "ddp-coordinator serving on " << listen->host << ":" << s->port_
+                << (options.tls.cert_file.empty() ? " (plaintext)"
+                    : options.tls.ca_file.empty() ? " (TLS)"
+                                                  : " (TLS, worker certificates verified)")
+                << (options.auth.token_file.empty() ? "" : " with tokens")
                 << ", state in " << options.state_dir;
+  if (s->health_) DDP_LOG(INFO) << "health service on port " << s->health_->port();
+  if (s->metrics_server_) {
+    DDP_LOG(INFO) << "Prometheus metrics on http://" << ParseHostPort(options.metrics_listen)->host
+                  << ":" << s->metrics_server_->port() << "/metrics";
+  }
+  if (!IsLoopbackHost(listen->host) &&
+      (options.tls.cert_file.empty() || options.auth.token_file.empty())) {
+    DDP_LOG(WARNING) << "--insecure: " << options.listen
+                     << " is reachable from other machines without "
+                     << (options.tls.cert_file.empty() ? "TLS" : "tokens")
+                     << ": anyone who can reach it can run jobs on every worker";
+  }
   return s;
+}
+
+int CoordinatorServer::metrics_port() const {
+  return metrics_server_ ? metrics_server_->port() : 0;
+}
+
+void CoordinatorServer::UpdateHealth() {
+  if (!health_) return;
+  const bool failing = coordinator_->stats().store.failing;
+  if (failing == store_failing_ && !first_health_update_) return;
+  first_health_update_ = false;
+  store_failing_ = failing;
+  health_->Set("", !failing);
+  if (failing) {
+    DDP_LOG(ERROR) << "health: NOT_SERVING: the state store cannot write (see above)";
+  } else {
+    DDP_LOG(INFO) << "health: SERVING";
+  }
+}
+
+absl::Status CoordinatorServer::ReloadCredentials() {
+  absl::Status st = auth_->Reload();
+  if (st.ok()) {
+    DDP_LOG(INFO) << "reloaded --auth-token-file";
+  } else {
+    DDP_LOG(ERROR) << "cannot reload --auth-token-file (" << st.message()
+                   << "); the previous tokens stay in force";
+  }
+  return st;
 }
 
 void CoordinatorServer::Shutdown() {
   std::call_once(shutdown_once_, [this] {
     if (!stop_.HasBeenNotified()) stop_.Notify();
     if (housekeeping_.joinable()) housekeeping_.join();
-    // Open streams are cancelled; their reactors finish and clean up.
+    // Probes see it going before it is gone. Open long polls are answered (the server
+    // waits for every call); open streams are cancelled, and their reactors finish.
+    if (health_) health_->Set("", false);
+    if (coordinator_) coordinator_->CloseLongPolls();
     if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    if (health_) health_->Shutdown();
   });
 }
 

@@ -14,6 +14,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "common/clock.h"
+#include "common/rpc/credentials.h"
+#include "common/rpc/health_server.h"
+#include "coordinator/auth.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/event_hub.h"
 #include "coordinator/grpc_service.h"
@@ -21,16 +24,35 @@
 
 namespace ddp {
 
+class CoordinatorMetricsExporter;  // coordinator/metrics.h
+class MetricsServer;               // common/metrics/metrics_server.h
+
 struct CoordinatorServerOptions {
   std::string listen = "127.0.0.1:29400";
   std::string state_dir;
   CoordinatorOptions timing;
   RetentionOptions retention;
   absl::Duration tick = absl::Milliseconds(100);  // Housekeeping period.
+  ServerTlsOptions tls;  // --tls-cert, --tls-key, --tls-ca
+  AuthOptions auth;      // --auth-token-file (client_certificates follows --tls-ca)
+  UsageLimits usage;     // --max-queued-jobs[-per-user], --max-log-bytes-per-job
+  StreamLimits streams;  // --max-streams, --max-streams-per-caller
+  // --insecure: serve a non-loopback address without TLS or tokens (warned at start).
+  bool insecure = false;
+  // How often the token file is checked for changes (certificates: tls.refresh).
+  absl::Duration auth_refresh = absl::Seconds(10);
+  // --health-listen: a plaintext grpc.health.v1 port of its own ("" is SERVING while
+  // the store can write, "liveness" while the process runs); empty: none (the main
+  // port serves the health service either way).
+  std::string health_listen;
+  // --metrics-listen: Prometheus /metrics over HTTP (coordinator/metrics.h); empty: none.
+  std::string metrics_listen;
 };
 
 // INVALID_ARGUMENT naming the flag: a missing --state-dir, a bad --listen, timeouts
-// out of order, retention bounds < 1. main() exits 2 on these, as for any bad flag.
+// out of order, retention, queue and stream limits < 1, and a --listen address that
+// other machines can reach without TLS (--tls-cert/--tls-key) and tokens
+// (--auth-token-file), unless --insecure. main() exits 2 on these, as for any bad flag.
 absl::Status ValidateServerOptions(const CoordinatorServerOptions& options);
 
 class CoordinatorServer {
@@ -43,19 +65,34 @@ class CoordinatorServer {
   ~CoordinatorServer();
 
   int port() const { return port_; }
+  // 0 when not serving them.
+  int health_port() const { return health_ ? health_->port() : 0; }
+  int metrics_port() const;
+  // Re-reads the token file now (SIGHUP); certificates are re-read by gRPC's file
+  // watcher when they change. On error the previous tokens stay in force.
+  absl::Status ReloadCredentials();
   // Stops accepting calls, ends open streams, stops housekeeping. Idempotent.
   void Shutdown();
   void Wait();
 
  private:
   CoordinatorServer() = default;
+  // Housekeeping's health check: "" follows whether the store writes.
+  void UpdateHealth();
 
   std::unique_ptr<StateStore> store_;
   std::unique_ptr<EventHub> hub_;
   std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<CoordinatorMetricsExporter> metrics_;
+  std::unique_ptr<MetricsServer> metrics_server_;  // Scrapes read coordinator_.
+  std::unique_ptr<Authorizer> auth_;
   std::unique_ptr<JobServiceImpl> job_service_;
   std::unique_ptr<WorkerServiceImpl> worker_service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<HealthServer> health_;
+  // Housekeeping thread only (and Start, before it runs).
+  bool store_failing_ = false;
+  bool first_health_update_ = true;
   int port_ = 0;
   absl::Notification stop_;
   std::thread housekeeping_;

@@ -14,7 +14,9 @@
 #include <tuple>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 
 namespace ddp {
@@ -29,7 +31,8 @@ CREATE TABLE IF NOT EXISTS jobs(
   state INTEGER NOT NULL, reason TEXT NOT NULL, spec_yaml TEXT NOT NULL, workdir TEXT NOT NULL,
   min_nodes INTEGER NOT NULL, max_nodes INTEGER NOT NULL, nproc_per_node INTEGER NOT NULL,
   max_restarts INTEGER NOT NULL, restarts INTEGER NOT NULL, epochs INTEGER NOT NULL,
-  submit_ms INTEGER NOT NULL, start_ms INTEGER NOT NULL, end_ms INTEGER NOT NULL);
+  submit_ms INTEGER NOT NULL, start_ms INTEGER NOT NULL, end_ms INTEGER NOT NULL,
+  owner TEXT NOT NULL DEFAULT '');
 CREATE TABLE IF NOT EXISTS attempts(
   job_id TEXT NOT NULL, number INTEGER NOT NULL, state INTEGER NOT NULL, reason TEXT NOT NULL,
   master_addr TEXT NOT NULL, master_port INTEGER NOT NULL, world_size INTEGER NOT NULL,
@@ -50,6 +53,7 @@ CREATE TABLE IF NOT EXISTS metrics(
   steps INTEGER NOT NULL, loss REAL, samples_per_s REAL, step_ms REAL, comm_ms REAL,
   time_ms INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS metrics_by_job ON metrics(job_id, attempt, rank, global_step);
+CREATE INDEX IF NOT EXISTS metrics_by_job_row ON metrics(job_id);
 CREATE TABLE IF NOT EXISTS epochs(
   job_id TEXT NOT NULL, attempt INTEGER NOT NULL, epoch INTEGER NOT NULL,
   train_loss REAL, val_loss REAL, val_accuracy REAL, time_ms INTEGER NOT NULL,
@@ -59,6 +63,47 @@ CREATE TABLE IF NOT EXISTS logs(
   stream TEXT NOT NULL, text TEXT NOT NULL, time_ms INTEGER NOT NULL,
   PRIMARY KEY(job_id, seq));
 )sql";
+
+// Columns added after schema version 1 was released: added to an older database
+// when it is opened (ALTER TABLE ... ADD COLUMN, with a default for the rows it
+// has), so a coordinator upgrade keeps its state. Append; never reorder.
+struct AddedColumn {
+  const char* table;
+  const char* column;
+  const char* decl;
+};
+constexpr AddedColumn kAddedColumns[] = {
+    // The GPU a rank was given (RankAssignment.gpu_uuid).
+    {"ranks", "gpu_uuid", "TEXT NOT NULL DEFAULT ''"},
+    // The worker's GPUs (EncodeGpus: one "index uuid memory_bytes model" line each).
+    {"workers", "gpu_devices", "TEXT NOT NULL DEFAULT ''"},
+    // Who submitted the job (Job.owner).
+    {"jobs", "owner", "TEXT NOT NULL DEFAULT ''"},
+};
+
+std::string EncodeGpus(const v1::Worker& w) {
+  std::string out;
+  for (const v1::GpuDevice& g : w.gpu_devices()) {
+    absl::StrAppend(&out, g.index(), " ", g.uuid(), " ", g.memory_bytes(), " ", g.model(), "\n");
+  }
+  return out;
+}
+
+void DecodeGpus(const std::string& text, v1::Worker* w) {
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    std::vector<absl::string_view> f = absl::StrSplit(line, absl::MaxSplits(' ', 3));
+    if (f.size() < 3) continue;
+    v1::GpuDevice* g = w->add_gpu_devices();
+    int32_t index = 0;
+    int64_t memory = 0;
+    (void)absl::SimpleAtoi(f[0], &index);
+    (void)absl::SimpleAtoi(f[2], &memory);
+    g->set_index(index);
+    g->set_uuid(std::string(f[1]));
+    g->set_memory_bytes(memory);
+    if (f.size() > 3) g->set_model(std::string(f[3]));
+  }
+}
 
 absl::Status SqlError(sqlite3* db, const std::string& what) {
   return absl::InternalError(absl::StrCat("sqlite: ", what, ": ", sqlite3_errmsg(db)));
@@ -247,31 +292,52 @@ absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& 
     return absl::UnavailableError(absl::StrCat("cannot open ", path, ": ", msg));
   }
   sqlite3_busy_timeout(db, 5000);
-  std::unique_ptr<StateStore> store(new StateStore(db, *lock_fd, retention));
-  absl::MutexLock lock(&store->mu_);
-  DDP_RETURN_IF_ERROR(store->ExecLocked("PRAGMA journal_mode=WAL"));
-  DDP_RETURN_IF_ERROR(store->ExecLocked("PRAGMA synchronous=NORMAL"));
-  absl::Status st = store->ExecLocked(kSchema);
-  if (!st.ok()) {
-    return absl::DataLossError(
-        absl::StrCat(path, " is not a ddp state database (", st.message(), ")"));
-  }
-  Stmt get(db, "SELECT value FROM meta WHERE key = 'schema_version'");
-  DDP_RETURN_IF_ERROR(get.ok());
-  if (get.Step()) {
-    if (get.Text(0) != std::to_string(kSchemaVersion)) {
-      return absl::DataLossError(absl::StrCat(path, " has schema version ", get.Text(0),
-                                              "; this coordinator reads version ",
-                                              kSchemaVersion));
+  std::unique_ptr<StateStore> store(new StateStore(db, nullptr, *lock_fd, retention));
+  {
+    absl::MutexLock lock(&store->mu_);
+    DDP_RETURN_IF_ERROR(store->ExecLocked("PRAGMA journal_mode=WAL"));
+    DDP_RETURN_IF_ERROR(store->ExecLocked("PRAGMA synchronous=NORMAL"));
+    absl::Status st = store->ExecLocked(kSchema);
+    if (!st.ok()) {
+      return absl::DataLossError(
+          absl::StrCat(path, " is not a ddp state database (", st.message(), ")"));
     }
-  } else {
-    Stmt put(db, "INSERT INTO meta(key, value) VALUES('schema_version', ?)");
-    DDP_RETURN_IF_ERROR(put.Bind(1, std::to_string(kSchemaVersion)).Run());
+    for (const AddedColumn& c : kAddedColumns) {
+      DDP_RETURN_IF_ERROR(store->AddColumnLocked(c.table, c.column, c.decl));
+    }
+    Stmt get(db, "SELECT value FROM meta WHERE key = 'schema_version'");
+    DDP_RETURN_IF_ERROR(get.ok());
+    if (get.Step()) {
+      if (get.Text(0) != std::to_string(kSchemaVersion)) {
+        return absl::DataLossError(absl::StrCat(path, " has schema version ", get.Text(0),
+                                                "; this coordinator reads version ",
+                                                kSchemaVersion));
+      }
+    } else {
+      Stmt put(db, "INSERT INTO meta(key, value) VALUES('schema_version', ?)");
+      DDP_RETURN_IF_ERROR(put.Bind(1, std::to_string(kSchemaVersion)).Run());
+    }
   }
+  // History is read on a connection of its own: WAL readers never wait for the
+  // writer, nor it for them.
+  sqlite3* reader = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &reader, SQLITE_OPEN_READONLY | SQLITE_OPEN_FULLMUTEX,
+                      nullptr) != SQLITE_OK) {
+    std::string msg = reader ? sqlite3_errmsg(reader) : "out of memory";
+    sqlite3_close(reader);
+    return absl::UnavailableError(absl::StrCat("cannot open ", path, " for reading: ", msg));
+  }
+  sqlite3_busy_timeout(reader, 5000);
+  absl::MutexLock lock(&store->read_mu_);
+  store->reader_ = reader;
   return store;
 }
 
 StateStore::~StateStore() {
+  {
+    absl::MutexLock lock(&read_mu_);
+    sqlite3_close(reader_);
+  }
   {
     absl::MutexLock lock(&mu_);
     sqlite3_close(db_);
@@ -289,56 +355,98 @@ absl::Status StateStore::ExecLocked(const char* sql) {
   return absl::OkStatus();
 }
 
-absl::Status StateStore::SaveJob(const v1::Job& job, int64_t seq) {
+absl::Status StateStore::AddColumnLocked(const char* table, const char* column,
+                                         const char* decl) {
+  Stmt info(db_, absl::StrCat("PRAGMA table_info(", table, ")").c_str());
+  DDP_RETURN_IF_ERROR(info.ok());
+  while (info.Step()) {
+    if (info.Text(1) == column) return absl::OkStatus();  // Already there.
+  }
+  DDP_RETURN_IF_ERROR(info.Done());
+  return ExecLocked(absl::StrCat("ALTER TABLE ", table, " ADD COLUMN ", column, " ", decl).c_str());
+}
+
+absl::Status StateStore::Write(const RowBatch& batch) {
+  if (batch.empty()) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
   return InTransaction(db_, [&]() -> absl::Status {
-    Stmt j(db_,
-           "INSERT OR REPLACE INTO jobs(id, seq, name, rdzv_id, state, reason, spec_yaml, workdir,"
-           " min_nodes, max_nodes, nproc_per_node, max_restarts, restarts, epochs, submit_ms,"
-           " start_ms, end_ms) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
-    DDP_RETURN_IF_ERROR(j.ok());
-    j.Bind(1, job.id()).Bind(2, seq).Bind(3, job.name()).Bind(4, job.rdzv_id());
-    j.Bind(5, static_cast<int>(job.state())).Bind(6, job.reason()).Bind(7, job.spec_yaml());
-    j.Bind(8, job.workdir()).Bind(9, job.min_nodes()).Bind(10, job.max_nodes());
-    j.Bind(11, job.nproc_per_node()).Bind(12, job.max_restarts()).Bind(13, job.restarts());
-    j.Bind(14, job.epochs()).Bind(15, job.submit_ms()).Bind(16, job.start_ms());
-    j.Bind(17, job.end_ms());
-    DDP_RETURN_IF_ERROR(j.Run());
-    Stmt a(db_,
-           "INSERT OR REPLACE INTO attempts(job_id, number, state, reason, master_addr,"
-           " master_port, world_size, start_ms, end_ms) VALUES(?,?,?,?,?,?,?,?,?)");
-    Stmt r(db_,
-           "INSERT OR REPLACE INTO ranks(job_id, attempt, rank, local_rank, group_rank, worker,"
-           " address, pid, exited, exit_code, signal, error) VALUES(?,?,?,?,?,?,?,?,?,?,?,?)");
-    DDP_RETURN_IF_ERROR(a.ok());
-    DDP_RETURN_IF_ERROR(r.ok());
-    for (const v1::Attempt& at : job.attempts()) {
-      a.Bind(1, job.id()).Bind(2, at.number()).Bind(3, static_cast<int>(at.state()));
-      a.Bind(4, at.reason()).Bind(5, at.master_addr()).Bind(6, at.master_port());
-      a.Bind(7, at.world_size()).Bind(8, at.start_ms()).Bind(9, at.end_ms());
-      DDP_RETURN_IF_ERROR(a.Run());
-      for (const v1::RankAssignment& rk : at.ranks()) {
-        r.Bind(1, job.id()).Bind(2, at.number()).Bind(3, rk.rank()).Bind(4, rk.local_rank());
+    if (!batch.jobs.empty()) {
+      Stmt j(db_,
+             "INSERT OR REPLACE INTO jobs(id, seq, name, rdzv_id, state, reason, spec_yaml,"
+             " workdir, min_nodes, max_nodes, nproc_per_node, max_restarts, restarts, epochs,"
+             " submit_ms, start_ms, end_ms, owner) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+      DDP_RETURN_IF_ERROR(j.ok());
+      for (const RowBatch::JobRow& row : batch.jobs) {
+        const v1::Job& job = row.job;
+        j.Bind(1, job.id()).Bind(2, row.seq).Bind(3, job.name()).Bind(4, job.rdzv_id());
+        j.Bind(5, static_cast<int>(job.state())).Bind(6, job.reason()).Bind(7, job.spec_yaml());
+        j.Bind(8, job.workdir()).Bind(9, job.min_nodes()).Bind(10, job.max_nodes());
+        j.Bind(11, job.nproc_per_node()).Bind(12, job.max_restarts()).Bind(13, job.restarts());
+        j.Bind(14, job.epochs()).Bind(15, job.submit_ms()).Bind(16, job.start_ms());
+        j.Bind(17, job.end_ms()).Bind(18, job.owner());
+        DDP_RETURN_IF_ERROR(j.Run());
+      }
+    }
+    if (!batch.attempts.empty()) {
+      Stmt a(db_,
+             "INSERT OR REPLACE INTO attempts(job_id, number, state, reason, master_addr,"
+             " master_port, world_size, start_ms, end_ms) VALUES(?,?,?,?,?,?,?,?,?)");
+      DDP_RETURN_IF_ERROR(a.ok());
+      for (const RowBatch::AttemptRow& row : batch.attempts) {
+        const v1::Attempt& at = row.attempt;
+        a.Bind(1, row.job_id).Bind(2, at.number()).Bind(3, static_cast<int>(at.state()));
+        a.Bind(4, at.reason()).Bind(5, at.master_addr()).Bind(6, at.master_port());
+        a.Bind(7, at.world_size()).Bind(8, at.start_ms()).Bind(9, at.end_ms());
+        DDP_RETURN_IF_ERROR(a.Run());
+      }
+    }
+    if (!batch.ranks.empty()) {
+      Stmt r(db_,
+             "INSERT OR REPLACE INTO ranks(job_id, attempt, rank, local_rank, group_rank, worker,"
+             " address, pid, exited, exit_code, signal, error, gpu_uuid)"
+             " VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)");
+      DDP_RETURN_IF_ERROR(r.ok());
+      for (const RowBatch::RankRow& row : batch.ranks) {
+        const v1::RankAssignment& rk = row.rank;
+        r.Bind(1, row.job_id).Bind(2, row.attempt).Bind(3, rk.rank()).Bind(4, rk.local_rank());
         r.Bind(5, rk.group_rank()).Bind(6, rk.worker()).Bind(7, rk.address()).Bind(8, rk.pid());
         r.Bind(9, rk.exited() ? 1 : 0).Bind(10, rk.exit_code()).Bind(11, rk.signal());
-        r.Bind(12, rk.error());
+        r.Bind(12, rk.error()).Bind(13, rk.gpu_uuid());
         DDP_RETURN_IF_ERROR(r.Run());
+      }
+    }
+    if (!batch.workers.empty()) {
+      Stmt s(db_,
+             "INSERT OR REPLACE INTO workers(name, incarnation, address, hostname, slots, gpus,"
+             " registered_ms, last_heartbeat_ms, gpu_devices) VALUES(?,?,?,?,?,?,?,?,?)");
+      DDP_RETURN_IF_ERROR(s.ok());
+      for (const v1::Worker& w : batch.workers) {
+        s.Bind(1, w.name()).Bind(2, w.incarnation()).Bind(3, w.address()).Bind(4, w.hostname());
+        s.Bind(5, w.slots()).Bind(6, w.gpus()).Bind(7, w.registered_ms());
+        s.Bind(8, w.last_heartbeat_ms()).Bind(9, EncodeGpus(w));
+        DDP_RETURN_IF_ERROR(s.Run());
       }
     }
     return absl::OkStatus();
   });
 }
 
+absl::Status StateStore::SaveJob(const v1::Job& job, int64_t seq) {
+  RowBatch batch;
+  batch.jobs.push_back({job, seq});
+  for (const v1::Attempt& at : job.attempts()) {
+    batch.attempts.push_back({job.id(), at});
+    for (const v1::RankAssignment& rk : at.ranks()) {
+      batch.ranks.push_back({job.id(), at.number(), rk});
+    }
+  }
+  return Write(batch);
+}
+
 absl::Status StateStore::SaveWorker(const v1::Worker& w) {
-  absl::MutexLock lock(&mu_);
-  Stmt s(db_,
-         "INSERT OR REPLACE INTO workers(name, incarnation, address, hostname, slots, gpus,"
-         " registered_ms, last_heartbeat_ms) VALUES(?,?,?,?,?,?,?,?)");
-  DDP_RETURN_IF_ERROR(s.ok());
-  s.Bind(1, w.name()).Bind(2, w.incarnation()).Bind(3, w.address()).Bind(4, w.hostname());
-  s.Bind(5, w.slots()).Bind(6, w.gpus()).Bind(7, w.registered_ms());
-  s.Bind(8, w.last_heartbeat_ms());
-  return s.Run();
+  RowBatch batch;
+  batch.workers.push_back(w);
+  return Write(batch);
 }
 
 absl::StatusOr<LoadedState> StateStore::Load() {
@@ -347,7 +455,7 @@ absl::StatusOr<LoadedState> StateStore::Load() {
   std::map<std::string, size_t> index;
   Stmt j(db_,
          "SELECT id, seq, name, rdzv_id, state, reason, spec_yaml, workdir, min_nodes, max_nodes,"
-         " nproc_per_node, max_restarts, restarts, epochs, submit_ms, start_ms, end_ms"
+         " nproc_per_node, max_restarts, restarts, epochs, submit_ms, start_ms, end_ms, owner"
          " FROM jobs ORDER BY seq");
   DDP_RETURN_IF_ERROR(j.ok());
   while (j.Step()) {
@@ -370,6 +478,7 @@ absl::StatusOr<LoadedState> StateStore::Load() {
     job.set_submit_ms(j.Int(14));
     job.set_start_ms(j.Int(15));
     job.set_end_ms(j.Int(16));
+    job.set_owner(j.Text(17));
     index[job.id()] = out.jobs.size();
     out.jobs.push_back(std::move(sj));
   }
@@ -394,7 +503,7 @@ absl::StatusOr<LoadedState> StateStore::Load() {
   DDP_RETURN_IF_ERROR(a.Done());
   Stmt r(db_,
          "SELECT job_id, attempt, rank, local_rank, group_rank, worker, address, pid, exited,"
-         " exit_code, signal, error FROM ranks ORDER BY job_id, attempt, rank");
+         " exit_code, signal, error, gpu_uuid FROM ranks ORDER BY job_id, attempt, rank");
   DDP_RETURN_IF_ERROR(r.ok());
   while (r.Step()) {
     auto it = index.find(r.Text(0));
@@ -412,12 +521,13 @@ absl::StatusOr<LoadedState> StateStore::Load() {
       rk->set_exit_code(static_cast<int32_t>(r.Int(9)));
       rk->set_signal(static_cast<int32_t>(r.Int(10)));
       rk->set_error(r.Text(11));
+      rk->set_gpu_uuid(r.Text(12));
     }
   }
   DDP_RETURN_IF_ERROR(r.Done());
   Stmt w(db_,
          "SELECT name, incarnation, address, hostname, slots, gpus, registered_ms,"
-         " last_heartbeat_ms FROM workers ORDER BY name");
+         " last_heartbeat_ms, gpu_devices FROM workers ORDER BY name");
   DDP_RETURN_IF_ERROR(w.ok());
   while (w.Step()) {
     v1::Worker& wk = out.workers.emplace_back();
@@ -429,8 +539,18 @@ absl::StatusOr<LoadedState> StateStore::Load() {
     wk.set_gpus(static_cast<int32_t>(w.Int(5)));
     wk.set_registered_ms(w.Int(6));
     wk.set_last_heartbeat_ms(w.Int(7));
+    DecodeGpus(w.Text(8), &wk);
   }
   DDP_RETURN_IF_ERROR(w.Done());
+  // Output already kept per job, for --max-log-bytes-per-job (one pass over the logs
+  // table at start).
+  Stmt lb(db_, "SELECT job_id, SUM(LENGTH(CAST(text AS BLOB))) FROM logs GROUP BY job_id");
+  DDP_RETURN_IF_ERROR(lb.ok());
+  while (lb.Step()) {
+    auto it = index.find(lb.Text(0));
+    if (it != index.end()) out.jobs[it->second].log_bytes = lb.Int(1);
+  }
+  DDP_RETURN_IF_ERROR(lb.Done());
   return out;
 }
 
@@ -440,7 +560,9 @@ absl::Status StateStore::Append(const std::string& job_id,
                                 const std::vector<v1::LogLine>& logs) {
   if (metrics.empty() && epochs.empty() && logs.empty()) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
-  return InTransaction(db_, [&]() -> absl::Status {
+  auto count = CountLocked(job_id);
+  if (!count.ok()) return count.status();
+  absl::Status st = InTransaction(db_, [&]() -> absl::Status {
     Stmt m(db_, absl::StrCat("INSERT INTO metrics(job_id, ", kMetricColumns,
                              ") VALUES(?,?,?,?,?,?,?,?,?,?,?,?)")
                     .c_str());
@@ -472,20 +594,46 @@ absl::Status StateStore::Append(const std::string& job_id,
     }
     return absl::OkStatus();
   });
+  if (st.ok()) {
+    OutputCount& c = **count;
+    c.metric_rows += static_cast<int64_t>(metrics.size());
+    for (const v1::LogLine& x : logs) c.log_top = std::max(c.log_top, x.seq());
+  }
+  return st;
+}
+
+absl::StatusOr<StateStore::OutputCount*> StateStore::CountLocked(const std::string& job_id) {
+  auto it = output_.find(job_id);
+  if (it != output_.end()) return &it->second;
+  OutputCount c;
+  Stmt m(db_, "SELECT COUNT(*) FROM metrics WHERE job_id = ?");
+  DDP_RETURN_IF_ERROR(m.ok());
+  m.Bind(1, job_id);
+  m.Step();
+  DDP_RETURN_IF_ERROR(m.Done());
+  c.metric_rows = m.Int(0);
+  Stmt l(db_, "SELECT COALESCE(MIN(seq), 1) - 1, COALESCE(MAX(seq), 0) FROM logs WHERE job_id = ?");
+  DDP_RETURN_IF_ERROR(l.ok());
+  l.Bind(1, job_id);
+  l.Step();
+  DDP_RETURN_IF_ERROR(l.Done());
+  c.log_floor = l.Int(0);
+  c.log_top = l.Int(1);
+  return &output_.emplace(job_id, c).first->second;
 }
 
 absl::StatusOr<std::vector<v1::LogLine>> StateStore::ReadLogs(const std::string& job_id,
                                                               int64_t after_seq,
                                                               std::optional<int> rank,
                                                               int64_t limit, int64_t tail) {
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&read_mu_);
   // With a tail, take the newest `tail` lines (descending) and flip them.
   std::string sql = absl::StrCat(
       "SELECT seq, attempt, rank, stream, text, time_ms FROM logs WHERE job_id = ?1"
       " AND seq > ?2",
       rank.has_value() ? " AND rank = ?3" : "", tail > 0 ? " ORDER BY seq DESC LIMIT ?4"
                                                          : " ORDER BY seq LIMIT ?4");
-  Stmt s(db_, sql.c_str());
+  Stmt s(reader_, sql.c_str());
   DDP_RETURN_IF_ERROR(s.ok());
   s.Bind(1, job_id).Bind(2, after_seq).Bind(4, tail > 0 ? std::min(tail, limit) : limit);
   if (rank.has_value()) s.Bind(3, *rank);
@@ -505,8 +653,8 @@ absl::StatusOr<std::vector<v1::LogLine>> StateStore::ReadLogs(const std::string&
 }
 
 absl::StatusOr<int64_t> StateStore::MaxLogSeq(const std::string& job_id) {
-  absl::MutexLock lock(&mu_);
-  Stmt s(db_, "SELECT COALESCE(MAX(seq), 0) FROM logs WHERE job_id = ?");
+  absl::MutexLock lock(&read_mu_);
+  Stmt s(reader_, "SELECT COALESCE(MAX(seq), 0) FROM logs WHERE job_id = ?");
   DDP_RETURN_IF_ERROR(s.ok());
   s.Bind(1, job_id);
   s.Step();
@@ -516,8 +664,8 @@ absl::StatusOr<int64_t> StateStore::MaxLogSeq(const std::string& job_id) {
 
 absl::StatusOr<std::vector<v1::RankMetrics>> StateStore::LatestMetrics(const std::string& job_id,
                                                                        int attempt) {
-  absl::MutexLock lock(&mu_);
-  Stmt s(db_, absl::StrCat("SELECT ", kMetricColumns,
+  absl::MutexLock lock(&read_mu_);
+  Stmt s(reader_, absl::StrCat("SELECT ", kMetricColumns,
                            " FROM metrics m WHERE job_id = ?1 AND attempt = ?2 AND global_step ="
                            " (SELECT MAX(global_step) FROM metrics WHERE job_id = ?1 AND"
                            " attempt = ?2 AND rank = m.rank) ORDER BY rank")
@@ -531,8 +679,8 @@ absl::StatusOr<std::vector<v1::RankMetrics>> StateStore::LatestMetrics(const std
 }
 
 absl::StatusOr<std::vector<v1::RankMetrics>> StateStore::MetricHistory(const std::string& job_id) {
-  absl::MutexLock lock(&mu_);
-  Stmt s(db_, absl::StrCat("SELECT ", kMetricColumns,
+  absl::MutexLock lock(&read_mu_);
+  Stmt s(reader_, absl::StrCat("SELECT ", kMetricColumns,
                            " FROM metrics WHERE job_id = ? ORDER BY attempt, global_step, rank")
                   .c_str());
   DDP_RETURN_IF_ERROR(s.ok());
@@ -544,8 +692,8 @@ absl::StatusOr<std::vector<v1::RankMetrics>> StateStore::MetricHistory(const std
 }
 
 absl::StatusOr<std::vector<v1::EpochSummary>> StateStore::Epochs(const std::string& job_id) {
-  absl::MutexLock lock(&mu_);
-  Stmt s(db_,
+  absl::MutexLock lock(&read_mu_);
+  Stmt s(reader_,
          "SELECT attempt, epoch, train_loss, val_loss, val_accuracy, time_ms FROM epochs"
          " WHERE job_id = ? ORDER BY attempt, epoch");
   DDP_RETURN_IF_ERROR(s.ok());
@@ -566,7 +714,8 @@ absl::StatusOr<std::vector<v1::EpochSummary>> StateStore::Epochs(const std::stri
 
 absl::Status StateStore::EnforceRetention(const std::vector<std::string>& delete_ids) {
   absl::MutexLock lock(&mu_);
-  return InTransaction(db_, [&]() -> absl::Status {
+  std::vector<std::pair<std::string, OutputCount>> trimmed;
+  absl::Status st = InTransaction(db_, [&]() -> absl::Status {
     for (const char* table : {"jobs", "attempts", "ranks", "metrics", "epochs", "logs"}) {
       Stmt d(db_, absl::StrCat("DELETE FROM ", table, " WHERE ",
                                std::string(table) == "jobs" ? "id" : "job_id", " = ?")
@@ -574,20 +723,36 @@ absl::Status StateStore::EnforceRetention(const std::vector<std::string>& delete
       DDP_RETURN_IF_ERROR(d.ok());
       for (const std::string& id : delete_ids) DDP_RETURN_IF_ERROR(d.Bind(1, id).Run());
     }
-    // Per job: keep the newest rows only.
-    Stmt logs(db_,
-              "DELETE FROM logs WHERE rowid IN (SELECT l.rowid FROM logs l JOIN"
-              " (SELECT job_id, MAX(seq) AS top FROM logs GROUP BY job_id) t"
-              " ON l.job_id = t.job_id WHERE l.seq <= t.top - ?)");
-    DDP_RETURN_IF_ERROR(logs.ok());
-    DDP_RETURN_IF_ERROR(logs.Bind(1, retention_.max_log_lines).Run());
+    // Per job over a bound: delete its oldest rows (by row id, and by seq for lines),
+    // walking only the rows that go.
     Stmt metrics(db_,
-                 "DELETE FROM metrics WHERE rowid IN (SELECT rowid FROM (SELECT rowid,"
-                 " ROW_NUMBER() OVER (PARTITION BY job_id ORDER BY rowid DESC) AS n"
-                 " FROM metrics) WHERE n > ?)");
+                 "DELETE FROM metrics WHERE rowid IN (SELECT rowid FROM metrics"
+                 " WHERE job_id = ? ORDER BY rowid LIMIT ?)");
+    Stmt logs(db_, "DELETE FROM logs WHERE job_id = ? AND seq <= ?");
     DDP_RETURN_IF_ERROR(metrics.ok());
-    return metrics.Bind(1, retention_.max_metric_rows).Run();
+    DDP_RETURN_IF_ERROR(logs.ok());
+    for (const auto& [id, c] : output_) {
+      if (std::find(delete_ids.begin(), delete_ids.end(), id) != delete_ids.end()) continue;
+      OutputCount after = c;
+      if (c.metric_rows > retention_.max_metric_rows) {
+        DDP_RETURN_IF_ERROR(
+            metrics.Bind(1, id).Bind(2, c.metric_rows - retention_.max_metric_rows).Run());
+        after.metric_rows = retention_.max_metric_rows;
+      }
+      if (c.log_top - c.log_floor > retention_.max_log_lines) {
+        after.log_floor = c.log_top - retention_.max_log_lines;
+        DDP_RETURN_IF_ERROR(logs.Bind(1, id).Bind(2, after.log_floor).Run());
+      }
+      if (after.metric_rows != c.metric_rows || after.log_floor != c.log_floor) {
+        trimmed.emplace_back(id, after);
+      }
+    }
+    return absl::OkStatus();
   });
+  if (!st.ok()) return st;  // Nothing changed: the counts stand.
+  for (const std::string& id : delete_ids) output_.erase(id);
+  for (auto& [id, c] : trimmed) output_[id] = c;
+  return absl::OkStatus();
 }
 
 }  // namespace ddp

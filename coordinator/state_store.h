@@ -5,17 +5,28 @@
 // the same directory loads jobs, attempts, rank tables and workers with Load() and
 // serves metric history and logs from here.
 //
+// Writes are row-level: Write() upserts exactly the rows it is given (one rank's row
+// when one rank changed), in one transaction; the coordinator's StoreWriter groups
+// many changes into one call (group commit).
+//
 // Retention is bounded: per job at most `max_metric_rows` step rows and
 // `max_log_lines` output lines (the newest are kept), and the `retain_jobs` finished
 // jobs that ended last (JobsPastRetention picks the others; EnforceRetention deletes
-// them whole).
+// them whole). Both run by job id and row id, never by scanning a whole table: the
+// store counts each job's rows as it appends them, and trims only the jobs that went
+// over a bound (a job not appended to since the coordinator started is trimmed when
+// it next is).
 //
-// Thread-safe: one connection, one mutex. WAL journal, synchronous=NORMAL: a crash
-// of the coordinator loses nothing committed; a power cut may lose the last commits.
+// Thread-safe. Two connections: writes (and Load) on one, behind one mutex; reads of
+// history (logs, metrics, epochs) on a second, read-only one behind another, so a
+// long read never holds up a commit and vice versa (WAL lets readers run beside the
+// writer). WAL journal, synchronous=NORMAL: a crash of the coordinator loses nothing
+// committed; a power cut may lose the last commits.
 #ifndef DDP_COORDINATOR_STATE_STORE_H_
 #define DDP_COORDINATOR_STATE_STORE_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -55,6 +66,34 @@ std::vector<std::string> JobsPastRetention(std::vector<FinishedJob> finished,
 struct StoredJob {
   v1::Job job;  // With attempts and rank tables; no metrics.
   int64_t seq = 0;  // Submission order.
+  int64_t log_bytes = 0;  // Bytes of output text stored.
+};
+
+// Rows for Write(): each is upserted as given (a job row without its attempts, an
+// attempt row without its ranks).
+struct RowBatch {
+  struct JobRow {
+    v1::Job job;  // Attempts, if any, are ignored.
+    int64_t seq = 0;
+  };
+  struct AttemptRow {
+    std::string job_id;
+    v1::Attempt attempt;  // Ranks, if any, are ignored.
+  };
+  struct RankRow {
+    std::string job_id;
+    int attempt = 0;
+    v1::RankAssignment rank;
+  };
+  std::vector<JobRow> jobs;
+  std::vector<AttemptRow> attempts;
+  std::vector<RankRow> ranks;
+  std::vector<v1::Worker> workers;
+
+  bool empty() const {
+    return jobs.empty() && attempts.empty() && ranks.empty() && workers.empty();
+  }
+  size_t rows() const { return jobs.size() + attempts.size() + ranks.size() + workers.size(); }
 };
 
 struct LoadedState {
@@ -74,7 +113,10 @@ class StateStore {
                                                           RetentionOptions retention = {});
   ~StateStore();
 
-  // Upserts the job, its attempts and their rank tables, in one transaction.
+  // Upserts the rows of `batch` in one transaction.
+  absl::Status Write(const RowBatch& batch);
+  // Upserts the job, all its attempts and their rank tables, in one transaction
+  // (tests and tools; the coordinator writes changed rows only, through Write()).
   absl::Status SaveJob(const v1::Job& job, int64_t seq);
   absl::Status SaveWorker(const v1::Worker& worker);
   absl::StatusOr<LoadedState> Load();
@@ -96,19 +138,37 @@ class StateStore {
   absl::StatusOr<std::vector<v1::RankMetrics>> MetricHistory(const std::string& job_id);
   absl::StatusOr<std::vector<v1::EpochSummary>> Epochs(const std::string& job_id);
 
-  // Deletes the jobs `delete_ids` whole (attempts, ranks, metrics, epochs, logs) and
-  // trims every job's output to the per-job bounds, in one transaction.
+  // Deletes the jobs `delete_ids` whole (attempts, ranks, metrics, epochs, logs, by
+  // job id) and trims the output of every job that went over a per-job bound since
+  // the last call (by row id), in one transaction.
   absl::Status EnforceRetention(const std::vector<std::string>& delete_ids);
 
   const RetentionOptions& retention() const { return retention_; }
 
  private:
-  StateStore(sqlite3* db, int lock_fd, RetentionOptions retention)
-      : db_(db), lock_fd_(lock_fd), retention_(retention) {}
-  absl::Status ExecLocked(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What the store knows of a job's output rows, counted as they are appended.
+  struct OutputCount {
+    int64_t metric_rows = 0;  // Rows in `metrics`.
+    int64_t log_floor = 0;    // Lines with seq <= log_floor are gone.
+    int64_t log_top = 0;      // The highest seq stored.
+  };
 
-  absl::Mutex mu_;
+  StateStore(sqlite3* db, sqlite3* reader, int lock_fd, RetentionOptions retention)
+      : db_(db), reader_(reader), lock_fd_(lock_fd), retention_(retention) {}
+  absl::Status ExecLocked(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds `column` to `table` unless it has it (a database from an older release).
+  absl::Status AddColumnLocked(const char* table, const char* column, const char* decl)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job's counts, read from the database the first time (index range scans of
+  // that job's rows only).
+  absl::StatusOr<OutputCount*> CountLocked(const std::string& job_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  absl::Mutex mu_;  // The write connection.
   sqlite3* db_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, OutputCount> output_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex read_mu_;  // The read connection.
+  sqlite3* reader_ ABSL_GUARDED_BY(read_mu_);
   const int lock_fd_;  // <dir>/LOCK, held exclusively while the store is open.
   const RetentionOptions retention_;
 };

@@ -12,13 +12,23 @@ packages=(
   libtorch-dev libgloo-dev              # LibTorch 1.13 CPU with c10d + Gloo
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libyaml-cpp-dev libsqlite3-dev zlib1g-dev
+  libsystemd-dev                        # sd_notify readiness (Type=notify units)
+  systemd zsh                           # tests: systemd-analyze verify, zsh completion
+  prometheus-cpp-dev                    # the daemons' /metrics endpoints
+  prometheus                            # tests: a real Prometheus scrapes them; promtool
   libgtest-dev libgmock-dev googletest
+  openssl libssl-dev                    # TLS file checks, token digests, scripts/make_certs.sh
+  clang libclang-rt-14-dev              # libFuzzer + ASan/UBSan for the fuzz targets
   python3 python3-torch python3-yaml    # reference fixtures and the PyTorch benchmark
   dataset-fashion-mnist
 )
 
 sudo_cmd=()
 if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+
+# The deployment tests render deploy/kubernetes with `kubectl kustomize`; any kubectl
+# will do, Debian's kubernetes-client when there is none.
+if ! command -v kubectl >/dev/null 2>&1; then packages+=(kubernetes-client); fi
 
 missing=()
 for p in "${packages[@]}"; do

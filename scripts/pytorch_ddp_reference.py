@@ -287,8 +287,10 @@ def child(args):
     fingerprint = [p.detach().sum().item() for p in ddp.module.parameters()]
     dist.barrier()
     dist.destroy_process_group()
+    import resource
     print(json.dumps({"rank": rank, "losses": losses, "epochs": epochs, "samples": samples,
-                      "train_s": wall, "threads": threads, "param_sums": fingerprint}),
+                      "train_s": wall, "threads": threads, "param_sums": fingerprint,
+                      "max_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}),
           flush=True)
     # Skip interpreter teardown: with Debian's torch 1.13 on Python 3.11, destroying
     # DDP's reducer at exit can deadlock (a Gloo work thread waits for the GIL while

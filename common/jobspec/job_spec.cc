@@ -3,31 +3,24 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/jobspec/job_text.h"
+#include "common/jobspec/yaml_reader.h"
 #include "yaml-cpp/yaml.h"
 
 namespace ddp {
 namespace {
 
-size_t EditDistance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
-    }
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
+using jobspec_internal::Reader;
 
 bool ValidName(const std::string& s) {
   if (s.empty() || s.size() > 63 || !absl::ascii_isalnum(s[0])) return false;
@@ -35,201 +28,6 @@ bool ValidName(const std::string& s) {
     return absl::ascii_isalnum(c) || c == '-' || c == '_' || c == '.';
   });
 }
-
-// Walks the YAML tree, collecting every problem with its field path and line.
-class Reader {
- public:
-  explicit Reader(std::string source) : source_(std::move(source)) {}
-
-  const std::vector<std::string>& errors() const { return errors_; }
-
-  void Error(const YAML::Node& at, const std::string& path, const std::string& what) {
-    int line = at.IsDefined() ? at.Mark().line + 1 : 0;
-    if (line <= 0) line = last_line_;
-    errors_.push_back(absl::StrCat(source_, ":", line, ": ", path, ": ", what));
-  }
-
-  static std::string Join(const std::string& path, const std::string& key) {
-    return path.empty() ? key : absl::StrCat(path, ".", key);
-  }
-
-  // True if `node` is a map; reports unknown keys (with a suggestion).
-  bool Map(const YAML::Node& node, const std::string& path,
-           std::initializer_list<const char*> allowed) {
-    if (!node.IsMap()) {
-      Error(node, path.empty() ? "(top level)" : path, "expected a mapping of fields");
-      return false;
-    }
-    Touch(node);
-    for (const auto& kv : node) {
-      std::string key = kv.first.as<std::string>("");
-      if (std::find_if(allowed.begin(), allowed.end(),
-                       [&](const char* a) { return key == a; }) != allowed.end()) {
-        continue;
-      }
-      std::string hint;
-      size_t best = 3;
-      for (const char* a : allowed) {
-        size_t d = EditDistance(key, a);
-        if (d < best) {
-          best = d;
-          hint = absl::StrCat(" (did you mean ", a, "?)");
-        }
-      }
-      if (hint.empty()) {
-        std::vector<std::string> names(allowed.begin(), allowed.end());
-        hint = absl::StrCat(" (known: ", absl::StrJoin(names, ", "), ")");
-      }
-      Error(kv.first, Join(path, key), absl::StrCat("unknown field", hint));
-    }
-    return true;
-  }
-
-  // Exactly one of `choices` must be present; returns its index or -1.
-  int OneOf(const YAML::Node& map, const std::string& path,
-            const std::vector<const char*>& choices) {
-    int found = -1;
-    for (size_t i = 0; i < choices.size(); ++i) {
-      if (!map[choices[i]]) continue;
-      if (found >= 0) {
-        Error(map[choices[i]], path,
-              absl::StrCat("give only one of ", choices[found], " and ", choices[i]));
-        return -1;
-      }
-      found = static_cast<int>(i);
-    }
-    if (found < 0) {
-      Error(map, path, absl::StrCat("one of ", absl::StrJoin(choices, ", "), " is required"));
-    }
-    return found;
-  }
-
-  bool Int(const YAML::Node& map, const char* key, const std::string& path, int64_t* out,
-           bool required = false) {
-    const YAML::Node n = map[key];
-    std::string p = Join(path, key);
-    if (!Present(map, n, p, required)) return false;
-    int64_t v;
-    if (!n.IsScalar() || !absl::SimpleAtoi(n.Scalar(), &v)) {
-      Error(n, p, absl::StrCat("expected an integer, got ", Show(n)));
-      return false;
-    }
-    *out = v;
-    return true;
-  }
-
-  bool Int(const YAML::Node& map, const char* key, const std::string& path, int* out,
-           bool required = false) {
-    int64_t v = *out;
-    if (!Int(map, key, path, &v, required)) return false;
-    if (v < INT32_MIN || v > INT32_MAX) {
-      Error(map[key], Join(path, key), "out of range");
-      return false;
-    }
-    *out = static_cast<int>(v);
-    return true;
-  }
-
-  bool Double(const YAML::Node& map, const char* key, const std::string& path, double* out,
-              bool required = false) {
-    const YAML::Node n = map[key];
-    std::string p = Join(path, key);
-    if (!Present(map, n, p, required)) return false;
-    double v;
-    if (!n.IsScalar() || !absl::SimpleAtod(n.Scalar(), &v) || !std::isfinite(v)) {
-      Error(n, p, absl::StrCat("expected a number, got ", Show(n)));
-      return false;
-    }
-    *out = v;
-    return true;
-  }
-
-  bool Bool(const YAML::Node& map, const char* key, const std::string& path, bool* out) {
-    const YAML::Node n = map[key];
-    std::string p = Join(path, key);
-    if (!Present(map, n, p, false)) return false;
-    bool v;
-    if (!n.IsScalar() || !YAML::convert<bool>::decode(n, v)) {
-      Error(n, p, absl::StrCat("expected true or false, got ", Show(n)));
-      return false;
-    }
-    *out = v;
-    return true;
-  }
-
-  bool String(const YAML::Node& map, const char* key, const std::string& path,
-              std::string* out, bool required = false) {
-    const YAML::Node n = map[key];
-    std::string p = Join(path, key);
-    if (!Present(map, n, p, required)) return false;
-    if (!n.IsScalar()) {
-      Error(n, p, absl::StrCat("expected a string, got ", Show(n)));
-      return false;
-    }
-    *out = n.Scalar();
-    if (required && out->empty()) {
-      Error(n, p, "must not be empty");
-      return false;
-    }
-    return true;
-  }
-
-  bool IntList(const YAML::Node& map, const char* key, const std::string& path,
-               std::vector<int64_t>* out) {
-    const YAML::Node n = map[key];
-    std::string p = Join(path, key);
-    if (!Present(map, n, p, false)) return false;
-    if (!n.IsSequence()) {
-      Error(n, p, absl::StrCat("expected a list of integers such as [64, 32], got ", Show(n)));
-      return false;
-    }
-    std::vector<int64_t> v;
-    for (size_t i = 0; i < n.size(); ++i) {
-      int64_t x;
-      if (!n[i].IsScalar() || !absl::SimpleAtoi(n[i].Scalar(), &x)) {
-        Error(n[i], absl::StrCat(p, "[", i, "]"), absl::StrCat("expected an integer, got ",
-                                                             Show(n[i])));
-        return false;
-      }
-      v.push_back(x);
-    }
-    *out = std::move(v);
-    return true;
-  }
-
-  // Node of a sub-map, or an undefined node; reports non-maps.
-  YAML::Node Sub(const YAML::Node& map, const char* key) {
-    YAML::Node n = map[key];
-    if (n) Touch(n);
-    return n;
-  }
-
-  void Touch(const YAML::Node& n) {
-    if (n.IsDefined() && n.Mark().line >= 0) last_line_ = n.Mark().line + 1;
-  }
-
- private:
-  bool Present(const YAML::Node& map, const YAML::Node& n, const std::string& p,
-               bool required) {
-    if (n && !n.IsNull()) {
-      Touch(n);
-      return true;
-    }
-    if (required) Error(map, p, "is required");
-    return false;
-  }
-
-  static std::string Show(const YAML::Node& n) {
-    if (n.IsScalar()) return absl::StrCat("'", n.Scalar(), "'");
-    if (n.IsSequence()) return "a list";
-    if (n.IsMap()) return "a mapping";
-    return "nothing";
-  }
-
-  std::string source_;
-  std::vector<std::string> errors_;
-  int last_line_ = 1;
-};
 
 // Validation helpers: each reports through the reader and never throws.
 void Positive(Reader& r, const YAML::Node& map, const char* key, const std::string& path,
@@ -241,6 +39,27 @@ void NonNegative(Reader& r, const YAML::Node& map, const char* key, const std::s
                  double v) {
   if (v < 0) {
     r.Error(map[key], Reader::Join(path, key), absl::StrCat("must be >= 0 (got ", v, ")"));
+  }
+}
+
+void AtMost(Reader& r, const YAML::Node& map, const char* key, const std::string& path,
+            double v, double max) {
+  if (v > max) {
+    r.Error(map[key], Reader::Join(path, key), absl::StrCat("must be <= ", max, " (got ", v, ")"));
+  }
+}
+
+void AtMost(Reader& r, const YAML::Node& map, const char* key, const std::string& path,
+            int64_t v, int64_t max) {
+  if (v > max) {
+    r.Error(map[key], Reader::Join(path, key), absl::StrCat("must be <= ", max, " (got ", v, ")"));
+  }
+}
+
+void Seed(Reader& r, const YAML::Node& map, const std::string& path, int64_t* seed) {
+  if (r.Int(map, "seed", path, seed) && (*seed > kMaxSeed || *seed < -kMaxSeed)) {
+    r.Error(map["seed"], Reader::Join(path, "seed"),
+            absl::StrCat("must be within +-", kMaxSeed, " (got ", *seed, ")"));
   }
 }
 
@@ -266,8 +85,11 @@ void ParseNodes(Reader& r, const YAML::Node& root, JobSpec* spec) {
                                      n.Scalar(), "'"));
     return;
   }
-  if (lo < 1 || hi < lo) {
-    r.Error(n, "nodes", absl::StrCat("need 1 <= min <= max (got ", n.Scalar(), ")"));
+  if (lo < 1 || hi < lo || hi > kMaxNodes) {
+    r.Error(n, "nodes",
+            hi > kMaxNodes
+                ? absl::StrCat("at most ", kMaxNodes, " nodes (got ", n.Scalar(), ")")
+                : absl::StrCat("need 1 <= min <= max (got ", n.Scalar(), ")"));
     return;
   }
   spec->nodes = {lo, hi};
@@ -286,9 +108,10 @@ void ParseTop(Reader& r, const YAML::Node& root, JobSpec* spec) {
   if (const YAML::Node n = root["nproc_per_node"]; n && n.IsScalar() && n.Scalar() == "auto") {
     spec->nproc_per_node = 0;
   } else if (r.Int(root, "nproc_per_node", "", &spec->nproc_per_node) &&
-             spec->nproc_per_node < 1) {
+             (spec->nproc_per_node < 1 || spec->nproc_per_node > kMaxProcPerNode)) {
     r.Error(root["nproc_per_node"], "nproc_per_node",
-            absl::StrCat("must be >= 1 or auto (got ", spec->nproc_per_node, ")"));
+            absl::StrCat("must be 1..", kMaxProcPerNode, " or auto (got ", spec->nproc_per_node,
+                         ")"));
   }
   std::string backend;
   if (r.String(root, "backend", "", &backend)) {
@@ -305,6 +128,7 @@ void ParseTop(Reader& r, const YAML::Node& root, JobSpec* spec) {
   }
   if (r.Int(root, "max_restarts", "", &spec->max_restarts)) {
     NonNegative(r, root, "max_restarts", "", spec->max_restarts);
+    AtMost(r, root, "max_restarts", "", int64_t{spec->max_restarts}, kMaxRestarts);
   }
   if (r.String(root, "workdir", "", &spec->workdir) && !spec->workdir.empty() &&
       spec->workdir[0] != '/') {
@@ -313,9 +137,14 @@ void ParseTop(Reader& r, const YAML::Node& root, JobSpec* spec) {
   if (const YAML::Node env = r.Sub(root, "env")) {
     if (!env.IsMap()) {
       r.Error(env, "env", "expected a mapping of NAME: value");
+    } else if (env.size() > kMaxEnvEntries) {
+      r.Error(env, "env", absl::StrCat("at most ", kMaxEnvEntries, " variables (got ",
+                                       env.size(), ")"));
     } else {
+      std::map<std::string, int> seen;
       for (const auto& kv : env) {
         std::string k = kv.first.as<std::string>("");
+        if (!r.Unique(kv.first, absl::StrCat("env.", k), &seen)) continue;
         bool ok = !k.empty() && !absl::ascii_isdigit(k[0]) &&
                   std::all_of(k.begin(), k.end(),
                               [](char c) { return absl::ascii_isalnum(c) || c == '_'; });
@@ -331,7 +160,21 @@ void ParseTop(Reader& r, const YAML::Node& root, JobSpec* spec) {
           r.Error(kv.first, absl::StrCat("env.", k), "is set by ddp and cannot be overridden");
           continue;
         }
-        spec->env[k] = kv.second.Scalar();
+        // The dynamic loader's and glibc's variables would change what code the
+        // trainer runs, not how it trains.
+        if (absl::StartsWith(k, "LD_") || k == "GCONV_PATH" || k == "GLIBC_TUNABLES") {
+          r.Error(kv.first, absl::StrCat("env.", k),
+                  "loader variables (LD_*, GCONV_PATH, GLIBC_TUNABLES) cannot be set by a job");
+          continue;
+        }
+        const std::string& value = kv.second.Scalar();
+        if (value.size() > kMaxStringBytes || HasControlCharacter(value)) {
+          r.Error(kv.second, absl::StrCat("env.", k),
+                  absl::StrCat("values are at most ", kMaxStringBytes,
+                               " bytes without control characters"));
+          continue;
+        }
+        spec->env[k] = value;
       }
     }
   }
@@ -353,9 +196,10 @@ void ParseModel(Reader& r, const YAML::Node& root, JobSpec* spec) {
       if (!r.Map(n, "model.mlp", {"hidden"})) break;
       if (r.IntList(n, "hidden", "model.mlp", &m.mlp.hidden)) {
         for (size_t i = 0; i < m.mlp.hidden.size(); ++i) {
-          if (m.mlp.hidden[i] <= 0) {
+          if (m.mlp.hidden[i] <= 0 || m.mlp.hidden[i] > kMaxWidth) {
             r.Error(n["hidden"][i], absl::StrCat("model.mlp.hidden[", i, "]"),
-                    absl::StrCat("must be > 0 (got ", m.mlp.hidden[i], ")"));
+                    absl::StrCat(m.mlp.hidden[i] <= 0 ? "must be > 0" : "must be <= 65536",
+                                 " (got ", m.mlp.hidden[i], ")"));
           }
         }
       }
@@ -369,18 +213,22 @@ void ParseModel(Reader& r, const YAML::Node& root, JobSpec* spec) {
       if (r.IntList(n, "channels", "model.cnn", &m.cnn.channels)) {
         if (m.cnn.channels.empty()) r.Error(n["channels"], "model.cnn.channels", "must not be empty");
         for (size_t i = 0; i < m.cnn.channels.size(); ++i) {
-          if (m.cnn.channels[i] <= 0) {
+          if (m.cnn.channels[i] <= 0 || m.cnn.channels[i] > kMaxWidth) {
             r.Error(n["channels"][i], absl::StrCat("model.cnn.channels[", i, "]"),
-                    absl::StrCat("must be > 0 (got ", m.cnn.channels[i], ")"));
+                    absl::StrCat(m.cnn.channels[i] <= 0 ? "must be > 0" : "must be <= 65536",
+                                 " (got ", m.cnn.channels[i], ")"));
           }
         }
       }
       if (r.Int(n, "kernel", "model.cnn", &m.cnn.kernel) &&
-          (m.cnn.kernel <= 0 || m.cnn.kernel % 2 == 0)) {
+          (m.cnn.kernel <= 0 || m.cnn.kernel % 2 == 0 || m.cnn.kernel > 63)) {
         r.Error(n["kernel"], "model.cnn.kernel",
-                absl::StrCat("must be a positive odd number (got ", m.cnn.kernel, ")"));
+                absl::StrCat("must be an odd number 1..63 (got ", m.cnn.kernel, ")"));
       }
-      if (r.Int(n, "hidden", "model.cnn", &m.cnn.hidden)) Positive(r, n, "hidden", "model.cnn", m.cnn.hidden);
+      if (r.Int(n, "hidden", "model.cnn", &m.cnn.hidden)) {
+        Positive(r, n, "hidden", "model.cnn", m.cnn.hidden);
+        AtMost(r, n, "hidden", "model.cnn", m.cnn.hidden, kMaxWidth);
+      }
       break;
     }
     case 2: {
@@ -417,8 +265,13 @@ void ParseData(Reader& r, const YAML::Node& root, JobSpec* spec) {
       r.String(n, "path", "data.csv", &d.csv.path, /*required=*/true);
       if (r.Int(n, "skip_rows", "data.csv", &d.csv.skip_rows)) {
         NonNegative(r, n, "skip_rows", "data.csv", d.csv.skip_rows);
+        AtMost(r, n, "skip_rows", "data.csv", d.csv.skip_rows, kMaxRows);
       }
-      r.Int(n, "label_column", "data.csv", &d.csv.label_column);
+      if (r.Int(n, "label_column", "data.csv", &d.csv.label_column) &&
+          (d.csv.label_column > kMaxFeatures || d.csv.label_column < -kMaxFeatures)) {
+        r.Error(n["label_column"], "data.csv.label_column",
+                absl::StrCat("must be within +-", kMaxFeatures, " (got ", d.csv.label_column, ")"));
+      }
       r.Bool(n, "standardize", "data.csv", &d.csv.standardize);
       break;
     }
@@ -433,14 +286,23 @@ void ParseData(Reader& r, const YAML::Node& root, JobSpec* spec) {
       if (!r.Map(n, "data.synthetic", {"samples", "features", "classes"})) break;
       if (r.Int(n, "samples", "data.synthetic", &d.synthetic.samples)) {
         Positive(r, n, "samples", "data.synthetic", d.synthetic.samples);
+        AtMost(r, n, "samples", "data.synthetic", d.synthetic.samples, kMaxRows);
       }
       if (r.Int(n, "features", "data.synthetic", &d.synthetic.features)) {
         Positive(r, n, "features", "data.synthetic", d.synthetic.features);
+        AtMost(r, n, "features", "data.synthetic", d.synthetic.features, kMaxFeatures);
       }
       if (r.Int(n, "classes", "data.synthetic", &d.synthetic.classes) &&
-          d.synthetic.classes < 2) {
+          (d.synthetic.classes < 2 || d.synthetic.classes > kMaxFeatures)) {
         r.Error(n["classes"], "data.synthetic.classes",
-                absl::StrCat("must be >= 2 (got ", d.synthetic.classes, ")"));
+                absl::StrCat("must be 2..", kMaxFeatures, " (got ", d.synthetic.classes, ")"));
+      }
+      // Both bounded above, so the product cannot overflow.
+      if (d.synthetic.samples > 0 && d.synthetic.features > 0 &&
+          d.synthetic.samples * d.synthetic.features > kMaxSyntheticValues) {
+        r.Error(n, "data.synthetic",
+                absl::StrCat("samples * features must be <= ", kMaxSyntheticValues, " (got ",
+                             d.synthetic.samples * d.synthetic.features, ")"));
       }
       break;
     }
@@ -466,7 +328,7 @@ void ParseData(Reader& r, const YAML::Node& root, JobSpec* spec) {
       }
     }
   }
-  r.Int(data, "seed", "data", &d.seed);
+  Seed(r, data, "data", &d.seed);
 }
 
 void ParseOptimizer(Reader& r, const YAML::Node& train, TrainSpec* t) {
@@ -492,7 +354,10 @@ void ParseOptimizer(Reader& r, const YAML::Node& train, TrainSpec* t) {
     }
   }
   bool has_lr = r.Double(n, "lr", "train.optimizer", &o.lr);
-  if (has_lr) Positive(r, n, "lr", "train.optimizer", o.lr);
+  if (has_lr) {
+    Positive(r, n, "lr", "train.optimizer", o.lr);
+    AtMost(r, n, "lr", "train.optimizer", o.lr, kMaxOptimizerValue);
+  }
   if (!has_lr && o.kind == OptimizerKind::kSgd) {
     r.Error(n, "train.optimizer.lr", "is required for sgd");
   }
@@ -510,6 +375,7 @@ void ParseOptimizer(Reader& r, const YAML::Node& train, TrainSpec* t) {
   }
   if (r.Double(n, "weight_decay", "train.optimizer", &o.weight_decay)) {
     NonNegative(r, n, "weight_decay", "train.optimizer", o.weight_decay);
+    AtMost(r, n, "weight_decay", "train.optimizer", o.weight_decay, kMaxOptimizerValue);
   }
   if (const YAML::Node b = n["betas"]) {
     r.Touch(b);
@@ -523,7 +389,10 @@ void ParseOptimizer(Reader& r, const YAML::Node& train, TrainSpec* t) {
       r.Error(b, "train.optimizer.betas", "each beta must be in [0, 1)");
     }
   }
-  if (r.Double(n, "eps", "train.optimizer", &o.eps)) Positive(r, n, "eps", "train.optimizer", o.eps);
+  if (r.Double(n, "eps", "train.optimizer", &o.eps)) {
+    Positive(r, n, "eps", "train.optimizer", o.eps);
+    AtMost(r, n, "eps", "train.optimizer", o.eps, kMaxOptimizerValue);
+  }
   if (r.Bool(n, "amsgrad", "train.optimizer", &o.amsgrad) && o.amsgrad &&
       o.kind == OptimizerKind::kSgd) {
     r.Error(n["amsgrad"], "train.optimizer.amsgrad", "applies to adam and adamw only");
@@ -538,14 +407,19 @@ void ParseTrain(Reader& r, const YAML::Node& root, JobSpec* spec) {
   }
   if (!r.Map(n, "train",
              {"epochs", "batch_size", "drop_last", "shuffle", "optimizer", "loss",
-              "bucket_cap_mb", "first_bucket_cap_mb", "grad_accum_steps", "seed", "collective_timeout_s", "threads",
-              "max_steps", "precision"})) {
+              "bucket_cap_mb", "first_bucket_cap_mb", "grad_accum_steps", "seed", "collective_timeout_s",
+              "stall_timeout_s", "threads",
+              "max_steps", "precision", "intra_node_comm"})) {
     return;
   }
   TrainSpec& t = spec->train;
-  if (r.Int(n, "epochs", "train", &t.epochs)) Positive(r, n, "epochs", "train", t.epochs);
+  if (r.Int(n, "epochs", "train", &t.epochs)) {
+    Positive(r, n, "epochs", "train", t.epochs);
+    AtMost(r, n, "epochs", "train", t.epochs, kMaxEpochs);
+  }
   if (r.Int(n, "batch_size", "train", &t.batch_size, /*required=*/true)) {
     Positive(r, n, "batch_size", "train", t.batch_size);
+    AtMost(r, n, "batch_size", "train", t.batch_size, kMaxBatchSize);
   }
   r.Bool(n, "drop_last", "train", &t.drop_last);
   r.Bool(n, "shuffle", "train", &t.shuffle);
@@ -565,20 +439,33 @@ void ParseTrain(Reader& r, const YAML::Node& root, JobSpec* spec) {
   }
   if (r.Double(n, "bucket_cap_mb", "train", &t.bucket_cap_mb)) {
     Positive(r, n, "bucket_cap_mb", "train", t.bucket_cap_mb);
+    AtMost(r, n, "bucket_cap_mb", "train", t.bucket_cap_mb, kMaxBucketCapMb);
   }
   if (r.Double(n, "first_bucket_cap_mb", "train", &t.first_bucket_cap_mb)) {
     Positive(r, n, "first_bucket_cap_mb", "train", t.first_bucket_cap_mb);
+    AtMost(r, n, "first_bucket_cap_mb", "train", t.first_bucket_cap_mb, kMaxBucketCapMb);
   }
   if (r.Int(n, "grad_accum_steps", "train", &t.grad_accum_steps)) {
     Positive(r, n, "grad_accum_steps", "train", t.grad_accum_steps);
+    AtMost(r, n, "grad_accum_steps", "train", t.grad_accum_steps, kMaxGradAccumSteps);
   }
-  r.Int(n, "seed", "train", &t.seed);
+  Seed(r, n, "train", &t.seed);
   if (r.Double(n, "collective_timeout_s", "train", &t.collective_timeout_s)) {
     Positive(r, n, "collective_timeout_s", "train", t.collective_timeout_s);
+    AtMost(r, n, "collective_timeout_s", "train", t.collective_timeout_s,
+           kMaxCollectiveTimeoutS);
   }
-  if (r.Int(n, "threads", "train", &t.threads)) NonNegative(r, n, "threads", "train", t.threads);
+  if (r.Double(n, "stall_timeout_s", "train", &t.stall_timeout_s)) {
+    NonNegative(r, n, "stall_timeout_s", "train", t.stall_timeout_s);
+    AtMost(r, n, "stall_timeout_s", "train", t.stall_timeout_s, kMaxCollectiveTimeoutS);
+  }
+  if (r.Int(n, "threads", "train", &t.threads)) {
+    NonNegative(r, n, "threads", "train", t.threads);
+    AtMost(r, n, "threads", "train", t.threads, kMaxThreads);
+  }
   if (r.Int(n, "max_steps", "train", &t.max_steps)) {
     NonNegative(r, n, "max_steps", "train", t.max_steps);
+    AtMost(r, n, "max_steps", "train", t.max_steps, kMaxSteps);
   }
   std::string precision;
   if (r.String(n, "precision", "train", &precision)) {
@@ -594,6 +481,19 @@ void ParseTrain(Reader& r, const YAML::Node& root, JobSpec* spec) {
               absl::StrCat("must be fp32 (got '", precision, "')"));
     }
   }
+  std::string intra;
+  if (r.String(n, "intra_node_comm", "train", &intra)) {
+    if (intra == "auto") {
+      t.intra_node_comm = IntraNodeComm::kAuto;
+    } else if (intra == "shm") {
+      t.intra_node_comm = IntraNodeComm::kShm;
+    } else if (intra == "gloo") {
+      t.intra_node_comm = IntraNodeComm::kGloo;
+    } else {
+      r.Error(n["intra_node_comm"], "train.intra_node_comm",
+              absl::StrCat("must be auto, shm or gloo (got '", intra, "')"));
+    }
+  }
 }
 
 void ParseRest(Reader& r, const YAML::Node& root, JobSpec* spec) {
@@ -601,31 +501,43 @@ void ParseRest(Reader& r, const YAML::Node& root, JobSpec* spec) {
     if (r.Map(n, "rdzv", {"last_call_s", "timeout_s"})) {
       if (r.Double(n, "last_call_s", "rdzv", &spec->rdzv.last_call_s)) {
         NonNegative(r, n, "last_call_s", "rdzv", spec->rdzv.last_call_s);
+        AtMost(r, n, "last_call_s", "rdzv", spec->rdzv.last_call_s, kMaxLastCallS);
       }
       if (r.Double(n, "timeout_s", "rdzv", &spec->rdzv.timeout_s)) {
         Positive(r, n, "timeout_s", "rdzv", spec->rdzv.timeout_s);
+        AtMost(r, n, "timeout_s", "rdzv", spec->rdzv.timeout_s, kMaxRdzvTimeoutS);
       }
     }
   }
   if (const YAML::Node n = r.Sub(root, "checkpoint")) {
-    if (r.Map(n, "checkpoint", {"dir", "every_epochs", "every_steps", "resume"})) {
+    if (r.Map(n, "checkpoint", {"dir", "every_epochs", "every_steps", "keep", "resume"})) {
       CheckpointSpec& c = spec->checkpoint;
       r.String(n, "dir", "checkpoint", &c.dir, /*required=*/true);
       // Neither given: every epoch. Both given as 0: only the final checkpoint.
       if (!n["every_epochs"] && !n["every_steps"]) c.every_epochs = 1;
       if (r.Int(n, "every_epochs", "checkpoint", &c.every_epochs)) {
         NonNegative(r, n, "every_epochs", "checkpoint", c.every_epochs);
+        AtMost(r, n, "every_epochs", "checkpoint", c.every_epochs, kMaxEpochs);
       }
       if (r.Int(n, "every_steps", "checkpoint", &c.every_steps)) {
         NonNegative(r, n, "every_steps", "checkpoint", c.every_steps);
+        AtMost(r, n, "every_steps", "checkpoint", c.every_steps, kMaxSteps);
       }
-      r.Bool(n, "resume", "checkpoint", &c.resume);
+      if (r.Int(n, "keep", "checkpoint", &c.keep)) Positive(r, n, "keep", "checkpoint", c.keep);
+      {
+        int resume = 1;
+        if (r.BoolOrWord(n, "resume", "checkpoint", "force", &resume)) {
+          c.resume = resume == 2 ? ResumePolicy::kForce
+                                 : (resume == 1 ? ResumePolicy::kYes : ResumePolicy::kNo);
+        }
+      }
     }
   }
   if (const YAML::Node n = r.Sub(root, "metrics")) {
     if (r.Map(n, "metrics", {"every_steps", "trace_buckets"})) {
       if (r.Int(n, "every_steps", "metrics", &spec->metrics.every_steps)) {
         Positive(r, n, "every_steps", "metrics", spec->metrics.every_steps);
+        AtMost(r, n, "every_steps", "metrics", spec->metrics.every_steps, kMaxSteps);
       }
       r.Bool(n, "trace_buckets", "metrics", &spec->metrics.trace_buckets);
     }
@@ -645,11 +557,26 @@ void CrossCheck(Reader& r, const YAML::Node& root, JobSpec* spec) {
             absl::StrCat("must be greater than rdzv.timeout_s (", spec->rdzv.timeout_s,
                          "s): timeouts are ordered rendezvous < collective"));
   }
+  if (spec->train.stall_timeout_s > 0 &&
+      spec->train.stall_timeout_s >= spec->train.collective_timeout_s && root["train"]) {
+    r.Error(root["train"]["stall_timeout_s"], "train.stall_timeout_s",
+            absl::StrCat("must be less than train.collective_timeout_s (",
+                         spec->train.collective_timeout_s,
+                         "s): the watchdog names the stalled rank before the trainers' "
+                         "collective timeout blames a peer"));
+  }
+  if (spec->train.intra_node_comm == IntraNodeComm::kShm && spec->backend == Backend::kNccl &&
+      root["train"]) {
+    r.Error(root["train"]["intra_node_comm"], "train.intra_node_comm",
+            "shm reduces CPU tensors, but backend: nccl trains on GPUs (NCCL already uses "
+            "shared memory or NVLink within a node): use auto or gloo");
+  }
 }
 
 }  // namespace
 
 absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& source) {
+  if (absl::Status st = CheckJobText(yaml_text, source, kMaxSpecBytes); !st.ok()) return st;
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
@@ -682,11 +609,18 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::st
 }
 
 absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read job file ", path));
-  std::stringstream buf;
-  buf << in.rdbuf();
-  return ParseJobSpec(buf.str(), path);
+  // Read one byte past the limit at most: a huge file is refused without reading it.
+  std::string text(kMaxSpecBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMaxSpecBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        path, " is larger than ", kMaxSpecBytes,
+        " bytes, the most a job file may have (the spec size limit)"));
+  }
+  return ParseJobSpec(text, path);
 }
 
 const char* BackendName(Backend b) {
@@ -694,6 +628,15 @@ const char* BackendName(Backend b) {
     case Backend::kAuto: return "auto";
     case Backend::kNccl: return "nccl";
     case Backend::kGloo: return "gloo";
+  }
+  return "?";
+}
+
+const char* IntraNodeCommName(IntraNodeComm c) {
+  switch (c) {
+    case IntraNodeComm::kAuto: return "auto";
+    case IntraNodeComm::kShm: return "shm";
+    case IntraNodeComm::kGloo: return "gloo";
   }
   return "?";
 }

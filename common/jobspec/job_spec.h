@@ -23,6 +23,9 @@ enum class Backend { kAuto, kNccl, kGloo };
 enum class LossKind { kCrossEntropy, kMse, kBceWithLogits };
 enum class OptimizerKind { kSgd, kAdam, kAdamW };
 enum class Precision { kFp32 };  // bf16 is refused until the CUDA autocast path exists.
+// How ranks on one node reduce gradients: auto (shared memory for CPU tensors when a
+// node runs more than one rank, else the backend), shm (required), gloo (the backend).
+enum class IntraNodeComm { kAuto, kShm, kGloo };
 
 struct NodeRange {
   int min = 1;
@@ -114,9 +117,14 @@ struct TrainSpec {
   int64_t grad_accum_steps = 1;
   int64_t seed = 0;
   double collective_timeout_s = 300.0;
+  // The coordinator's stall watchdog: a running rank that reports no progress for
+  // this long fails the attempt, naming it. 0: chosen from the step reports seen
+  // (coordinator/stall_watchdog.h).
+  double stall_timeout_s = 0.0;
   int64_t threads = 0;    // Intra-op threads per rank; 0: cores / LOCAL_WORLD_SIZE.
   int64_t max_steps = 0;  // Stop after this many optimizer steps in total; 0: no cap.
   Precision precision = Precision::kFp32;
+  IntraNodeComm intra_node_comm = IntraNodeComm::kAuto;
 };
 
 struct RdzvSpec {
@@ -124,11 +132,17 @@ struct RdzvSpec {
   double timeout_s = 120.0;  // Trainers must all connect within this.
 };
 
+// checkpoint.resume: start from the newest checkpoint any rank holds (kYes), never
+// (kNo), or even from one another job wrote (kForce; kYes refuses it).
+enum class ResumePolicy { kNo, kYes, kForce };
+
 struct CheckpointSpec {
-  std::string dir;  // Empty: no checkpoints.
+  // Empty: no checkpoints. {job_id} and {node} are replaced by the trainer.
+  std::string dir;
   int64_t every_epochs = 0;
   int64_t every_steps = 0;
-  bool resume = true;  // Start from dir/checkpoint.pt when it exists.
+  int64_t keep = 2;  // Checkpoints each writer keeps, newest first.
+  ResumePolicy resume = ResumePolicy::kYes;
 };
 
 struct MetricsSpec {
@@ -153,10 +167,38 @@ struct JobSpec {
   MetricsSpec metrics;
 };
 
+// Limits (docs/job-spec.md). The size is checked before the YAML is parsed, so an
+// oversized file costs nothing; every number has an upper bound, so no product or
+// sum of fields overflows in the trainer.
+inline constexpr size_t kMaxSpecBytes = 64 * 1024;
+inline constexpr size_t kMaxStringBytes = 4096;    // Paths, env values.
+inline constexpr size_t kMaxListEntries = 64;      // hidden, channels.
+inline constexpr size_t kMaxEnvEntries = 256;
+inline constexpr int64_t kMaxWidth = 65536;        // A hidden layer's or CNN's width.
+inline constexpr int64_t kMaxNodes = 4096;
+inline constexpr int64_t kMaxProcPerNode = 1024;
+inline constexpr int64_t kMaxRestarts = 1000;
+inline constexpr int64_t kMaxEpochs = 1000000;
+inline constexpr int64_t kMaxBatchSize = 1 << 20;
+inline constexpr int64_t kMaxGradAccumSteps = 65536;
+inline constexpr int64_t kMaxSteps = int64_t{1} << 40;   // max_steps, every_steps.
+inline constexpr int64_t kMaxSeed = int64_t{1} << 53;    // |seed|; seed + epoch never overflows.
+inline constexpr int64_t kMaxRows = int64_t{1} << 31;    // skip_rows, samples, |label_column|.
+inline constexpr int64_t kMaxFeatures = 1 << 20;         // synthetic features, classes.
+inline constexpr int64_t kMaxSyntheticValues = int64_t{1} << 30;  // samples * features.
+inline constexpr int64_t kMaxThreads = 1024;
+inline constexpr double kMaxBucketCapMb = 65536;
+inline constexpr double kMaxCollectiveTimeoutS = 7 * 24 * 3600.0;
+inline constexpr double kMaxRdzvTimeoutS = 24 * 3600.0;
+inline constexpr double kMaxLastCallS = 3600.0;
+inline constexpr double kMaxOptimizerValue = 1e6;        // lr, weight_decay, eps.
+
 // Parses and validates YAML text. `source` names it in messages ("job.yaml").
 // On error returns INVALID_ARGUMENT whose message has one line per problem, each
 // "<source>:<line>: <field.path>: <what is wrong>", e.g.
 //   job.yaml:14: train.batch_size: must be > 0 (got 0)
+// or RESOURCE_EXHAUSTED when the text is over kMaxSpecBytes (nothing is parsed).
+// Text that is not UTF-8, control characters, and a field given twice are errors.
 absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text,
                                      const std::string& source = "job.yaml");
 // Reads then parses a file; NOT_FOUND if it cannot be read.
@@ -165,6 +207,7 @@ absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path);
 const char* BackendName(Backend b);
 const char* LossName(LossKind l);
 const char* OptimizerName(OptimizerKind o);
+const char* IntraNodeCommName(IntraNodeComm c);
 // "2" or "1:4".
 std::string NodeRangeString(const NodeRange& r);
 

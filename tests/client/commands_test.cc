@@ -5,6 +5,8 @@
 #include <grpcpp/client_context.h>
 #include <grpcpp/create_channel.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <memory>
 #include <ostream>
 #include <streambuf>
@@ -12,7 +14,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "coordinator/server.h"
 #include "ddp/v1/worker_service.grpc.pb.h"
@@ -104,20 +108,29 @@ class CommandsTest : public ::testing::Test {
     return st.ok() ? absl::OkStatus() : absl::UnknownError(st.error_message());
   }
 
-  // Registers worker w1 (incarnation "inc", one slot).
-  void RegisterWorker() {
+  // Registers worker w1 (incarnation "inc", `slots` slots) and heartbeats once with a free
+  // port, so that a pending one-node job forms its attempt 1 there: w1 then hosts its
+  // rank 0, whose events the coordinator takes from w1 alone.
+  void RegisterWorker(int slots = 1) {
     grpc::ClientContext ctx;
     v1::RegisterRequest reg;
     reg.set_worker("w1");
     reg.set_incarnation("inc");
     reg.set_address("127.0.0.1");
-    reg.set_slots(1);
+    reg.set_slots(slots);
     v1::RegisterResponse resp;
     ASSERT_TRUE(workers_->Register(&ctx, reg, &resp).ok());
+    grpc::ClientContext hctx;
+    v1::HeartbeatRequest hb;
+    hb.set_worker("w1");
+    hb.set_incarnation("inc");
+    hb.add_free_ports(29500);
+    v1::HeartbeatResponse hresp;
+    ASSERT_TRUE(workers_->Heartbeat(&hctx, hb, &hresp).ok());
   }
 
   // Registers worker w1 (incarnation "inc") and reports `texts` as stdout lines of
-  // `job_id`, as batch `batch_seq`.
+  // `job_id`'s rank 0, as batch `batch_seq`.
   void ReportLines(const std::string& job_id, const std::vector<std::string>& texts,
                    int64_t batch_seq) {
     RegisterWorker();
@@ -137,12 +150,12 @@ class CommandsTest : public ::testing::Test {
     ASSERT_TRUE(workers_->ReportEvents(&ctx, req, &resp).ok());
   }
 
-  // Submits a one-node job; returns its id.
-  std::string SubmitJob() {
+  // Submits a one-node job (with `extra` YAML); returns its id.
+  std::string SubmitJob(const std::string& extra = "") {
     CtlContext ctx = Context(false);
     const std::string path = testing::MakeTempDir("commands-job") + "/job.yaml";
     testing::WriteFile(path, "name: demo\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n"
-                             "train: {batch_size: 4}\n");
+                             "train: {batch_size: 4}\n" + extra);
     EXPECT_EQ(Submit(ctx, path, /*watch=*/false), kCtlOk) << err_.text();
     std::string id = out_.text();
     id.erase(id.find_last_not_of('\n') + 1);
@@ -186,6 +199,46 @@ class CommandsTest : public ::testing::Test {
   std::unique_ptr<v1::WorkerService::Stub> workers_;
   WatchedStream out_, err_;
 };
+
+TEST_F(CommandsTest, WorkersFollowsEveryPageThenSummarizesOrStopsAtTheLimit) {
+  constexpr int kWorkers = 2100;  // More than two of ListWorkers' default pages.
+  for (int i = 0; i < kWorkers; ++i) {
+    grpc::ClientContext ctx;
+    v1::RegisterRequest reg;
+    reg.set_worker(absl::StrFormat("node-%04d", i));
+    reg.set_incarnation("inc");
+    reg.set_address("127.0.0.1");
+    reg.set_slots(2);
+    v1::RegisterResponse resp;
+    ASSERT_TRUE(workers_->Register(&ctx, reg, &resp).ok());
+  }
+  CtlContext ctx = Context(false);
+  ASSERT_EQ(Workers(ctx, /*limit=*/0, /*summary_only=*/false), kCtlOk) << err_.text();
+  const std::string all = out_.text();
+  EXPECT_THAT(all, HasSubstr("node-0000 "));
+  EXPECT_THAT(all, HasSubstr("node-2099 "));
+  EXPECT_EQ(std::count(all.begin(), all.end(), '\n'), 1 + kWorkers + 1)
+      << "header, every worker once, summary";
+  EXPECT_THAT(all, HasSubstr("2,100 workers: 2,100 alive, 0 lost; 4,200 slots, 4,200 free; 0 busy"));
+
+  WatchedStream limited;
+  CtlContext first = MakeContext(address_, false, false, &limited, &err_);
+  ASSERT_EQ(Workers(first, /*limit=*/3, /*summary_only=*/false), kCtlOk);
+  EXPECT_THAT(limited.text(), HasSubstr("node-0002 "));
+  EXPECT_THAT(limited.text(), ::testing::Not(HasSubstr("node-0003 ")));
+  EXPECT_THAT(limited.text(), HasSubstr("--limit 3 --page-token node-0002"));
+  WatchedStream next;
+  CtlContext second = MakeContext(address_, false, false, &next, &err_);
+  ASSERT_EQ(Workers(second, 3, false, "node-0002"), kCtlOk);
+  EXPECT_THAT(next.text(), HasSubstr("node-0003 "));
+  EXPECT_THAT(next.text(), ::testing::Not(HasSubstr("node-0002 ")));
+
+  WatchedStream summary;
+  CtlContext brief = MakeContext(address_, false, false, &summary, &err_);
+  ASSERT_EQ(Workers(brief, 0, /*summary_only=*/true), kCtlOk);
+  EXPECT_EQ(summary.text(),
+            "2,100 workers: 2,100 alive, 0 lost; 4,200 slots, 4,200 free; 0 busy\n");
+}
 
 TEST_F(CommandsTest, GetWithHistoryReadsMoreThanGrpcsDefaultFourMegabytes) {
   const std::string id = SubmitJob();
@@ -251,6 +304,65 @@ TEST_F(CommandsTest, FollowedLogsResumeAfterTheLastLineSeenAcrossARestart) {
   EXPECT_EQ(out_.text().substr(out_.text().find("[rank 0] one")),
             "[rank 0] one\n[rank 0] two\n[rank 0] three\n")
       << "nothing repeated, nothing lost";
+}
+
+}  // namespace
+}  // namespace ddp
+
+namespace ddp {
+namespace {
+
+TEST_F(CommandsTest, LogsCollapseFoldsALineEveryRankPrintedIntoOne) {
+  const std::string id = SubmitJob("nproc_per_node: 2\n");
+  RegisterWorker(/*slots=*/2);  // Hosts ranks 0 and 1.
+  v1::ReportEventsRequest req;
+  req.set_worker("w1");
+  req.set_incarnation("inc");
+  req.set_batch_seq(1);
+  for (const auto& [rank, text] : std::vector<std::pair<int, std::string>>{
+           {1, "loading data"}, {0, "loading data"}, {0, "only rank 0"}, {1, "done"},
+           {0, "done"}}) {
+    v1::ReportedEvent* e = req.add_events();
+    e->set_job_id(id);
+    e->set_attempt(1);
+    e->set_rank(rank);
+    e->mutable_log()->set_stream("stdout");
+    e->mutable_log()->set_text(text);
+  }
+  grpc::ClientContext rpc;
+  v1::ReportEventsResponse resp;
+  ASSERT_TRUE(workers_->ReportEvents(&rpc, req, &resp).ok());
+  WatchedStream out;
+  CtlContext ctx = MakeContext(address_, /*json=*/false, false, &out, &err_);
+  ASSERT_EQ(Logs(ctx, id, /*follow=*/false, /*rank=*/-1, /*tail=*/0, /*collapse=*/true), kCtlOk)
+      << err_.text();
+  EXPECT_EQ(out.text(), "[ranks 0,1] loading data\n[rank 0] only rank 0\n[ranks 0,1] done\n");
+}
+
+TEST_F(CommandsTest, PlotWritesThePictureNamedByItsExtensionAndRefusesOthers) {
+  const std::string id = SubmitJob();
+  {
+    WatchedStream out, err;
+    CtlContext ctx = MakeContext(address_, false, false, &out, &err);
+    EXPECT_EQ(Plot(ctx, id, {"x.png", 960, 720}), kCtlFailed);
+    EXPECT_THAT(err.text(), HasSubstr("has no step metrics yet"));
+  }
+  ReportSteps(id, 50);
+  const std::string dir = testing::MakeTempDir("plot");
+  for (const char* name : {"curves.svg", "curves.png"}) {
+    WatchedStream out, err;
+    CtlContext ctx = MakeContext(address_, false, false, &out, &err);
+    ASSERT_EQ(Plot(ctx, id, {dir + "/" + name, 800, 600}), kCtlOk) << err.text();
+    EXPECT_THAT(err.text(), HasSubstr("(800x600, 1 ranks, 50 steps"));
+    const std::string bytes = testing::ReadFile(dir + "/" + name);
+    const bool png = absl::EndsWith(name, ".png");
+    EXPECT_TRUE(absl::StartsWith(bytes, png ? "\x89PNG\r\n" : "<?xml")) << name;
+  }
+  WatchedStream out, err;
+  CtlContext ctx = MakeContext(address_, false, false, &out, &err);
+  EXPECT_EQ(Plot(ctx, id, {dir + "/curves.jpg", 960, 720}), kCtlUsage);
+  EXPECT_THAT(err.text(), HasSubstr("-o must name a .svg or .png file"));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -91,6 +91,16 @@ TEST(RenderTest, LogLinesNameTheRankUnlessFiltered) {
   EXPECT_EQ(RenderLogLine(l, false), "hello");
 }
 
+TEST(RenderTest, GetShowsWhoSubmittedTheJob) {
+  const absl::Time now = absl::FromUnixSeconds(1800000000);
+  v1::Job job = RunningJob(now);
+  job.set_owner("alice");
+  EXPECT_THAT(RenderJob(job, now), ::testing::ContainsRegex("Owner: +alice\n"));
+  job.clear_owner();
+  EXPECT_THAT(RenderJob(job, now),
+              ::testing::ContainsRegex("Owner: +- \\(submitted without authentication\\)"));
+}
+
 TEST(RenderTest, GetShowsTheNewestEpochsOfALongJob) {
   const absl::Time now = absl::FromUnixSeconds(1800000000);
   v1::Job job = RunningJob(now);
@@ -111,6 +121,65 @@ TEST(RenderTest, GetShowsTheNewestEpochsOfALongJob) {
 
   job.mutable_epoch_history()->DeleteSubrange(0, 20);
   EXPECT_THAT(RenderJob(job, now), HasSubstr("\nEpochs:\n"));
+}
+
+TEST(RenderTest, WorkersShowEachGpuAndWhoHoldsIt) {
+  const absl::Time now = absl::FromUnixSeconds(1000);
+  v1::Worker w;
+  w.set_name("gpu-a");
+  w.set_alive(true);
+  w.set_slots(2);
+  w.set_free_slots(1);
+  w.set_gpus(2);
+  w.set_last_heartbeat_ms(absl::ToUnixMillis(now));
+  for (int i = 0; i < 2; ++i) {
+    v1::GpuDevice* g = w.add_gpu_devices();
+    g->set_index(i);
+    g->set_uuid(i == 0 ? "GPU-0a1b" : "GPU-2c3d");
+    g->set_model("NVIDIA H100 80GB HBM3");
+    g->set_memory_bytes(int64_t{80} << 30);
+    if (i == 1) {
+      g->set_job_id("cnn-x1y2z");
+      g->set_rank(3);
+    }
+  }
+  v1::Worker cpu;
+  cpu.set_name("cpu-b");
+  cpu.set_alive(true);
+  cpu.set_slots(1);
+  cpu.set_free_slots(1);
+  cpu.set_last_heartbeat_ms(absl::ToUnixMillis(now));
+  const std::string out = RenderWorkers({w, cpu}, now);
+  // The worker table's GPUS column: free/total, or the plain count for a CPU node.
+  EXPECT_THAT(out, testing::ContainsRegex("gpu-a +alive .* 1/2 "));
+  EXPECT_THAT(out, testing::ContainsRegex("cpu-b +alive .* 0 "));
+  // One row per GPU with model, memory and holder.
+  EXPECT_THAT(out, testing::ContainsRegex("gpu-a +0 +NVIDIA H100 80GB HBM3 +80 GiB +GPU-0a1b +- +-"));
+  EXPECT_THAT(out, testing::ContainsRegex("gpu-a +1 +NVIDIA H100 80GB HBM3 +80 GiB +GPU-2c3d +cnn-x1y2z +3"));
+}
+
+TEST(RenderTest, WorkersWithoutGpusShowNoGpuTable) {
+  v1::Worker cpu;
+  cpu.set_name("cpu-b");
+  cpu.set_alive(true);
+  EXPECT_THAT(RenderWorkers({cpu}, absl::FromUnixSeconds(1000)), testing::Not(HasSubstr("MODEL")));
+}
+
+TEST(RenderTest, AQuarantinedWorkerShowsItsStateAndWhyWithTheTimeLeft) {
+  const absl::Time now = absl::FromUnixSeconds(1000);
+  v1::Worker q;
+  q.set_name("w1");
+  q.set_alive(true);
+  q.set_quarantined_until_ms(absl::ToUnixMillis(now + absl::Seconds(25)));
+  q.set_quarantine_reason("could not start trainers of j attempt 1: workdir /x does not exist");
+  v1::Worker ok;
+  ok.set_name("w2");
+  ok.set_alive(true);
+  const std::string out = RenderWorkers({q, ok}, now);
+  EXPECT_THAT(out, testing::ContainsRegex("w1 +quarantined "));
+  EXPECT_THAT(out, testing::ContainsRegex("w2 +alive "));
+  EXPECT_THAT(out, HasSubstr("w1 is quarantined for another 25s: could not start trainers of j "
+                             "attempt 1: workdir /x does not exist\n"));
 }
 
 }  // namespace

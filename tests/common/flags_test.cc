@@ -71,5 +71,36 @@ TEST(FlagSetTest, UsageListsDefaults) {
   EXPECT_THAT(usage, HasSubstr("--slots, -s"));
 }
 
+TEST(FlagSetTest, AStringListCollectsEveryOccurrence) {
+  std::vector<std::string> roots;
+  FlagSet flags("t", "");
+  flags.StringList("allow-root", &roots, "a root");
+  auto rest = flags.Parse(std::vector<std::string>{"--allow-root", "/a", "--allow-root=/b", "x"});
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  EXPECT_EQ(roots, (std::vector<std::string>{"/a", "/b"}));
+  EXPECT_EQ(*rest, (std::vector<std::string>{"x"}));
+}
+
+TEST(FlagSetTest, DescribeListsEveryFlagWithItsAliasesAndWhetherItTakesAValue) {
+  Options o;
+  FlagSet f = MakeFlags(&o);
+  std::vector<FlagSet::Info> info = f.Describe();
+  ASSERT_FALSE(info.empty());
+  bool saw_slots = false;
+  for (const FlagSet::Info& i : info) {
+    EXPECT_FALSE(i.help.empty()) << i.name;
+    if (i.name == "slots") {
+      saw_slots = true;
+      EXPECT_TRUE(i.takes_value);
+      EXPECT_EQ(i.aliases, std::vector<std::string>{"s"});
+    }
+    if (i.name == "verbose") {
+      EXPECT_FALSE(i.takes_value);
+      EXPECT_TRUE(i.aliases.empty());
+    }
+  }
+  EXPECT_TRUE(saw_slots);
+}
+
 }  // namespace
 }  // namespace ddp

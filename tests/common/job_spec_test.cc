@@ -110,6 +110,28 @@ TEST(JobSpecTest, Bf16IsRefusedUntilItIsImplemented) {
                              HasSubstr("job.yaml:5: train.precision: bf16 is not supported yet")));
 }
 
+TEST(JobSpecTest, IntraNodeCommDefaultsToAutoAndNamesBadValues) {
+  DDP_ASSERT_OK_AND_ASSIGN(JobSpec spec, ParseJobSpec("name: d\nmodel: {mlp: {}}\n"
+                                                      "data: {synthetic: {}}\n"
+                                                      "train: {batch_size: 4}\n"));
+  EXPECT_EQ(spec.train.intra_node_comm, IntraNodeComm::kAuto);
+  DDP_ASSERT_OK_AND_ASSIGN(spec, ParseJobSpec("name: d\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n"
+                                              "train: {batch_size: 4, intra_node_comm: shm}\n"));
+  EXPECT_EQ(spec.train.intra_node_comm, IntraNodeComm::kShm);
+  EXPECT_THAT(ParseJobSpec("name: d\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n"
+                           "train:\n  batch_size: 4\n  intra_node_comm: tcp\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("job.yaml:6: train.intra_node_comm: must be auto, shm or gloo "
+                                 "(got 'tcp')")));
+}
+
+TEST(JobSpecTest, SharedMemoryIsRefusedForNccl) {
+  EXPECT_THAT(ParseJobSpec("name: d\nbackend: nccl\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n"
+                           "train:\n  batch_size: 4\n  intra_node_comm: shm\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("job.yaml:7: train.intra_node_comm: shm reduces CPU tensors")));
+}
+
 TEST(JobSpecTest, CheckpointCadenceDefaultsToEveryEpochUnlessBothAreZero) {
   const std::string head =
       "name: d\nmodel: {mlp: {}}\ndata: {synthetic: {}}\ntrain: {batch_size: 4}\n";
@@ -123,6 +145,26 @@ TEST(JobSpecTest, CheckpointCadenceDefaultsToEveryEpochUnlessBothAreZero) {
                            ParseJobSpec(head + "checkpoint: {dir: c, every_steps: 10}\n"));
   EXPECT_EQ(steps.checkpoint.every_epochs, 0);
   EXPECT_EQ(steps.checkpoint.every_steps, 10);
+}
+
+TEST(JobSpecTest, CheckpointKeepsTwoAndResumesUnlessToldOtherwise) {
+  const std::string head =
+      "name: d\nmodel: {mlp: {}}\ndata: {synthetic: {}}\ntrain: {batch_size: 4}\n";
+  DDP_ASSERT_OK_AND_ASSIGN(JobSpec plain, ParseJobSpec(head + "checkpoint: {dir: c}\n"));
+  EXPECT_EQ(plain.checkpoint.keep, 2);
+  EXPECT_EQ(plain.checkpoint.resume, ResumePolicy::kYes);
+  DDP_ASSERT_OK_AND_ASSIGN(
+      JobSpec forced, ParseJobSpec(head + "checkpoint: {dir: c, keep: 5, resume: force}\n"));
+  EXPECT_EQ(forced.checkpoint.keep, 5);
+  EXPECT_EQ(forced.checkpoint.resume, ResumePolicy::kForce);
+  DDP_ASSERT_OK_AND_ASSIGN(JobSpec off,
+                           ParseJobSpec(head + "checkpoint: {dir: c, resume: false}\n"));
+  EXPECT_EQ(off.checkpoint.resume, ResumePolicy::kNo);
+  EXPECT_THAT(ParseJobSpec(head + "checkpoint: {dir: c, keep: 0, resume: maybe}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("job.yaml:5: checkpoint.keep: must be > 0 (got 0)"),
+                             HasSubstr("job.yaml:5: checkpoint.resume: expected true, false or "
+                                       "force, got 'maybe'"))));
 }
 
 TEST(JobSpecTest, UnknownFieldSuggestsTheNearestName) {
@@ -203,6 +245,22 @@ TEST(JobSpecTest, CollectiveTimeoutMustExceedRendezvousTimeout) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("train.collective_timeout_s: must be greater than "
                                  "rdzv.timeout_s")));
+}
+
+TEST(JobSpecTest, StallTimeoutMustBeBelowTheCollectiveTimeout) {
+  const std::string base = "name: d\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n";
+  auto ok = ParseJobSpec(base + "train: {batch_size: 4, stall_timeout_s: 20}\n");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->train.stall_timeout_s, 20);
+  EXPECT_EQ(ParseJobSpec(base + "train: {batch_size: 4}\n")->train.stall_timeout_s, 0)
+      << "0: learned by the coordinator";
+  EXPECT_THAT(ParseJobSpec(base + "train: {batch_size: 4, stall_timeout_s: 300}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.stall_timeout_s: must be less than "
+                                 "train.collective_timeout_s (300s)")));
+  EXPECT_THAT(ParseJobSpec(base + "train: {batch_size: 4, stall_timeout_s: -1}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.stall_timeout_s: must be >= 0 (got -1)")));
 }
 
 TEST(JobSpecTest, TorchrunVariablesCannotBeOverridden) {

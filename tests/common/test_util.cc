@@ -6,11 +6,30 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
 namespace ddp::testing {
+namespace {
+
+// Every scratch directory this test process made, removed when it exits (after its
+// tests ran and their fixtures stopped the processes that used them), so that a test
+// that forgets, or fails halfway, leaves nothing in $TMPDIR.
+std::vector<std::string>& MadeDirs() {
+  static auto* dirs = new std::vector<std::string>();
+  return *dirs;
+}
+
+void RemoveMadeDirs() {
+  for (const std::string& dir : MadeDirs()) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+}
+
+}  // namespace
 
 std::string MakeTempDir(const std::string& name) {
   const char* base = std::getenv("TEST_TMPDIR");
@@ -18,6 +37,10 @@ std::string MakeTempDir(const std::string& name) {
   std::filesystem::path dir =
       root / absl::StrCat("ddp-", name, "-", ::getpid(), "-", absl::ToUnixMicros(absl::Now()));
   std::filesystem::create_directories(dir);
+  if (MadeDirs().empty() && std::getenv("DDP_KEEP_TEST_DIRS") == nullptr) {
+    std::atexit(RemoveMadeDirs);
+  }
+  MadeDirs().push_back(dir.string());
   return dir.string();
 }
 

@@ -6,7 +6,8 @@
 
 namespace ddp::testing {
 
-// A fresh directory under $TEST_TMPDIR (or the system temp dir).
+// A fresh directory under $TEST_TMPDIR (or the system temp dir), removed when the
+// test process exits (kept with DDP_KEEP_TEST_DIRS=1, to look at after a failure).
 std::string MakeTempDir(const std::string& name);
 // Writes `text` to `path`, creating parent directories; aborts on failure.
 void WriteFile(const std::string& path, const std::string& text);

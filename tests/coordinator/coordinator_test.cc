@@ -8,9 +8,11 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "common/exit_codes.h"
 #include "coordinator/event_hub.h"
 #include "coordinator/state_store.h"
 #include "gmock/gmock.h"
@@ -162,6 +164,7 @@ class CoordinatorTest : public ::testing::Test {
   void RunSql(const std::string& sql) {
     sqlite3* db = nullptr;
     ASSERT_EQ(sqlite3_open((dir_ + "/ddp.sqlite").c_str(), &db), SQLITE_OK);
+    sqlite3_busy_timeout(db, 10000);  // The coordinator's store writer may be committing.
     char* err = nullptr;
     const int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err);
     EXPECT_EQ(rc, SQLITE_OK) << (err ? err : "");
@@ -171,7 +174,15 @@ class CoordinatorTest : public ::testing::Test {
 
   std::string dir_;
   FakeClock clock_;
-  CoordinatorOptions options_;  // 500ms RPC, 1s interval, 10s heartbeat timeout.
+  // The timing these tests were written for (the defaults are faster): 500ms RPC,
+  // 1s interval, 10s heartbeat timeout, so the start timeout is 10s.
+  CoordinatorOptions options_ = [] {
+    CoordinatorOptions o;
+    o.rpc_deadline = absl::Milliseconds(500);
+    o.heartbeat_interval = absl::Seconds(1);
+    o.heartbeat_timeout = absl::Seconds(10);
+    return o;
+  }();
   RetentionOptions retention_;
   std::unique_ptr<StateStore> store_;
   std::unique_ptr<EventHub> hub_;
@@ -184,7 +195,7 @@ TEST_F(CoordinatorTest, TimeoutsMustBeOrdered) {
   o.heartbeat_interval = absl::Seconds(20);
   EXPECT_THAT(ValidateTimeouts(o), StatusIs(absl::StatusCode::kInvalidArgument,
                                             HasSubstr("--heartbeat-interval (20s) must be "
-                                                      "shorter than --heartbeat-timeout (10s)")));
+                                                      "shorter than --heartbeat-timeout (2.5s)")));
   o = CoordinatorOptions();
   o.rpc_deadline = absl::Seconds(2);
   EXPECT_THAT(ValidateTimeouts(o), StatusIs(absl::StatusCode::kInvalidArgument,
@@ -474,9 +485,10 @@ TEST_F(CoordinatorTest, MissedHeartbeatsFailTheAttemptAndTheJobRestarts) {
   for (const auto& r : job.attempts(1).ranks()) workers.insert(r.worker());
   EXPECT_THAT(workers, ElementsAre("w1", "w3"));
   EXPECT_EQ(job.attempts(0).ranks(0).exit_code(), 143) << "the stopped trainer's exit is kept";
-  auto workers_view = coordinator_->ListWorkers();
-  ASSERT_EQ(workers_view.size(), 3u);
-  EXPECT_FALSE(workers_view[1].alive());
+  auto workers_view = coordinator_->ListWorkers({});
+  ASSERT_TRUE(workers_view.ok()) << workers_view.status();
+  ASSERT_EQ(workers_view->workers_size(), 3);
+  EXPECT_FALSE(workers_view->workers(1).alive());
 }
 
 TEST_F(CoordinatorTest, APermanentExitFailsTheJobWithoutRestarting) {
@@ -558,26 +570,98 @@ TEST_F(CoordinatorTest, RetryableFailuresStopAtMaxRestarts) {
   EXPECT_THAT(job.reason(), HasSubstr("(no restarts left of 1)"));
 }
 
-TEST_F(CoordinatorTest, TrainersThatNeverStartTimeOutTheRendezvous) {
+TEST_F(CoordinatorTest, TrainersThatNeverStartFailTheAttemptAfterTheStartTimeout) {
   Register("w1");
   Register("w2");
-  const std::string id = Submit(JobYaml("rdzv: {timeout_s: 30}\n"));
+  // rdzv.timeout_s (the trainers' own rendezvous) is not what the coordinator waits.
+  const std::string id = Submit(JobYaml("max_restarts: 1\nrdzv: {timeout_s: 120}\n"));
   auto t1 = Heartbeat("w1");
   ASSERT_EQ(t1.size(), 1u);
-  // Both workers stay alive, but w2 never reports its trainer running.
+  // Both workers stay alive, but w2 holds its task and never reports a trainer up.
   for (int i = 0; i < 4; ++i) {
     Heartbeat("w1", {Report(t1[0])});
     Heartbeat("w2");
     coordinator_->Tick();
-    EXPECT_EQ(Get(id).state(), v1::RENDEZVOUS) << "after " << i * 8 << "s";
-    clock_.Advance(absl::Seconds(8));
+    EXPECT_EQ(Get(id).state(), v1::RENDEZVOUS) << "after " << i * 2 << "s";
+    clock_.Advance(absl::Seconds(2));
   }
+  EXPECT_EQ(StartTimeout(options_), absl::Seconds(10));  // max(5 x 1s, 10s).
+  clock_.Advance(absl::Seconds(2));
   Heartbeat("w1", {Report(t1[0])});
   Heartbeat("w2");
-  coordinator_->Tick();  // 32s > rdzv.timeout_s.
+  coordinator_->Tick();  // 10s: the start timeout.
   v1::Job job = Get(id);
-  EXPECT_EQ(job.state(), v1::FAILED);
-  EXPECT_THAT(job.reason(), HasSubstr("rendezvous timed out: trainers on w2 not running"));
+  EXPECT_EQ(job.state(), v1::PENDING) << "retryable: " << job.reason();
+  EXPECT_EQ(job.restarts(), 1);
+  ASSERT_EQ(job.attempts_size(), 1);
+  EXPECT_EQ(job.attempts(0).state(), v1::FAILED);
+  EXPECT_THAT(job.attempts(0).reason(),
+              HasSubstr("rendezvous timed out: trainers on w2 not running within 10s (the start "
+                        "timeout)"));
+}
+
+TEST_F(CoordinatorTest, TheStartTimeoutIsAFewHeartbeatsWithAFloor) {
+  CoordinatorOptions o;
+  EXPECT_EQ(StartTimeout(o), absl::Seconds(10));  // 5 x 500ms is below the floor.
+  o.heartbeat_interval = absl::Seconds(3);
+  EXPECT_EQ(StartTimeout(o), absl::Seconds(15));
+  o.start_timeout = absl::Seconds(4);
+  EXPECT_EQ(StartTimeout(o), absl::Seconds(4));  // --start-timeout wins.
+}
+
+TEST_F(CoordinatorTest, ANodeFaultQuarantinesTheWorkerAndTheRetryRunsElsewhere) {
+  Register("w1");
+  Register("w2");
+  Register("w3");
+  const std::string id = Submit(JobYaml("max_restarts: 2\n"));
+  auto t1 = TaskOf(id, Heartbeat("w1"));
+  v1::TaskStatus fault;
+  fault.set_job_id(id);
+  fault.set_attempt(1);
+  fault.set_error("workdir /jobs/x does not exist on this node");
+  fault.set_node_fault(true);
+  auto after = Heartbeat("w1", {fault});
+  EXPECT_TRUE(after.empty()) << "its attempt failed; the retry is not placed on it";
+  v1::Job job = Get(id);
+  ASSERT_EQ(job.attempts_size(), 2) << job.reason();
+  EXPECT_EQ(job.restarts(), 1);
+  std::set<std::string> nodes;
+  for (const auto& r : job.attempts(1).ranks()) nodes.insert(r.worker());
+  EXPECT_THAT(nodes, ::testing::ElementsAre("w2", "w3"));
+  auto listed = coordinator_->ListWorkers(v1::ListWorkersRequest());
+  ASSERT_TRUE(listed.ok());
+  const v1::Worker& w1 = listed->workers(0);
+  ASSERT_EQ(w1.name(), "w1");
+  EXPECT_TRUE(w1.alive());
+  EXPECT_EQ(w1.quarantined_until_ms(), absl::ToUnixMillis(clock_.Now() + absl::Seconds(30)));
+  EXPECT_THAT(w1.quarantine_reason(),
+              HasSubstr("workdir /jobs/x does not exist on this node"));
+  EXPECT_EQ(listed->workers(1).quarantined_until_ms(), 0);
+  // Reporting the failed task again (each heartbeat carries it) changes nothing.
+  Heartbeat("w1", {fault});
+  // After 30s the quarantine lifts by itself, and w1 takes work again.
+  clock_.Advance(absl::Seconds(31));
+  for (const char* w : {"w1", "w2", "w3"}) Heartbeat(w);
+  coordinator_->Tick();
+  listed = coordinator_->ListWorkers(v1::ListWorkersRequest());
+  ASSERT_TRUE(listed.ok());
+  EXPECT_EQ(listed->workers(0).quarantined_until_ms(), 0);
+  EXPECT_EQ(listed->workers(0).quarantine_reason(), "");
+}
+
+TEST_F(CoordinatorTest, ARankExitingWithTheNodeFaultCodeQuarantinesItsWorker) {
+  Register("w1");
+  Register("w2");
+  const std::string id = Submit(JobYaml("max_restarts: 2\n"));
+  auto [t1, t2] = StartOnTwoWorkers(id);
+  Heartbeat("w2", {Report(t2, kExitNodeFault)});
+  auto listed = coordinator_->ListWorkers(v1::ListWorkersRequest());
+  ASSERT_TRUE(listed.ok());
+  EXPECT_EQ(listed->workers(0).quarantined_until_ms(), 0);
+  EXPECT_THAT(listed->workers(1).quarantine_reason(),
+              HasSubstr(absl::StrCat("rank 1 of ", id, " attempt 1 exited with code 3 (node "
+                                     "fault)")));
+  EXPECT_EQ(Get(id).state(), v1::PENDING) << "waits: w2 is quarantined, w1 alone is too few";
 }
 
 TEST_F(CoordinatorTest, CancelStopsTheTrainersAndFreesTheSlots) {
@@ -676,6 +760,7 @@ TEST_F(CoordinatorTest, ARestartedCoordinatorRecoversJobsRankTablesAndMetrics) {
 
 TEST_F(CoordinatorTest, AJobWhoseStoredSpecNoLongerParsesIsRecoveredAsFailed) {
   const std::string id = Submit(JobYaml());  // PENDING: no workers.
+  ASSERT_TRUE(coordinator_->Flush().ok()) << "its reason is written after it is visible";
   auto stored = store_->Load();
   ASSERT_TRUE(stored.ok());
   ASSERT_EQ(stored->jobs.size(), 1u);
@@ -736,6 +821,209 @@ TEST_F(CoordinatorTest, RetentionKeepsTheJobsThatEndedLastNotTheLastSubmitted) {
   ASSERT_TRUE(stored.ok());
   ASSERT_EQ(stored->jobs.size(), 1u);
   EXPECT_EQ(stored->jobs[0].job.id(), long_job);
+}
+
+TEST_F(CoordinatorTest, AHeartbeatWithNothingNewWritesNothingAndSchedulesNothing) {
+  for (const char* w : {"w1", "w2", "w3"}) Register(w);
+  const std::string running = Submit(JobYaml());
+  auto [t1, t2] = StartOnTwoWorkers(running);
+  const std::string waiting = Submit(JobYaml());          // Needs w1 or w2 back.
+  const std::string too_big = Submit(JobYaml("", "5"));  // Never fits.
+  ASSERT_EQ(Get(waiting).state(), v1::PENDING);
+  ASSERT_TRUE(Get(too_big).unschedulable());
+  Heartbeat("w3");
+  ASSERT_TRUE(coordinator_->Flush().ok());
+  const Coordinator::Stats before = coordinator_->stats();
+
+  for (int i = 0; i < 10; ++i) {
+    clock_.Advance(absl::Milliseconds(100));
+    Heartbeat("w1", {Report(t1)});  // The same trainers, still running.
+    Heartbeat("w2", {Report(t2)});
+    Heartbeat("w3");                // Idle.
+  }
+  ASSERT_TRUE(coordinator_->Flush().ok());
+  const Coordinator::Stats after = coordinator_->stats();
+  EXPECT_EQ(after.heartbeats, before.heartbeats + 30);
+  EXPECT_EQ(after.store.rows_staged, before.store.rows_staged) << "no store write";
+  EXPECT_EQ(after.store.commits, before.store.commits);
+  EXPECT_EQ(after.scheduling_passes, before.scheduling_passes) << "no scheduling pass";
+
+  // Something new does both: w1's trainer exits, failing the attempt (max_restarts 0).
+  Heartbeat("w1", {Report(t1, /*exit_code=*/1)});
+  ASSERT_TRUE(coordinator_->Flush().ok());
+  EXPECT_GT(coordinator_->stats().store.rows_staged, after.store.rows_staged);
+  EXPECT_GT(coordinator_->stats().scheduling_passes, after.scheduling_passes);
+}
+
+TEST_F(CoordinatorTest, OneRankStartingWritesThatRanksRowOnly) {
+  for (const char* w : {"w1", "w2", "w3", "w4"}) Register(w);
+  const std::string id = Submit(JobYaml("", "4"));
+  std::map<std::string, v1::Task> tasks;
+  for (const char* w : {"w1", "w2", "w3", "w4"}) tasks[w] = TaskOf(id, Heartbeat(w));
+  ASSERT_TRUE(coordinator_->Flush().ok());
+  const int64_t rows = coordinator_->stats().store.rows_staged;
+  Heartbeat("w2", {Report(tasks["w2"])});
+  ASSERT_TRUE(coordinator_->Flush().ok());
+  EXPECT_EQ(coordinator_->stats().store.rows_staged, rows + 1);
+  auto stored = store_->Load();
+  ASSERT_TRUE(stored.ok());
+  EXPECT_EQ(stored->jobs[0].job.attempts(0).ranks(1).pid(), 1001);
+}
+
+TEST_F(CoordinatorTest, TasksAreHandedOutOnlyOnceTheirAttemptIsStored) {
+  Register("w1");
+  const std::string id = Submit(JobYaml("", "1"));
+  const v1::Task task = TaskOf(id, Heartbeat("w1"));
+  // No Flush(): the reply itself waited for the attempt's commit.
+  auto stored = store_->Load();
+  ASSERT_TRUE(stored.ok());
+  ASSERT_EQ(stored->jobs.size(), 1u);
+  ASSERT_EQ(stored->jobs[0].job.attempts_size(), 1);
+  EXPECT_EQ(stored->jobs[0].job.attempts(0).master_port(), task.master_port());
+  EXPECT_EQ(stored->jobs[0].job.attempts(0).ranks(0).worker(), "w1");
+}
+
+TEST_F(CoordinatorTest, AnAcknowledgedCancelIsAlreadyStored) {
+  Register("w1");
+  const std::string id = Submit(JobYaml("", "1"));
+  ASSERT_TRUE(coordinator_->Cancel(id).ok());
+  // No Flush(): Cancel answered once its rows were committed.
+  auto stored = store_->Load();
+  ASSERT_TRUE(stored.ok());
+  ASSERT_EQ(stored->jobs.size(), 1u);
+  EXPECT_EQ(stored->jobs[0].job.state(), v1::CANCELLED);
+  EXPECT_EQ(stored->jobs[0].job.attempts(0).state(), v1::CANCELLED);
+}
+
+TEST_F(CoordinatorTest, AJobTheClusterCannotHoldIsSkippedWithItsReasonUntilItCan) {
+  Register("w1");
+  Register("w2");
+  const std::string big = Submit(JobYaml("", "3"));
+  const std::string small = Submit(JobYaml());
+  v1::Job job = Get(big);
+  EXPECT_EQ(job.state(), v1::PENDING);
+  EXPECT_TRUE(job.unschedulable());
+  EXPECT_THAT(job.reason(), HasSubstr("unschedulable: needs 3 node(s) with 1 slot(s) each; the "
+                                      "cluster has 2 such node(s) alive"));
+  EXPECT_EQ(Get(small).state(), v1::RENDEZVOUS) << "the job behind it starts";
+  auto [t1, t2] = StartOnTwoWorkers(small);
+
+  Register("w3");  // The cluster can hold it now: it waits its turn, first in line.
+  job = Get(big);
+  EXPECT_FALSE(job.unschedulable());
+  EXPECT_THAT(job.reason(), HasSubstr("waiting for 3 node(s) with 1 free slot(s); 1 available"));
+  const std::string third = Submit(JobYaml("", "1"));
+  Heartbeat("w3");
+  EXPECT_EQ(Get(third).state(), v1::PENDING) << "FIFO: behind a job that fits";
+  Heartbeat("w1", {Report(t1, 0)});
+  Heartbeat("w2", {Report(t2, 0)});
+  EXPECT_EQ(Get(big).state(), v1::RENDEZVOUS);
+  EXPECT_EQ(Get(big).attempts(0).world_size(), 3);
+}
+
+TEST_F(CoordinatorTest, ARendezvousTimeoutNamesAFewWorkersAndCountsTheRest) {
+  for (int i = 0; i < 8; ++i) Register(absl::StrCat("w", i));
+  const std::string id = Submit(JobYaml("", "8"));
+  for (int step = 0; step < 4; ++step) {
+    clock_.Advance(absl::Seconds(3));
+    for (int i = 0; i < 8; ++i) Heartbeat(absl::StrCat("w", i));  // None starts.
+    coordinator_->Tick();
+  }
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_THAT(job.reason(), HasSubstr("rendezvous timed out: trainers on w0, w1, w2, w3, w4 and "
+                                      "3 more not running"));
+}
+
+TEST_F(CoordinatorTest, TheStallWatchdogNamesTheStalledRankAndKeepsBlamingItAfterItsPeerExits) {
+  Register("w1");
+  Register("w2");
+  const std::string id = Submit(
+      "name: stall\nnodes: 2\nmax_restarts: 1\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n"
+      "train: {batch_size: 4, stall_timeout_s: 5}\n");
+  auto [t1, t2] = StartOnTwoWorkers(id);
+  auto step = [&](const std::string& worker, int rank) {
+    v1::ReportEventsRequest req;
+    req.set_worker(worker);
+    req.set_incarnation(incarnations_[worker]);
+    v1::ReportedEvent* e = req.add_events();
+    e->set_job_id(id);
+    e->set_attempt(1);
+    e->set_rank(rank);
+    e->mutable_event()->set_type("step");
+    e->mutable_event()->set_rank(rank);
+    EXPECT_TRUE(coordinator_->ReportEvents(req).ok());
+  };
+  step("w1", 0);
+  step("w2", 1);
+  // Rank 1 goes silent and its agent finds the process stopped; rank 0 still
+  // reports for a while (then it, too, would wait for rank 1 in a collective).
+  v1::TaskStatus stopped = Report(t2);
+  stopped.mutable_ranks(0)->set_stopped(true);
+  for (int s = 1; s <= 4; ++s) {
+    clock_.Advance(absl::Seconds(1));
+    step("w1", 0);
+    Heartbeat("w1", {Report(t1)});
+    Heartbeat("w2", {stopped});
+    coordinator_->Tick();
+    EXPECT_EQ(Get(id).state(), v1::RUNNING) << "after " << s << "s";
+  }
+  clock_.Advance(absl::Seconds(2));  // Rank 1 silent for 6 s > 5 s.
+  coordinator_->Tick();
+  v1::Job job = Get(id);
+  ASSERT_EQ(job.attempts_size(), 1);
+  EXPECT_EQ(job.attempts(0).state(), v1::FAILED);
+  EXPECT_THAT(job.attempts(0).reason(),
+              HasSubstr("rank 1 on w2 stalled: no progress for 6.0s (stall timeout 5s, "
+                        "train.stall_timeout_s); its process is stopped"));
+  EXPECT_EQ(job.restarts(), 1);
+  // The healthy peer's collective times out afterwards: it exits 1, and the
+  // attempt's reason still names the stalled rank.
+  Heartbeat("w1", {Report(t1, 1)});
+  job = Get(id);
+  EXPECT_THAT(job.attempts(0).reason(), HasSubstr("rank 1 on w2 stalled"));
+  EXPECT_EQ(job.restarts(), 1);
+}
+
+TEST_F(CoordinatorTest, ListWorkersPagesInNameOrderAndSummarizesTheCluster) {
+  for (int i = 0; i < 7; ++i) Register(absl::StrCat("w", i), 2);
+  const std::string id = Submit(JobYaml("nproc_per_node: 2\n", "2"));
+  v1::ListWorkersRequest req;
+  req.set_limit(3);
+  std::vector<std::string> names;
+  int pages = 0;
+  while (true) {
+    auto page = coordinator_->ListWorkers(req);
+    ASSERT_TRUE(page.ok()) << page.status();
+    ++pages;
+    EXPECT_LE(page->workers_size(), 3);
+    for (const auto& w : page->workers()) names.push_back(w.name());
+    EXPECT_EQ(page->summary().workers(), 7);
+    if (page->next_page_token().empty()) break;
+    req.set_page_token(page->next_page_token());
+  }
+  EXPECT_EQ(pages, 3);
+  EXPECT_THAT(names, ElementsAre("w0", "w1", "w2", "w3", "w4", "w5", "w6"));
+
+  req = v1::ListWorkersRequest();
+  req.set_summary_only(true);
+  auto summary = coordinator_->ListWorkers(req);
+  ASSERT_TRUE(summary.ok());
+  EXPECT_TRUE(summary->workers().empty());
+  EXPECT_EQ(summary->summary().alive(), 7);
+  EXPECT_EQ(summary->summary().slots(), 14);
+  EXPECT_EQ(summary->summary().free_slots(), 10) << "the job holds 2 nodes of 2 slots";
+  EXPECT_EQ(summary->summary().busy_workers(), 2);
+  auto all = coordinator_->ListWorkers({});
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->workers_size(), 7);
+  EXPECT_THAT(all->workers(0).jobs(), ElementsAre(id));
+  EXPECT_EQ(all->workers(0).free_slots(), 0);
+
+  req = v1::ListWorkersRequest();
+  req.set_limit(-1);
+  EXPECT_THAT(coordinator_->ListWorkers(req),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("limit: must be >= 0")));
 }
 
 }  // namespace

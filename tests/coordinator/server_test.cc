@@ -8,10 +8,13 @@
 #include <grpcpp/support/channel_arguments.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <filesystem>
 #include <memory>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc/status.h"
 #include "ddp/v1/job_service.grpc.pb.h"
 #include "ddp/v1/worker_service.grpc.pb.h"
 #include "gmock/gmock.h"
@@ -62,6 +65,16 @@ TEST(CoordinatorServerTest, BadOptionsNameTheFlag) {
   o.retention.max_metric_rows = 0;
   EXPECT_THAT(ValidateServerOptions(o), StatusIs(absl::StatusCode::kInvalidArgument,
                                                  HasSubstr("--max-metric-rows: must be >= 1")));
+  o = Options(testing::MakeTempDir("server-flags"));
+  o.streams.per_caller = 0;
+  EXPECT_THAT(ValidateServerOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--max-streams-per-caller: must be >= 1 (got 0)")));
+  o = Options(testing::MakeTempDir("server-flags"));
+  o.usage.log_bytes_per_job = -1;
+  EXPECT_THAT(ValidateServerOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--max-log-bytes-per-job: must be >= 1")));
   o = Options("");
   EXPECT_THAT(ValidateServerOptions(o),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--state-dir is required")));
@@ -199,6 +212,125 @@ TEST_F(StreamingTest, AStalledWatcherHoldsUpNeitherIngestionNorOtherWatchersAndG
   EXPECT_EQ(job.state(), v1::SUCCEEDED);
   EXPECT_EQ(job.epoch_history_size(), 3000 + 10 * kUpdates);
   EXPECT_LE(received, 5) << "of " << kUpdates + 1 << " updates";
+}
+
+// Through real RPCs with tokens: owners, env redaction and the stream limits.
+class LimitsTest : public ::testing::Test {
+ protected:
+  static constexpr char kAlice[] = "alice-token-0123456789";
+  static constexpr char kBob[] = "bob-token-0123456789ab";
+  static constexpr char kRoot[] = "root-token-0123456789a";
+
+  void SetUp() override {
+    dir_ = testing::MakeTempDir("server-limits");
+    CoordinatorServerOptions o = Options(dir_ + "/state");
+    o.auth.token_file = dir_ + "/tokens";
+    testing::WriteFile(o.auth.token_file, absl::StrCat(kAlice, " user alice\n", kBob,
+                                                       " user bob\n", kRoot, " admin root\n"));
+    o.streams.total = 3;
+    o.streams.per_caller = 2;
+    auto server = CoordinatorServer::Start(o);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    jobs_ = v1::JobService::NewStub(Connect(server_->port()));
+  }
+  void TearDown() override {
+    server_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  std::unique_ptr<grpc::ClientContext> As(const char* token) {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->AddMetadata("authorization", absl::StrCat("Bearer ", token));
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    return ctx;
+  }
+
+  // A WatchJob stream of `token`; its first update read, or its refusal.
+  struct Watch {
+    std::unique_ptr<grpc::ClientContext> ctx;
+    std::unique_ptr<grpc::ClientReader<v1::Job>> reader;
+    grpc::Status refused;  // OK while open.
+  };
+  Watch Open(const char* token) {
+    Watch w;
+    w.ctx = As(token);
+    v1::WatchJobRequest req;
+    req.set_job_id(job_id_);
+    w.reader = jobs_->WatchJob(w.ctx.get(), req);
+    v1::Job job;
+    if (!w.reader->Read(&job)) w.refused = w.reader->Finish();
+    return w;
+  }
+
+  std::string dir_;
+  std::unique_ptr<CoordinatorServer> server_;
+  std::unique_ptr<v1::JobService::Stub> jobs_;
+  std::string job_id_;
+};
+
+TEST_F(LimitsTest, OwnersEnvAndStreamLimitsHoldOverRpcs) {
+  v1::SubmitJobRequest submit;
+  submit.set_spec_yaml("name: owned\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n"
+                       "train: {batch_size: 4}\nenv: {API_KEY: hunter2-secret}\n");
+  v1::SubmitJobResponse submitted;
+  ASSERT_TRUE(jobs_->SubmitJob(As(kAlice).get(), submit, &submitted).ok());
+  job_id_ = submitted.job_id();
+  EXPECT_EQ(submitted.job().owner(), "alice");
+
+  v1::GetJobRequest get;
+  get.set_job_id(job_id_);
+  v1::Job seen;
+  ASSERT_TRUE(jobs_->GetJob(As(kBob).get(), get, &seen).ok());
+  EXPECT_EQ(seen.owner(), "alice");
+  EXPECT_THAT(seen.spec_yaml(), ::testing::Not(HasSubstr("hunter2")));
+  EXPECT_THAT(seen.spec_yaml(), HasSubstr("API_KEY: <redacted>"));
+  ASSERT_TRUE(jobs_->GetJob(As(kRoot).get(), get, &seen).ok());
+  EXPECT_THAT(seen.spec_yaml(), HasSubstr("hunter2-secret"));
+
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(job_id_);
+  v1::Job cancelled;
+  EXPECT_THAT(FromGrpcStatus(jobs_->CancelJob(As(kBob).get(), cancel, &cancelled)),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("belongs to alice")));
+
+  Watch a1 = Open(kAlice), a2 = Open(kAlice);
+  ASSERT_TRUE(a1.refused.ok() && a2.refused.ok()) << a1.refused.error_message();
+  Watch a3 = Open(kAlice);
+  EXPECT_EQ(a3.refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(a3.refused.error_message(),
+              HasSubstr("alice has 2 watch and log streams open, the coordinator's "
+                        "--max-streams-per-caller is 2"));
+  Watch b1 = Open(kBob);
+  ASSERT_TRUE(b1.refused.ok()) << b1.refused.error_message();
+  v1::StreamLogsRequest logs;
+  logs.set_job_id(job_id_);
+  logs.set_follow(true);
+  auto b2ctx = As(kBob);
+  auto b2 = jobs_->StreamLogs(b2ctx.get(), logs);
+  v1::LogBatch batch;
+  EXPECT_FALSE(b2->Read(&batch));
+  const grpc::Status full = b2->Finish();
+  EXPECT_EQ(full.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(full.error_message(), HasSubstr("--max-streams is 3"));
+
+  // The owner cancels: the job ends, so do its watches, and their slots come back.
+  ASSERT_TRUE(jobs_->CancelJob(As(kAlice).get(), cancel, &cancelled).ok());
+  for (Watch* w : {&a1, &a2, &b1}) {
+    v1::Job job;
+    while (w->reader->Read(&job)) {
+    }
+    EXPECT_TRUE(w->reader->Finish().ok());
+  }
+  // A stream's slot is given back when the server is done with it, just after the
+  // client saw it end: a new one is admitted within moments.
+  grpc::Status last;
+  for (int i = 0; i < 1000; ++i) {
+    Watch again = Open(kBob);
+    last = again.refused;
+    if (last.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) break;
+  }
+  EXPECT_NE(last.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << last.error_message();
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // the exclusive hold a store takes on its directory.
 #include "coordinator/state_store.h"
 
+#include <sqlite3.h>
 #include <unistd.h>
 
 #include <memory>
@@ -117,6 +118,92 @@ TEST(StateStoreTest, RetentionDeletesJobsWholeAndTrimsEveryJobsOutputToTheNewest
   std::vector<int64_t> steps;
   for (const auto& m : *metrics) steps.push_back(m.global_step());
   EXPECT_THAT(steps, ElementsAre(3, 4, 5)) << "the newest max_metric_rows rows";
+}
+
+TEST(StateStoreTest, RetentionCountsAJobsRowsFromTheDatabaseAfterARestart) {
+  const std::string dir = testing::MakeTempDir("store-recount");
+  RetentionOptions retention;
+  retention.max_metric_rows = 4;
+  retention.max_log_lines = 3;
+  {
+    auto store = StateStore::Open(dir, retention);
+    ASSERT_TRUE(store.ok()) << store.status();
+    AppendOutput(**store, "j", 3, 2);  // Within the bounds.
+  }
+  auto store = StateStore::Open(dir, retention);  // Knows nothing of "j" yet.
+  ASSERT_TRUE(store.ok()) << store.status();
+  StateStore& s = **store;
+  std::vector<v1::RankMetrics> metrics(3);
+  for (int i = 0; i < 3; ++i) {
+    metrics[static_cast<size_t>(i)].set_attempt(1);
+    metrics[static_cast<size_t>(i)].set_global_step(4 + i);
+  }
+  std::vector<v1::LogLine> logs(2);
+  for (int i = 0; i < 2; ++i) logs[static_cast<size_t>(i)].set_seq(3 + i);
+  ASSERT_TRUE(s.Append("j", metrics, {}, logs).ok());
+  ASSERT_TRUE(s.EnforceRetention({}).ok());
+  auto history = s.MetricHistory("j");
+  ASSERT_TRUE(history.ok());
+  std::vector<int64_t> steps;
+  for (const auto& m : *history) steps.push_back(m.global_step());
+  EXPECT_THAT(steps, ElementsAre(3, 4, 5, 6)) << "6 rows, 3 before the restart: 2 deleted";
+  auto lines = s.ReadLogs("j", 0, std::nullopt, 100);
+  ASSERT_TRUE(lines.ok());
+  std::vector<int64_t> seqs;
+  for (const auto& l : *lines) seqs.push_back(l.seq());
+  EXPECT_THAT(seqs, ElementsAre(2, 3, 4));
+  ASSERT_TRUE(s.EnforceRetention({}).ok()) << "nothing over a bound: nothing to do";
+  EXPECT_EQ(s.MetricHistory("j")->size(), 4u);
+}
+
+TEST(StateStoreTest, WriteUpsertsExactlyTheRowsItIsGiven) {
+  const std::string dir = testing::MakeTempDir("store-rows");
+  auto store = StateStore::Open(dir);
+  ASSERT_TRUE(store.ok()) << store.status();
+  StateStore& s = **store;
+  v1::Job job = EndedJob("j", 100);
+  job.mutable_attempts(0)->add_ranks()->set_rank(1);
+  job.mutable_attempts(0)->mutable_ranks(1)->set_worker("w2");
+  ASSERT_TRUE(s.SaveJob(job, 1).ok());
+  RowBatch batch;  // One rank changes: its row alone.
+  v1::RankAssignment rank = job.attempts(0).ranks(1);
+  rank.set_pid(77);
+  batch.ranks.push_back({"j", 1, rank});
+  ASSERT_TRUE(s.Write(batch).ok());
+  auto loaded = s.Load();
+  ASSERT_TRUE(loaded.ok());
+  ASSERT_EQ(loaded->jobs.size(), 1u);
+  const v1::Attempt& a = loaded->jobs[0].job.attempts(0);
+  ASSERT_EQ(a.ranks_size(), 2);
+  EXPECT_EQ(a.ranks(0).worker(), "w1");
+  EXPECT_EQ(a.ranks(1).pid(), 77);
+}
+
+TEST(StateStoreTest, ADatabaseWithoutTheOwnerColumnGainsItAndKeepsItsJobs) {
+  const std::string dir = testing::MakeTempDir("store-owner");
+  {
+    auto store = StateStore::Open(dir);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->SaveJob(EndedJob("old", 100), 1).ok());
+  }
+  // As a coordinator from before job owners left it.
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir + "/ddp.sqlite").c_str(), &db), SQLITE_OK);
+  EXPECT_EQ(sqlite3_exec(db, "ALTER TABLE jobs DROP COLUMN owner", nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+
+  auto store = StateStore::Open(dir);
+  ASSERT_TRUE(store.ok()) << store.status();
+  v1::Job owned = EndedJob("new", 200);
+  owned.set_owner("alice");
+  ASSERT_TRUE((*store)->SaveJob(owned, 2).ok());
+  auto loaded = (*store)->Load();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->jobs.size(), 2u);
+  EXPECT_EQ(loaded->jobs[0].job.id(), "old");
+  EXPECT_EQ(loaded->jobs[0].job.owner(), "");
+  EXPECT_EQ(loaded->jobs[1].job.owner(), "alice");
 }
 
 TEST(StateStoreTest, RetentionBoundsBelowOneAreRejected) {

@@ -185,7 +185,11 @@ TEST_F(ClusterTest, CancelMidRunEndsTheJobAndLeavesNoTrainer) {
   EXPECT_EQ(job->state(), v1::CANCELLED);
   for (const auto& r : job->attempts(0).ranks()) {
     EXPECT_TRUE(r.exited()) << "rank " << r.rank();
-    EXPECT_EQ(r.signal(), SIGTERM) << "stopped by SIGTERM within the grace period";
+    // Stopped within the grace period: by its SIGTERM or, when its peer was stopped
+    // first (a loaded machine delivers the two signals apart), by the retryable error
+    // of its broken collective. Never SIGKILL: that would mean the grace ran out.
+    EXPECT_TRUE(r.signal() == SIGTERM || (r.signal() == 0 && r.exit_code() == 1))
+        << "rank " << r.rank() << ": " << r.ShortDebugString();
   }
   for (int pid : pids) EXPECT_TRUE(ProcessGone(pid)) << "trainer " << pid << " still runs";
   // `watch` on a cancelled job reports the outcome with its own exit code.

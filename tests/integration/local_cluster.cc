@@ -13,20 +13,25 @@
 
 #include <grpcpp/client_context.h>
 #include <grpcpp/create_channel.h>
+#include <grpcpp/generic/generic_stub.h>
 
 #include "absl/random/random.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/net.h"
+#include "common/auth/tokens.h"
+#include "common/rpc/credentials.h"
 #include "common/rpc/status.h"
 #include "tests/common/test_util.h"
 
 namespace ddp::testing {
 namespace {
 
-// Fast failure detection for tests; ordered as the coordinator requires.
+// Fast failure detection for tests; ordered as the coordinator requires (the
+// heartbeat timeout comes from the options).
 const std::vector<std::string> kTimingFlags = {"--rpc-deadline=100ms",
-                                               "--heartbeat-interval=200ms",
-                                               "--heartbeat-timeout=2s"};
+                                               "--heartbeat-interval=200ms"};
 
 bool PortIsFree(int port) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -145,7 +150,19 @@ std::string OutputCollector::text() {
 
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const Options& options) {
   std::unique_ptr<LocalCluster> c(new LocalCluster());
+  c->options_ = options;
   c->dir_ = MakeTempDir("cluster");
+  if (options.secure) {
+    std::vector<std::string> argv = {"/bin/bash", SourceDir() + "/scripts/make_certs.sh",
+                                     c->certs()};
+    for (int i = 0; i < options.workers; ++i) {
+      argv.insert(argv.end(), {"--worker", absl::StrCat("w", i + 1)});
+    }
+    CtlResult made = RunCapture(argv, absl::Minutes(1));
+    if (made.exit_code != 0) {
+      return absl::InternalError(absl::StrCat("make_certs.sh failed: ", made.err));
+    }
+  }
   // A free port below the ephemeral range: connecting to a closed ephemeral port on
   // loopback can "succeed" by TCP self-connect while the coordinator restarts.
   absl::BitGen gen;
@@ -156,7 +173,9 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const Options&
   if (c->port_ == 0) return absl::UnavailableError("no free port for the coordinator");
   if (absl::Status st = c->StartCoordinator(); !st.ok()) return st;
   for (int i = 0; i < options.workers; ++i) {
-    if (absl::Status st = c->StartWorker(i, options.slots); !st.ok()) return st;
+    if (absl::Status st = c->StartWorker(absl::StrCat("w", i + 1), options.slots); !st.ok()) {
+      return st;
+    }
   }
   if (absl::Status st = c->WaitForWorkers(options.workers); !st.ok()) return st;
   return c;
@@ -176,12 +195,27 @@ absl::Status LocalCluster::StartCoordinator() {
   o.argv = {BinDir() + "/ddp-coordinator", "--listen", address(), "--state-dir",
             dir_ + "/state"};
   o.argv.insert(o.argv.end(), kTimingFlags.begin(), kTimingFlags.end());
+  o.argv.insert(o.argv.end(), options_.coordinator_flags.begin(),
+                options_.coordinator_flags.end());
+  o.argv.push_back(absl::StrCat("--heartbeat-timeout=",
+                                absl::ToInt64Milliseconds(options_.heartbeat_timeout), "ms"));
+  ChannelSecurity security;
+  if (options_.secure) {
+    o.argv.insert(o.argv.end(), {"--tls-cert", certs() + "/coordinator.pem", "--tls-key",
+                                 certs() + "/coordinator.key", "--tls-ca", certs() + "/ca.pem",
+                                 "--auth-token-file", certs() + "/tokens"});
+    security.ca_file = certs() + "/ca.pem";
+    auto token = ReadClientToken(certs() + "/admin.token");
+    if (!token.ok()) return token.status();
+    security.token = *token;
+  }
   auto proc = Subprocess::Spawn(o);
   if (!proc.ok()) return proc.status();
   coordinator_ = std::move(*proc);
   // Serving once it answers a call.
-  stub_ = v1::JobService::NewStub(
-      grpc::CreateChannel(address(), grpc::InsecureChannelCredentials()));
+  auto channel = MakeChannel(address(), security);
+  if (!channel.ok()) return channel.status();
+  stub_ = v1::JobService::NewStub(*channel);
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   while (absl::Now() < deadline) {
     grpc::ClientContext ctx;
@@ -196,16 +230,84 @@ absl::Status LocalCluster::StartCoordinator() {
   return absl::UnavailableError("the coordinator did not come up");
 }
 
-absl::Status LocalCluster::StartWorker(int i, int slots) {
+absl::Status LocalCluster::AddWorker(const std::string& name) {
+  return StartWorker(name, options_.slots);
+}
+
+absl::Status LocalCluster::StartWorker(const std::string& name, int slots) {
   SpawnOptions o;
-  const std::string name = absl::StrCat("w", i + 1);
+  auto health_port = PickFreePort("127.0.0.1");
+  if (!health_port.ok()) return health_port.status();
   o.argv = {BinDir() + "/ddp-worker", "--coordinator", address(), "--name", name,
             "--slots", std::to_string(slots), "--cpus", "1", "--stop-grace", "3s",
-            "--work-dir", dir_ + "/" + name};
+            "--work-dir", dir_ + "/" + name,
+            "--health-listen", absl::StrCat("127.0.0.1:", *health_port)};
+  if (!options_.trainer.empty()) {
+    o.argv.push_back("--trainer");
+    o.argv.push_back(options_.trainer);
+  }
+  if (options_.secure) {
+    o.argv.insert(o.argv.end(), {"--tls-ca", certs() + "/ca.pem", "--tls-cert",
+                                 certs() + "/" + name + ".pem", "--tls-key",
+                                 certs() + "/" + name + ".key"});
+  }
+  o.argv.insert(o.argv.end(), options_.worker_flags.begin(), options_.worker_flags.end());
+  int metrics_port = 0;
+  if (options_.worker_metrics) {
+    auto port = PickFreePort("127.0.0.1");
+    if (!port.ok()) return port.status();
+    metrics_port = *port;
+    o.argv.push_back(absl::StrCat("--metrics-listen=127.0.0.1:", metrics_port));
+  }
+  if (options_.worker_cwd_own_dir) {
+    o.cwd = dir_ + "/" + name;
+    std::error_code ec;
+    std::filesystem::create_directories(o.cwd, ec);
+    if (ec) return absl::InternalError(absl::StrCat("mkdir ", o.cwd, ": ", ec.message()));
+  }
   auto proc = Subprocess::Spawn(o);
   if (!proc.ok()) return proc.status();
   workers_.push_back(std::move(*proc));
+  health_ports_.push_back(*health_port);
+  metrics_ports_.push_back(metrics_port);
   return absl::OkStatus();
+}
+
+absl::Status LocalCluster::WaitForWorkerHealth(int i, bool serving, absl::Duration timeout) {
+  // grpc.health.v1 through the generic stub (Debian ships no health client): an empty
+  // HealthCheckRequest, and a response whose field 1 is 1 (SERVING) or 2 (NOT_SERVING).
+  grpc::GenericStub stub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", health_ports_[static_cast<size_t>(i)]),
+      grpc::InsecureChannelCredentials()));
+  const std::string want = serving ? std::string("\x08\x01", 2) : std::string("\x08\x02", 2);
+  std::string last = "no answer";
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    grpc::Slice empty("");
+    grpc::ByteBuffer request(&empty, 1), response;
+    absl::Notification done;
+    grpc::Status status;
+    stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
+                   &response, [&](grpc::Status st) {
+                     status = std::move(st);
+                     done.Notify();
+                   });
+    done.WaitForNotification();
+    std::vector<grpc::Slice> slices;
+    std::string got;
+    if (status.ok() && response.Dump(&slices).ok()) {
+      for (const grpc::Slice& s : slices) got.append(reinterpret_cast<const char*>(s.begin()), s.size());
+      if (got == want) return absl::OkStatus();
+    }
+    last = status.ok() ? absl::StrCat("response bytes '", absl::CHexEscape(got), "'")
+                       : status.error_message();
+    // The agent's state lives in another process: ask again shortly.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("worker ", i + 1, " did not turn ",
+                                                  serving ? "SERVING" : "NOT_SERVING", ": ", last));
 }
 
 absl::Status LocalCluster::WaitForWorkers(int n, absl::Duration timeout) {
@@ -225,10 +327,23 @@ absl::Status LocalCluster::WaitForWorkers(int n, absl::Duration timeout) {
   return absl::DeadlineExceededError(absl::StrCat(n, " workers did not register"));
 }
 
+std::vector<std::string> LocalCluster::CtlFlags(const std::string& role) const {
+  std::vector<std::string> flags = {"--coordinator", address()};
+  if (options_.secure) {
+    flags.insert(flags.end(), {"--tls-ca", certs() + "/ca.pem"});
+    if (!role.empty()) flags.insert(flags.end(), {"--token-file", certs() + "/" + role + ".token"});
+  }
+  return flags;
+}
+
 CtlResult LocalCluster::Ctl(std::vector<std::string> args, absl::Duration timeout) {
+  return CtlAs("user", std::move(args), timeout);
+}
+
+CtlResult LocalCluster::CtlAs(const std::string& role, std::vector<std::string> args,
+                              absl::Duration timeout) {
   args.insert(args.begin(), BinDir() + "/ddpctl");
-  args.push_back("--coordinator");
-  args.push_back(address());
+  for (const std::string& f : CtlFlags(role)) args.push_back(f);
   return RunCapture(args, timeout);
 }
 
@@ -236,18 +351,18 @@ absl::StatusOr<std::unique_ptr<Subprocess>> LocalCluster::CtlAsync(std::vector<s
   SpawnOptions o;
   o.argv = {BinDir() + "/ddpctl"};
   o.argv.insert(o.argv.end(), args.begin(), args.end());
-  o.argv.push_back("--coordinator");
-  o.argv.push_back(address());
+  for (const std::string& f : CtlFlags("user")) o.argv.push_back(f);
   o.capture_stdout = true;
   o.capture_stderr = true;
   return Subprocess::Spawn(o);
 }
 
-absl::StatusOr<v1::Job> LocalCluster::GetJob(const std::string& job_id) {
+absl::StatusOr<v1::Job> LocalCluster::GetJob(const std::string& job_id, bool history) {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
   v1::GetJobRequest req;
   req.set_job_id(job_id);
+  req.set_metric_history(history);
   v1::Job job;
   absl::Status st = FromGrpcStatus(stub_->GetJob(&ctx, req, &job));
   if (!st.ok()) return st;

@@ -55,6 +55,22 @@ class LocalCluster {
   struct Options {
     int workers = 2;
     int slots = 1;
+    std::string trainer;  // ddp-worker --trainer; empty: the real ddp-trainer.
+    // The coordinator's --heartbeat-timeout: how long a worker may be silent, and how
+    // long a restarted coordinator waits for the workers it recovered.
+    absl::Duration heartbeat_timeout = absl::Seconds(2);
+    // mTLS and tokens (scripts/make_certs.sh into <dir>/certs): the coordinator
+    // serves TLS, verifies worker certificates and requires tokens; workers present
+    // their certificates; ddpctl and the harness's own stub use the CA and a token.
+    bool secure = false;
+    std::vector<std::string> worker_flags;  // Extra ddp-worker flags (--allow-root ...).
+    std::vector<std::string> coordinator_flags;  // Extra ddp-coordinator flags.
+    // Each worker serves Prometheus metrics on a port of its own (worker_metrics_port).
+    bool worker_metrics = false;
+    // Each ddp-worker runs in its own directory (<dir>/<name>, its --work-dir) rather
+    // than the test's: a path under /proc/self/cwd then names a different directory on
+    // each "node", so one node can lack what the others have.
+    bool worker_cwd_own_dir = false;
   };
   static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const Options& options);
   ~LocalCluster();
@@ -62,12 +78,18 @@ class LocalCluster {
   std::string address() const;
   const std::string& dir() const { return dir_; }
 
-  // ddpctl ARGS --coordinator <this cluster>.
+  // ddpctl ARGS --coordinator <this cluster> (secure: with the CA and the `user` token).
   CtlResult Ctl(std::vector<std::string> args, absl::Duration timeout = absl::Minutes(3));
+  // ddpctl as `role` (admin, user, viewer: that token; "" none) on a secure cluster.
+  CtlResult CtlAs(const std::string& role, std::vector<std::string> args,
+                  absl::Duration timeout = absl::Minutes(3));
+  // <dir>/certs, where a secure cluster's certificates and tokens are.
+  std::string certs() const { return dir_ + "/certs"; }
   // ddpctl in the background (watch, logs -f); stdout and stderr captured.
   absl::StatusOr<std::unique_ptr<Subprocess>> CtlAsync(std::vector<std::string> args);
 
-  absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
+  // With `history`, every stored step metric of every rank and attempt.
+  absl::StatusOr<v1::Job> GetJob(const std::string& job_id, bool history = false);
   // Follows WatchJob until `pred` holds for an update (or the stream ends).
   absl::StatusOr<v1::Job> WaitFor(const std::string& job_id,
                                   const std::function<bool(const v1::Job&)>& pred,
@@ -80,15 +102,27 @@ class LocalCluster {
   // Starts a coordinator again on the same port and state directory.
   absl::Status StartCoordinator();
   Subprocess& worker(int i) { return *workers_[static_cast<size_t>(i)]; }
+  // Starts one more worker, named `name` (the first ones are w1, w2, ...); it is
+  // worker(n) for the n workers before it.
+  absl::Status AddWorker(const std::string& name);
+  // Waits until worker i's gRPC health service (grpc.health.v1.Health/Check on its
+  // --health-listen port) answers SERVING (`serving`) or NOT_SERVING.
+  int worker_metrics_port(int i) const { return metrics_ports_[static_cast<size_t>(i)]; }
+  absl::Status WaitForWorkerHealth(int i, bool serving,
+                                   absl::Duration timeout = absl::Seconds(30));
 
  private:
   LocalCluster() = default;
-  absl::Status StartWorker(int i, int slots);
+  absl::Status StartWorker(const std::string& name, int slots);
+  std::vector<std::string> CtlFlags(const std::string& role) const;
 
+  Options options_;
   std::string dir_;
   int port_ = 0;
   std::unique_ptr<Subprocess> coordinator_;
   std::vector<std::unique_ptr<Subprocess>> workers_;
+  std::vector<int> health_ports_;  // Each worker's --health-listen port.
+  std::vector<int> metrics_ports_;  // Each worker's --metrics-listen port (0: none).
   std::unique_ptr<v1::JobService::Stub> stub_;
 };
 

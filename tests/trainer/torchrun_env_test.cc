@@ -45,6 +45,24 @@ TEST(TorchrunEnvTest, LocalVariablesDefaultToOneNode) {
   EXPECT_EQ(env.events_fd, -1);
 }
 
+TEST(TorchrunEnvTest, ReadsTheNodeAndTheCheckpointStallHook) {
+  const std::map<std::string, std::string> base = {{"RANK", "0"}, {"WORLD_SIZE", "1"},
+                                                   {"MASTER_ADDR", "127.0.0.1"},
+                                                   {"MASTER_PORT", "29600"}};
+  DDP_ASSERT_OK_AND_ASSIGN(TorchrunEnv plain, Read(base));
+  EXPECT_FALSE(plain.node.empty()) << "the host name when DDP_NODE is unset";
+  EXPECT_EQ(plain.debug_checkpoint_stall, -1);
+  auto vars = base;
+  vars["DDP_NODE"] = "w2";
+  vars["DDP_DEBUG_CHECKPOINT_STALL"] = "15";
+  DDP_ASSERT_OK_AND_ASSIGN(TorchrunEnv env, Read(vars));
+  EXPECT_EQ(env.node, "w2");
+  EXPECT_EQ(env.debug_checkpoint_stall, 15);
+  vars["DDP_DEBUG_CHECKPOINT_STALL"] = "soon";
+  EXPECT_THAT(Read(vars), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("DDP_DEBUG_CHECKPOINT_STALL")));
+}
+
 TEST(TorchrunEnvTest, ErrorsNameTheVariable) {
   EXPECT_THAT(Read({}), StatusIs(absl::StatusCode::kInvalidArgument,
                                  HasSubstr("RANK is not set")));

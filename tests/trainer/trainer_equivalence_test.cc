@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <map>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -13,6 +14,7 @@
 #include "tests/common/status_matchers.h"
 #include "tests/trainer/trainer_harness.h"
 #include "worker/trainer/checkpoint.h"
+#include "worker/trainer/checkpoint_store.h"
 
 namespace ddp {
 namespace {
@@ -73,18 +75,20 @@ class TrainerEquivalenceTest : public ::testing::Test {
     return *results;
   }
 
-  // The model rank 0 saved at the end of the last Run().
+  // The model rank 0 saved at the end of the last Run() (its newest checkpoint).
   std::map<std::string, at::Tensor> SavedModel() {
-    std::string path = CheckpointPath(dir_ + "/ckpt");
-    auto bytes = ReadFileBytes(path);
+    CheckpointStore store(CheckpointStore::Options{dir_ + "/ckpt", "test", 2, -1});
+    auto steps = store.Steps();
+    EXPECT_TRUE(steps.ok() && !steps->empty()) << steps.status();
+    if (!steps.ok() || steps->empty()) return {};
+    auto bytes = store.Read(steps->back());
     EXPECT_TRUE(bytes.ok()) << bytes.status();
     if (!bytes.ok()) return {};
-    auto dict = DecodeCheckpoint(*bytes, path);
-    EXPECT_TRUE(dict.ok()) << dict.status();
+    auto state = DecodeCheckpoint(*bytes, store.PathFor(steps->back()));
+    EXPECT_TRUE(state.ok()) << state.status();
+    if (!state.ok()) return {};
     std::map<std::string, at::Tensor> out;
-    for (const auto& e : dict->at("model").toGenericDict()) {
-      out[e.key().toStringRef()] = e.value().toTensor();
-    }
+    for (const auto& [name, t] : state->model) out[name] = t;
     return out;
   }
 
@@ -195,20 +199,37 @@ TEST_F(TrainerEquivalenceTest, GradAccumulationEqualsOneStepOnTheLargerBatch) {
 
 // Per-step losses of every rank, and each epoch's validation, equal those of
 // PyTorch's Python DDP on the same job (tests/fixtures/<job>.losses.json, made by
-// scripts/gen_fixtures.py).
-class MatchesPyTorchDdpTest : public ::testing::TestWithParam<std::string> {};
+// scripts/gen_fixtures.py), whether the two ranks reduce through shared memory or
+// through Gloo.
+class MatchesPyTorchDdpTest
+    : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 
 TEST_P(MatchesPyTorchDdpTest, PerStepLossesAndValidationMatchWithin1e5) {
+  const auto& [job, intra_node_comm] = GetParam();
   const std::string fixtures = testing::SourceDir() + "/tests/fixtures/";
-  auto reference = testing::ParseJson(testing::ReadFile(fixtures + GetParam() + ".losses.json"));
+  auto reference = testing::ParseJson(testing::ReadFile(fixtures + job + ".losses.json"));
   ASSERT_TRUE(reference.ok()) << reference.status();
+  // The fixture with train.intra_node_comm set, run from the fixtures' directory so
+  // that its relative paths still resolve.
+  const std::string fixture = testing::ReadFile(fixtures + job + ".yaml");
+  ASSERT_NE(fixture.find("\ntrain:\n"), std::string::npos);
+  const std::string dir = testing::MakeTempDir("parity");
+  testing::WriteFile(dir + "/job.yaml",
+                     absl::StrReplaceAll(fixture, {{"\ntrain:\n", absl::StrCat("\ntrain:\n  intra_node_comm: ",
+                                                                             intra_node_comm, "\n")}}));
   testing::TrainerLaunch launch;
-  launch.spec_path = fixtures + GetParam() + ".yaml";
+  launch.spec_path = dir + "/job.yaml";
+  launch.cwd = fixtures;
   launch.world_size = 2;
   DDP_ASSERT_OK_AND_ASSIGN(auto results, testing::RunTrainers(launch));
   const auto& ranks = reference->struct_value().fields().at("ranks").struct_value().fields();
   for (const RankResult& r : results) {
     ASSERT_TRUE(r.exit.ok()) << r.stderr_text;
+    auto start = r.OfType("start");
+    ASSERT_EQ(start.size(), 1u);
+    EXPECT_EQ(start[0].String("intra_node_comm"), intra_node_comm);
+    EXPECT_EQ(r.OfType("done")[0].String("params_fingerprint"),
+              results[0].OfType("done")[0].String("params_fingerprint"));
     const auto& expected =
         ranks.at(std::to_string(r.rank)).struct_value().fields().at("losses").list_value();
     auto steps = r.OfType("step");
@@ -237,9 +258,14 @@ TEST_P(MatchesPyTorchDdpTest, PerStepLossesAndValidationMatchWithin1e5) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, MatchesPyTorchDdpTest,
-                         ::testing::Values("cancer_adam", "synthetic_sgd_accum", "fmnist_cnn",
-                                           "torchscript_norm_accum"));
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, MatchesPyTorchDdpTest,
+    ::testing::Combine(::testing::Values("cancer_adam", "synthetic_sgd_accum", "fmnist_cnn",
+                                         "torchscript_norm_accum"),
+                       ::testing::Values("shm", "gloo")),
+    [](const auto& info) {
+      return std::get<0>(info.param) + "_" + std::get<1>(info.param);
+    });
 
 }  // namespace
 }  // namespace ddp

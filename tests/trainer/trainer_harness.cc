@@ -59,11 +59,14 @@ absl::StatusOr<std::unique_ptr<TrainerGroup>> TrainerGroup::Start(const TrainerL
     o.argv = {TrainerBinary(), "--spec", std::filesystem::absolute(launch.spec_path).string()};
     o.cwd = cwd;
     o.env = launch.env;
+    const int per_node = launch.nproc_per_node > 0 ? launch.nproc_per_node : launch.world_size;
+    const int node = r / per_node;
     o.env["RANK"] = std::to_string(r);
-    o.env["LOCAL_RANK"] = std::to_string(r);
+    o.env["LOCAL_RANK"] = std::to_string(r % per_node);
     o.env["WORLD_SIZE"] = std::to_string(launch.world_size);
-    o.env["LOCAL_WORLD_SIZE"] = std::to_string(launch.world_size);
-    o.env["GROUP_RANK"] = "0";
+    o.env["LOCAL_WORLD_SIZE"] = std::to_string(per_node);
+    o.env["GROUP_RANK"] = std::to_string(node);
+    if (node < static_cast<int>(launch.nodes.size())) o.env["DDP_NODE"] = launch.nodes[node];
     o.env["MASTER_ADDR"] = "127.0.0.1";
     o.env["MASTER_PORT"] = std::to_string(group->port_);
     o.env["DDP_EVENTS_FD"] = "3";
@@ -80,8 +83,9 @@ absl::StatusOr<std::unique_ptr<TrainerGroup>> TrainerGroup::Start(const TrainerL
   return group;
 }
 
-std::vector<RankResult> TrainerGroup::Wait(const std::function<bool(int, const Event&)>& on_event,
-                                           absl::Duration timeout) {
+std::vector<RankResult> TrainerGroup::Wait(
+    const std::function<bool(int, const Event&)>& on_event, absl::Duration timeout,
+    const std::function<bool(int, const std::string&)>& on_stderr) {
   const absl::Time deadline = absl::Now() + timeout;
   struct Stream {
     size_t rank_index;
@@ -103,6 +107,7 @@ std::vector<RankResult> TrainerGroup::Wait(const std::function<bool(int, const E
     Rank& rank = ranks_[s.rank_index];
     if (!s.events) {
       absl::StrAppend(&rank.result.stderr_text, line, "\n");
+      if (on_stderr && !killed && on_stderr(rank.rank, line)) kill_all();
       return;
     }
     Event e;
@@ -153,9 +158,9 @@ std::vector<RankResult> TrainerGroup::Wait(const std::function<bool(int, const E
   return out;
 }
 
-void TrainerGroup::Kill(int rank) {
+void TrainerGroup::Signal(int rank, int signal) {
   for (Rank& r : ranks_) {
-    if (r.rank == rank) r.proc->Signal(SIGKILL);
+    if (r.rank == rank) r.proc->Signal(signal);
   }
 }
 

@@ -7,6 +7,8 @@
 #ifndef DDP_TESTS_TRAINER_TRAINER_HARNESS_H_
 #define DDP_TESTS_TRAINER_TRAINER_HARNESS_H_
 
+#include <signal.h>
+
 #include <functional>
 #include <map>
 #include <memory>
@@ -45,6 +47,10 @@ struct TrainerLaunch {
   std::map<std::string, std::string> env;
   int master_port = 0;  // 0: pick a free one.
   std::vector<int> ranks;  // Which ranks to start; empty: all of them.
+  // Ranks per node; 0: all on one node. Node g gets GROUP_RANK=g, its ranks
+  // LOCAL_RANK = rank % nproc_per_node, and DDP_NODE = nodes[g] when given.
+  int nproc_per_node = 0;
+  std::vector<std::string> nodes;
 };
 
 inline TrainerLaunch LaunchOf(std::string spec_path, int world_size) {
@@ -59,12 +65,17 @@ class TrainerGroup {
   static absl::StatusOr<std::unique_ptr<TrainerGroup>> Start(const TrainerLaunch& launch);
 
   // Pumps events until every rank has exited (or `timeout`, after which all are
-  // killed). `on_event(rank, event)` returning true SIGKILLs every rank.
-  std::vector<RankResult> Wait(const std::function<bool(int, const Event&)>& on_event = nullptr,
-                               absl::Duration timeout = absl::Minutes(5));
+  // killed). `on_event(rank, event)` or `on_stderr(rank, line)` returning true
+  // SIGKILLs every rank.
+  std::vector<RankResult> Wait(
+      const std::function<bool(int, const Event&)>& on_event = nullptr,
+      absl::Duration timeout = absl::Minutes(5),
+      const std::function<bool(int, const std::string&)>& on_stderr = nullptr);
   int master_port() const { return port_; }
   // SIGKILLs one rank (e.g. from Wait's callback, to simulate a crashed peer).
-  void Kill(int rank);
+  void Kill(int rank) { Signal(rank, SIGKILL); }
+  // Sends `signal` to one rank (SIGSTOP: a hung peer).
+  void Signal(int rank, int signal);
 
  private:
   struct Rank {

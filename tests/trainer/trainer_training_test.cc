@@ -224,8 +224,8 @@ TEST(TrainerTrainingTest, ResumesMidEpochWithTheLossesOfAnUninterruptedRun) {
 
 TEST(TrainerTrainingTest, AnUnreadableCheckpointFailsRetryableInsteadOfStartingOver) {
   std::string dir = testing::MakeTempDir("ckpt-unreadable");
-  // checkpoint.pt exists but cannot be read (a directory: EISDIR, even for root).
-  std::filesystem::create_directories(dir + "/ckpt/checkpoint.pt");
+  // The checkpoint exists but cannot be read (a directory: EISDIR, even for root).
+  std::filesystem::create_directories(dir + "/ckpt/checkpoint-0000000028.pt");
   DDP_ASSERT_OK_AND_ASSIGN(auto results,
                            testing::RunTrainers(testing::LaunchOf(CancerJob(dir, 1), 2)));
   for (const RankResult& r : results) {
@@ -233,13 +233,13 @@ TEST(TrainerTrainingTest, AnUnreadableCheckpointFailsRetryableInsteadOfStartingO
     EXPECT_TRUE(r.OfType("step").empty()) << "rank " << r.rank << " trained from scratch";
     auto errors = r.OfType("error");
     ASSERT_EQ(errors.size(), 1u) << r.stderr_text;
-    EXPECT_THAT(errors[0].String("message"), HasSubstr("checkpoint.pt"));
+    EXPECT_THAT(errors[0].String("message"), HasSubstr("checkpoint-0000000028.pt"));
   }
 }
 
 TEST(TrainerTrainingTest, ACheckpointOfAnotherKindIsAPermanentError) {
   std::string dir = testing::MakeTempDir("ckpt-foreign");
-  testing::WriteFile(dir + "/ckpt/checkpoint.pt", "not a checkpoint");
+  testing::WriteFile(dir + "/ckpt/checkpoint-0000000028.pt", "not a checkpoint");
   DDP_ASSERT_OK_AND_ASSIGN(auto results,
                            testing::RunTrainers(testing::LaunchOf(CancerJob(dir, 1), 2)));
   for (const RankResult& r : results) {

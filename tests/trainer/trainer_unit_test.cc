@@ -163,45 +163,56 @@ TEST(BatchAssemblerTest, GathersRowsIntoReusedBuffers) {
   EXPECT_EQ(x2.size(0), 2);
 }
 
-TEST(CheckpointFileTest, ReplacesAtomicallyAndLeavesNoTemporaries) {
-  std::string dir = testing::MakeTempDir("ckpt");
-  std::string path = CheckpointPath(dir + "/nested");
-  ASSERT_TRUE(WriteFileAtomically(path, {'a', 'b'}).ok());
-  ASSERT_TRUE(WriteFileAtomically(path, {'c'}).ok());
-  DDP_ASSERT_OK_AND_ASSIGN(std::vector<char> bytes, ReadFileBytes(path));
-  EXPECT_THAT(bytes, ElementsAre('c'));
-  int files = 0;
-  for (auto& e : std::filesystem::directory_iterator(dir + "/nested")) {
-    (void)e;
-    ++files;
-  }
-  EXPECT_EQ(files, 1);
-  EXPECT_THAT(DecodeCheckpoint(bytes, path),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unreadable")));
+TrainingState SampleState() {
+  TrainingState s;
+  s.identity = {"cancer", "cancer-abc12", 3, "node-b"};
+  s.position = {2, 7, 63};
+  s.sampler = {2, 8, 1, 5, true, 455, 0};
+  s.epoch_loss_sum = 1.25;
+  s.epoch_steps = 14;
+  s.model = {{"1.weight", at::arange(6, at::kFloat).reshape({2, 3})},
+             {"1.bias", at::ones({2})}};
+  s.optimizer = c10::IValue(std::string("opaque optimizer state"));
+  s.rng_state = at::arange(4, at::kByte);
+  return s;
 }
 
-TEST(CheckpointFileTest, MissingIsNotFoundButUnreadableIsUnavailable) {
-  std::string dir = testing::MakeTempDir("ckpt-read");
-  EXPECT_THAT(ReadFileBytes(dir + "/none.pt"), StatusIs(absl::StatusCode::kNotFound));
-  // A directory where the file should be: it exists, but reading it fails (EISDIR),
-  // which no resume may mistake for "no checkpoint yet".
-  std::filesystem::create_directories(dir + "/checkpoint.pt");
-  EXPECT_THAT(ReadFileBytes(dir + "/checkpoint.pt"),
-              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("checkpoint.pt")));
+TEST(CheckpointSchemaTest, EveryFieldOfTheTrainingStateSurvivesTheBytes) {
+  const TrainingState in = SampleState();
+  DDP_ASSERT_OK_AND_ASSIGN(TrainingState out, DecodeCheckpoint(EncodeCheckpoint(in), "x.pt"));
+  EXPECT_EQ(out.identity.job, "cancer");
+  EXPECT_EQ(out.identity.job_id, "cancer-abc12");
+  EXPECT_EQ(out.identity.attempt, 3);
+  EXPECT_EQ(out.identity.node, "node-b");
+  EXPECT_EQ(out.position.epoch, 2);
+  EXPECT_EQ(out.position.step, 7);
+  EXPECT_EQ(out.position.global_step, 63);
+  EXPECT_TRUE(SameDataOrder(out.sampler, in.sampler) && SameDataOrder(in.sampler, out.sampler));
+  EXPECT_EQ(out.sampler.train_samples, 455);
+  EXPECT_EQ(out.epoch_loss_sum, 1.25);
+  EXPECT_EQ(out.epoch_steps, 14);
+  ASSERT_EQ(out.model.size(), 2u);
+  EXPECT_EQ(out.model[0].first, "1.weight");
+  EXPECT_TRUE(out.model[0].second.equal(in.model[0].second));
+  EXPECT_EQ(out.optimizer.toStringRef(), "opaque optimizer state");
+  EXPECT_TRUE(out.rng_state.equal(in.rng_state));
 }
 
-TEST(CheckpointFileTest, StaleTemporariesOfKilledWritersAreRemoved) {
-  std::string dir = testing::MakeTempDir("ckpt-stale");
-  const std::string path = CheckpointPath(dir);
-  ASSERT_TRUE(WriteFileAtomically(path, {'x'}).ok());
-  testing::WriteFile(path + ".tmp.4242", "torn");
-  testing::WriteFile(dir + "/notes.txt", "keep");
-  RemoveStaleTemporaries(path);
-  std::vector<std::string> names;
-  for (auto& e : std::filesystem::directory_iterator(dir)) {
-    names.push_back(e.path().filename().string());
-  }
-  EXPECT_THAT(names, ::testing::UnorderedElementsAre("checkpoint.pt", "notes.txt"));
+TEST(CheckpointSchemaTest, AnotherModelIsRefusedAndAnotherDataOrderIsNoticed) {
+  TrainingState in = SampleState();
+  DDP_ASSERT_OK_AND_ASSIGN(TrainingState out, DecodeCheckpoint(EncodeCheckpoint(in), "x.pt"));
+  at::Tensor w = at::zeros({2, 3}), b = at::zeros({2});
+  ASSERT_TRUE(RestoreModel(out, {{"1.weight", w}, {"1.bias", b}}, "x.pt").ok());
+  EXPECT_TRUE(w.equal(in.model[0].second));
+  EXPECT_THAT(RestoreModel(out, {{"1.weight", at::zeros({3, 3})}, {"1.bias", b}}, "x.pt"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("tensor '1.weight' is missing or has another shape")));
+  SamplerState other = in.sampler;
+  other.world_size = 4;
+  EXPECT_FALSE(SameDataOrder(in.sampler, other));
+  SamplerState unknown = in.sampler;
+  unknown.train_samples = -1;  // A format 1 file.
+  EXPECT_TRUE(SameDataOrder(unknown, in.sampler));
 }
 
 }  // namespace

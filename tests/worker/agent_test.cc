@@ -10,8 +10,10 @@
 #include <unistd.h>
 
 #include <functional>
+#include <set>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
@@ -61,6 +63,7 @@ class FakeCoordinator final : public CoordinatorClient {
 
   absl::Status ReportEvents(const v1::ReportEventsRequest& req, absl::Duration) override {
     absl::MutexLock lock(&mu_);
+    ++reports_started_;
     auto released = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !hold_reports_; };
     mu_.Await(absl::Condition(&released));
     if (clock_ != nullptr) clock_->Advance(per_report_);  // Each call takes that long.
@@ -68,6 +71,9 @@ class FakeCoordinator final : public CoordinatorClient {
     if (!report_errors_.empty()) {
       result = report_errors_.front();
       report_errors_.erase(report_errors_.begin());
+    } else if (reject_ && reject_(req)) {
+      // What gRPC answers when the request does not parse on the server.
+      result = absl::InternalError("");
     }
     calls_.push_back({next_++, "ReportEvents", {}, req, {}, result});
     return result;
@@ -95,6 +101,17 @@ class FakeCoordinator final : public CoordinatorClient {
     absl::MutexLock lock(&mu_);
     hold_reports_ = false;
   }
+  // ReportEvents answers INTERNAL (unparsable) to every batch `pred` picks.
+  void RejectReportsWhere(std::function<bool(const v1::ReportEventsRequest&)> pred) {
+    absl::MutexLock lock(&mu_);
+    reject_ = std::move(pred);
+  }
+  // Waits until some ReportEvents call has begun (10s at most).
+  bool WaitForAReport() {
+    absl::MutexLock lock(&mu_);
+    auto started = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return reports_started_ > 0; };
+    return mu_.AwaitWithTimeout(absl::Condition(&started), absl::Seconds(10));
+  }
   // Each ReportEvents call advances `clock` by `d`, as a slow link would.
   void AdvanceOnReport(FakeClock* clock, absl::Duration d) {
     absl::MutexLock lock(&mu_);
@@ -121,6 +138,8 @@ class FakeCoordinator final : public CoordinatorClient {
   std::vector<absl::Status> heartbeat_errors_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Status> report_errors_ ABSL_GUARDED_BY(mu_);
   bool hold_reports_ ABSL_GUARDED_BY(mu_) = false;
+  int reports_started_ ABSL_GUARDED_BY(mu_) = 0;
+  std::function<bool(const v1::ReportEventsRequest&)> reject_ ABSL_GUARDED_BY(mu_);
   FakeClock* clock_ ABSL_GUARDED_BY(mu_) = nullptr;
   absl::Duration per_report_ ABSL_GUARDED_BY(mu_);
 };
@@ -195,6 +214,10 @@ class AgentTest : public ::testing::Test {
     o.stop_grace = absl::Milliseconds(300);
     o.tick = absl::Milliseconds(10);
     agent_ = std::make_unique<Agent>(o, std::move(client_), clock);
+    agent_->set_on_reachable([this](bool up) {
+      absl::MutexLock lock(&reachable_mu_);
+      reachable_.push_back(up);
+    });
     thread_ = std::thread([this] { result_ = agent_->Run(); });
   }
 
@@ -211,25 +234,29 @@ class AgentTest : public ::testing::Test {
     t.set_master_addr("10.0.0.1");
     t.set_master_port(1234);
     (*t.mutable_env())["FOO"] = "bar";
+    // NCCL's and CUDA's own settings come from the job's env even when the agent's
+    // environment has none (its allowlist passes only what the agent has).
+    (*t.mutable_env())["NCCL_SOCKET_IFNAME"] = "lo";
+    (*t.mutable_env())["CUDA_LAUNCH_BLOCKING"] = "1";
     return t;
   }
 
-  // Waits for a heartbeat that reports a task error and returns that error ("" if
-  // none came).
-  std::string FirstTaskError() {
-    std::string error;
-    fake_->WaitFor([&error](const auto& calls) {
+  // Waits for a heartbeat that reports a task error and returns that task's status
+  // (empty if none came).
+  v1::TaskStatus FirstTaskError() {
+    v1::TaskStatus failed;
+    fake_->WaitFor([&failed](const auto& calls) {
       for (const auto& call : calls) {
         for (const auto& task : call.heartbeat.tasks()) {
           if (!task.error().empty()) {
-            error = task.error();
+            failed = task;
             return true;
           }
         }
       }
       return false;
     });
-    return error;
+    return failed;
   }
 
   // The task with one rank (2) only.
@@ -260,7 +287,14 @@ class AgentTest : public ::testing::Test {
     ::close(fd);
   }
 
+  std::vector<bool> Reachability() {
+    absl::MutexLock lock(&reachable_mu_);
+    return reachable_;
+  }
+
   FakeClock fake_clock_;  // For agents that must not see real time pass.
+  absl::Mutex reachable_mu_;
+  std::vector<bool> reachable_ ABSL_GUARDED_BY(reachable_mu_);  // on_reachable calls.
   std::string dir_;
   std::string fifo_;
   std::unique_ptr<CoordinatorClient> client_;
@@ -275,7 +309,8 @@ TEST_F(AgentTest, RunsEachLocalRankWithTorchrunEnvironmentAndRelaysItsOutput) {
   StartAgent(Trainer(
       "echo \"env RANK=$RANK LOCAL_RANK=$LOCAL_RANK WORLD_SIZE=$WORLD_SIZE "
       "LOCAL_WORLD_SIZE=$LOCAL_WORLD_SIZE GROUP_RANK=$GROUP_RANK MASTER=$MASTER_ADDR:$MASTER_PORT "
-      "FOO=$FOO OMP=$OMP_NUM_THREADS JOB=$DDP_JOB_ID SPEC=$2 CWD=$(pwd)\"\n"
+      "FOO=$FOO NCCL=$NCCL_SOCKET_IFNAME CUDA=$CUDA_LAUNCH_BLOCKING OMP=$OMP_NUM_THREADS "
+      "JOB=$DDP_JOB_ID NODE=$DDP_NODE SPEC=$2 CWD=$(pwd)\"\n"
       "echo '{\"type\":\"step\",\"rank\":'$RANK',\"loss\":0.5,\"global_step\":7,\"extra\":[1]}' >&3\n"
       "echo oops >&2"));
   ASSERT_TRUE(fake_->WaitFor([](const auto& c) { return Exited(c, 2) && Exited(c, 3); }));
@@ -301,7 +336,8 @@ TEST_F(AgentTest, RunsEachLocalRankWithTorchrunEnvironmentAndRelaysItsOutput) {
   const std::string spec = dir_ + "/work/job-a/attempt-1/job.yaml";
   EXPECT_THAT(logs, ::testing::Contains(absl::StrCat(
                         "3 stdout env RANK=3 LOCAL_RANK=1 WORLD_SIZE=4 LOCAL_WORLD_SIZE=2 "
-                        "GROUP_RANK=1 MASTER=10.0.0.1:1234 FOO=bar OMP=2 JOB=job-a SPEC=",
+                        "GROUP_RANK=1 MASTER=10.0.0.1:1234 FOO=bar NCCL=lo CUDA=1 OMP=2 JOB=job-a "
+                        "NODE=w1 SPEC=",
                         spec, " CWD=", dir_)));
   EXPECT_THAT(logs, ::testing::Contains("2 stderr oops"));
   EXPECT_EQ(testing::ReadFile(spec), "name: fake\n");
@@ -365,20 +401,33 @@ TEST_F(AgentTest, GivesUpWhenAnotherAgentTookItsName) {
                                          HasSubstr("stale worker")));
 }
 
-TEST_F(AgentTest, AMissingWorkdirIsReportedAsATaskError) {
+TEST_F(AgentTest, AMissingWorkdirIsThisNodesFault) {
   v1::Task t = Task();
   t.set_workdir("/nonexistent/dir");
   fake_->SetDesired({t});
   StartAgent(Trainer("exit 0"));
-  EXPECT_THAT(FirstTaskError(), HasSubstr("workdir /nonexistent/dir does not exist"));
+  const v1::TaskStatus failed = FirstTaskError();
+  EXPECT_THAT(failed.error(), HasSubstr("workdir /nonexistent/dir does not exist"));
+  EXPECT_TRUE(failed.node_fault()) << "another node may have it";
 }
 
-TEST_F(AgentTest, ATaskWithoutRanksIsReportedAsATaskError) {
+TEST_F(AgentTest, AMissingTrainerBinaryIsThisNodesFault) {
+  fake_->SetDesired({Task()});
+  StartAgent(dir_ + "/no-such-trainer");
+  const v1::TaskStatus failed = FirstTaskError();
+  EXPECT_THAT(failed.error(), HasSubstr("cannot run " + dir_ + "/no-such-trainer"));
+  EXPECT_TRUE(failed.node_fault());
+  EXPECT_TRUE(failed.ranks().empty()) << "nothing runs";
+}
+
+TEST_F(AgentTest, ATaskWithoutRanksIsNoNodesFault) {
   v1::Task t = Task();
   t.clear_ranks();
   fake_->SetDesired({t});
   StartAgent(Trainer("exit 0"));
-  EXPECT_THAT(FirstTaskError(), HasSubstr("has no ranks"));
+  const v1::TaskStatus failed = FirstTaskError();
+  EXPECT_THAT(failed.error(), HasSubstr("has no ranks"));
+  EXPECT_FALSE(failed.node_fault()) << "any node would get the same task";
 }
 
 TEST_F(AgentTest, ABatchLostToADeadlineIsResentUnchangedWithItsNumber) {
@@ -401,30 +450,139 @@ TEST_F(AgentTest, ABatchLostToADeadlineIsResentUnchangedWithItsNumber) {
   EXPECT_EQ(StdoutLines(fake_->calls()), 2);
 }
 
-TEST_F(AgentTest, AChattyTrainerCannotStarveHeartbeats) {
-  FakeClock& clock = fake_clock_;
-  // Each report takes longer than the heartbeat interval (50ms): a heartbeat is due
-  // after every turn.
-  fake_->AdvanceOnReport(&clock, absl::Milliseconds(60));
-  fake_->HoldReports();  // Lets a backlog of many batches build up.
+TEST_F(AgentTest, HeartbeatsGoOnWhileAReportHangs) {
+  fake_->HoldReports();  // The coordinator takes a batch and never answers.
   fake_->SetDesired({OneRankTask()});
-  StartAgent(ChattyTrainer(40000, "", "exec sleep 30"), &clock);
+  StartAgent(ChattyTrainer(5000, "", "exec sleep 30"));
+  WaitForTrainerOutput();
+  ASSERT_TRUE(fake_->WaitForAReport());
+  const size_t before = fake_->calls().size();
+  // Five more heartbeats while the report is still stuck.
+  ASSERT_TRUE(fake_->WaitFor([before](const auto& c) {
+    int heartbeats = 0;
+    for (size_t i = before; i < c.size(); ++i) heartbeats += c[i].method == "Heartbeat";
+    return heartbeats >= 5;
+  }));
+  for (const auto& call : fake_->calls()) EXPECT_NE(call.method, "ReportEvents");
+  fake_->ReleaseReports();
+  ASSERT_TRUE(fake_->WaitFor([](const auto& c) { return StdoutLines(c) == 5000; }));
+}
+
+TEST_F(AgentTest, ABatchTheCoordinatorCannotParseIsSplitAndOnlyTheBadEventIsDropped) {
+  // Every batch holding the line "poison" is rejected, as a coordinator rejects a
+  // request that does not parse. The agent must not re-send it forever.
+  fake_->RejectReportsWhere([](const v1::ReportEventsRequest& req) {
+    for (const auto& e : req.events()) {
+      if (e.has_log() && e.log().text() == "poison") return true;
+    }
+    return false;
+  });
+  fake_->HoldReports();  // So that the poison shares a batch with good lines.
+  fake_->SetDesired({OneRankTask()});
+  StartAgent(ChattyTrainer(500, "echo poison\nseq 501 1000", "exit 1"));
   WaitForTrainerOutput();
   fake_->ReleaseReports();
-  ASSERT_TRUE(fake_->WaitFor([](const auto& c) { return StdoutLines(c) == 40000; }));
-  int run = 0, longest = 0, heartbeats = 0;
-  bool reporting = false;
-  for (const auto& call : fake_->calls()) {
-    if (call.method == "ReportEvents") {
-      reporting = true;
-      longest = std::max(longest, ++run);
-    } else if (call.method == "Heartbeat" && reporting) {
-      ++heartbeats;
-      run = 0;
+  // The exit, and the notice of the loss (sent after the exit may have been).
+  ASSERT_TRUE(fake_->WaitFor([](const auto& c) {
+    bool notice = false;
+    for (const auto& call : c) {
+      for (const auto& e : call.events.events()) {
+        notice |= call.result.ok() && e.has_log() &&
+                  absl::StrContains(e.log().text(), "[ddp-worker] dropped one");
+      }
+    }
+    return Exited(c, 2) && notice;
+  }));
+  const auto calls = fake_->calls();
+  EXPECT_EQ(StdoutLines(calls), 1000) << "every good line";
+  int64_t dropped = 0;
+  int rejected = 0;
+  bool notice = false;
+  std::set<int64_t> applied;
+  for (const auto& call : calls) {
+    if (call.method != "ReportEvents") continue;
+    if (!call.result.ok()) {
+      ++rejected;
+      continue;
+    }
+    EXPECT_TRUE(applied.insert(call.events.batch_seq()).second) << "numbers are never reused";
+    dropped += call.events.dropped();
+    for (const auto& e : call.events.events()) {
+      notice |= e.has_log() && absl::StrContains(e.log().text(), "[ddp-worker] dropped one "
+                                                                 "output line");
     }
   }
-  EXPECT_LE(longest, 4) << "at most four batches before the heartbeat's turn";
-  EXPECT_GE(heartbeats, 4) << "heartbeats went on while the backlog drained";
+  EXPECT_EQ(dropped, 1) << "the loss is counted in a later batch";
+  EXPECT_TRUE(notice) << "and told to the job's log";
+  EXPECT_LE(rejected, 2 * 12 + 2) << "halving isolates the bad line in log2(n) steps";
+  // Numbers increase in the order the coordinator applied the batches.
+  int64_t last = 0;
+  for (const auto& call : calls) {
+    if (call.method != "ReportEvents" || !call.result.ok()) continue;
+    EXPECT_GT(call.events.batch_seq(), last);
+    last = call.events.batch_seq();
+  }
+}
+
+TEST_F(AgentTest, InvalidUtf8AndHugeLinesReachTheCoordinatorRepairedAndCut) {
+  fake_->SetDesired({OneRankTask()});
+  // Latin-1 on stdout, a torn multi-byte character on stderr, an event whose message
+  // has a Latin-1 byte, and a 10 MB line without a newline until its end.
+  StartAgent(Trainer(
+      "printf 'caf\\351\\n'\n"
+      "printf 'euro \\342\\202\\n' >&2\n"
+      "printf '{\"type\":\"error\",\"message\":\"bad header \\351\",\"retryable\":false}\\n' >&3\n"
+      "head -c 10000000 /dev/zero | tr '\\0' x\n"
+      "echo\n"
+      "echo after\n"
+      "exit 2"));
+  ASSERT_TRUE(fake_->WaitFor([](const auto& c) { return Exited(c, 2); }));
+  std::vector<std::string> texts;
+  std::string error;
+  for (const auto& call : fake_->calls()) {
+    if (call.method != "ReportEvents" || !call.result.ok()) continue;
+    // What the coordinator would parse: proto3 rejects invalid UTF-8 in strings.
+    v1::ReportEventsRequest parsed;
+    EXPECT_TRUE(parsed.ParseFromString(call.events.SerializeAsString()));
+    EXPECT_LE(call.events.ByteSizeLong(), 1u << 20) << "batches stay far below 4 MB";
+    for (const auto& e : call.events.events()) {
+      if (e.has_log()) texts.push_back(e.log().text());
+      if (e.has_event() && e.event().type() == "error") error = e.event().message();
+    }
+  }
+  EXPECT_THAT(texts, ::testing::Contains("caf\xEF\xBF\xBD"));
+  EXPECT_THAT(texts, ::testing::Contains("euro \xEF\xBF\xBD"));
+  EXPECT_EQ(error, "bad header \xEF\xBF\xBD");
+  const std::string cut = std::string(kMaxLineBytes, 'x') + " [ddp-worker: line cut, " +
+                          std::to_string(10000000 - kMaxLineBytes) + " more bytes]";
+  EXPECT_THAT(texts, ::testing::Contains(cut));
+  EXPECT_THAT(texts, ::testing::Contains("after"));
+  EXPECT_EQ(RankStatus(fake_->calls(), 2)->exit_code(), 2);
+}
+
+TEST_F(AgentTest, ReachabilityFollowsTheHeartbeats) {
+  fake_->FailNextHeartbeat(absl::UnavailableError("connection refused"));
+  fake_->FailNextHeartbeat(absl::UnavailableError("connection refused"));
+  StartAgent(Trainer("exit 0"));
+  // Registered but the first heartbeats fail: not reachable; then they succeed.
+  ASSERT_TRUE(fake_->WaitFor([this](const auto&) {
+    const auto r = Reachability();
+    return !r.empty() && r.back();
+  }));
+  EXPECT_THAT(Reachability(), ::testing::ElementsAre(false, true));
+  fake_->FailNextHeartbeat(absl::NotFoundError("worker 'w1' is not registered"));
+  ASSERT_TRUE(fake_->WaitFor([this](const auto&) { return Reachability().size() == 4; }));
+  EXPECT_THAT(Reachability(), ::testing::ElementsAre(false, true, false, true));
+}
+
+TEST_F(AgentTest, ATaskThatCannotStartIsReportedAtOnce) {
+  // The fake clock never moves, so no heartbeat ever falls due: only the agent's own
+  // "tell it now" can carry the error.
+  v1::Task t = Task();
+  t.set_workdir("/nonexistent/dir");
+  fake_->SetDesired({t});
+  StartAgent(Trainer("exit 0"), &fake_clock_);
+  EXPECT_THAT(FirstTaskError().error(), HasSubstr("workdir /nonexistent/dir does not exist"));
 }
 
 TEST_F(AgentTest, AnExitIsReportedOnlyAfterAllTheOutputBeforeIt) {
@@ -453,39 +611,6 @@ TEST_F(AgentTest, AnExitIsReportedOnlyAfterAllTheOutputBeforeIt) {
   EXPECT_LT(last_line_seq, exit_seq);
   EXPECT_LT(error_seq, exit_seq) << "the error that explains the exit arrives first";
   EXPECT_EQ(RankStatus(calls, 2)->exit_code(), 2);
-}
-
-TEST(EventBufferTest, DropsTheOldestWhenFullAndCountsThem) {
-  EventBuffer buffer(/*capacity=*/3);
-  for (int i = 0; i < 5; ++i) {
-    v1::ReportedEvent e;
-    e.set_rank(i);
-    buffer.Push(e);
-  }
-  int64_t dropped = 0;
-  auto batch = buffer.Take(10, &dropped);
-  ASSERT_EQ(batch.size(), 3u);
-  EXPECT_EQ(batch[0].rank(), 2);
-  EXPECT_EQ(dropped, 2);
-  buffer.PutBack(batch, dropped);  // A failed send keeps order and the count.
-  batch = buffer.Take(1, &dropped);
-  EXPECT_EQ(batch[0].rank(), 2);
-  EXPECT_EQ(dropped, 2);
-  EXPECT_EQ(buffer.pushed(), 5);
-  EXPECT_EQ(buffer.departed(), 3) << "two dropped, one taken";
-}
-
-TEST(TrainerEventParsingTest, ParsesTrainerLinesAndRejectsOthers) {
-  v1::TrainerEvent e;
-  EXPECT_TRUE(ParseTrainerEvent(
-      R"({"type":"epoch","rank":0,"epoch":2,"train_loss":0.5,"val_loss":0.25,"val_accuracy":null,"resumed_from":{"epoch":1}})",
-      &e));
-  EXPECT_EQ(e.type(), "epoch");
-  EXPECT_EQ(e.epoch(), 2);
-  EXPECT_TRUE(e.has_val_loss());
-  EXPECT_FALSE(e.has_val_accuracy());
-  EXPECT_FALSE(ParseTrainerEvent("Traceback (most recent call last):", &e));
-  EXPECT_FALSE(ParseTrainerEvent("{not json", &e));
 }
 
 }  // namespace

@@ -7,16 +7,21 @@
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
 #include "common/net.h"
+#include "common/version.h"
 #include "common/status_macros.h"
+#include "worker/agent/proto_utf8.h"
 
 namespace ddp {
 namespace {
 
-constexpr size_t kMaxBatch = 2000;     // Events per ReportEvents call.
-constexpr int kMaxBatchesPerTurn = 4;  // Then the heartbeat's turn: never starved.
-constexpr int kFreePorts = 3;          // Candidate MASTER_PORTs per heartbeat.
+constexpr int kFreePorts = 3;  // Candidate MASTER_PORTs per heartbeat.
 
 }  // namespace
+
+absl::Duration ReconnectBound(absl::Duration heartbeat_interval, absl::Duration max_backoff,
+                              absl::Duration rpc_deadline) {
+  return kMaxConnectDelay + std::max(heartbeat_interval, max_backoff) + rpc_deadline;
+}
 
 std::string NewIncarnation() {
   absl::BitGen gen;
@@ -28,22 +33,64 @@ Agent::Agent(AgentOptions options, std::unique_ptr<CoordinatorClient> client, Cl
       client_(std::move(client)),
       clock_(clock),
       incarnation_(NewIncarnation()),
-      pump_(std::make_unique<OutputPump>(&buffer_, clock)) {}
+      backoff_(absl::Milliseconds(100), options_.max_backoff) {
+  EventReporter::Options ro;
+  ro.worker = options_.name;
+  ro.incarnation = incarnation_;
+  reporter_ = std::make_unique<EventReporter>(ro, &buffer_, client_.get(), [this] { Wake(); });
+  pump_ = std::make_unique<OutputPump>(&buffer_, clock, [this] { reporter_->Wake(); });
+  if (options_.long_poll) {
+    TaskPoller::Options po;
+    po.worker = options_.name;
+    po.incarnation = incarnation_;
+    poller_ = std::make_unique<TaskPoller>(po, client_.get(), [this] {
+      news_.store(true);
+      Wake();
+    });
+  }
+}
 
 Agent::~Agent() {
-  tasks_.clear();  // Kills leftovers before the pump goes.
+  poller_.reset();    // Cancels its open call before the client goes.
+  reporter_.reset();  // Stops sending before the client goes.
+  tasks_.clear();     // Kills leftovers before the pump goes.
   pump_.reset();
+}
+
+Agent::Stats Agent::stats() const {
+  Stats s;
+  s.trainers_running = trainers_running_;
+  s.tasks_started = tasks_started_;
+  s.restarted_tasks = restarted_tasks_;
+  s.trainers_started = trainers_started_;
+  s.start_failures = start_failures_;
+  s.heartbeat_failures = heartbeat_failures_;
+  s.events_dropped = buffer_.dropped_total();
+  return s;
 }
 
 void Agent::Stop() {
   if (!stop_.HasBeenNotified()) stop_.Notify();
+  if (poller_) poller_->Stop();
+  Wake();
 }
 
-absl::Duration Agent::Backoff() {
-  // Exponential with full jitter, capped: reconnecting agents do not stampede.
-  absl::Duration d = backoff_;
-  backoff_ = std::min(backoff_ * 2, options_.max_backoff);
-  return absl::Milliseconds(absl::Uniform(rng_, 0.5, 1.0) * absl::ToDoubleMilliseconds(d));
+void Agent::Wake() {
+  absl::MutexLock lock(&wake_mu_);
+  woken_ = true;
+}
+
+void Agent::WaitForWork(absl::Duration timeout) {
+  absl::MutexLock lock(&wake_mu_);
+  auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(wake_mu_) { return woken_; };
+  wake_mu_.AwaitWithTimeout(absl::Condition(&woken), timeout);
+  woken_ = false;
+}
+
+void Agent::SetReachable(bool reachable) {
+  if (reachable_ == reachable) return;
+  reachable_ = reachable;
+  if (on_reachable_) on_reachable_(reachable);
 }
 
 absl::Status Agent::RegisterOnce() {
@@ -53,8 +100,16 @@ absl::Status Agent::RegisterOnce() {
   req.set_address(options_.advertise_addr);
   req.set_hostname(LocalHostname());
   req.set_slots(options_.slots);
-  req.set_gpus(options_.gpus);
-  req.set_version("ddp 0.1.0");
+  req.set_gpus(static_cast<int32_t>(options_.gpus.size()));
+  for (const GpuDevice& g : options_.gpus) {
+    v1::GpuDevice* d = req.add_gpu_devices();
+    d->set_index(g.index);
+    d->set_uuid(g.uuid);
+    d->set_model(g.model);
+    d->set_memory_bytes(g.memory_bytes);
+  }
+  req.set_version(VersionString());
+  RepairUtf8(&req);  // The host name or a flag may hold anything.
   auto resp = client_->Register(req, rpc_deadline_);
   if (!resp.ok()) return resp.status();
   heartbeat_interval_ = absl::Milliseconds(resp->heartbeat_interval_ms());
@@ -66,17 +121,15 @@ absl::Status Agent::RegisterOnce() {
         absl::FormatDuration(heartbeat_interval_)));
   }
   registered_ = true;
-  backoff_ = absl::Milliseconds(100);
+  backoff_.Reset();
+  reporter_->Resume(rpc_deadline_);
   DDP_LOG(INFO) << "registered as " << options_.name << " (incarnation " << incarnation_ << ", "
                 << options_.slots << " slots, " << options_.advertise_addr << "), heartbeat every "
                 << heartbeat_interval_;
-  if (on_registered_) on_registered_(true);
   return absl::OkStatus();
 }
 
-int64_t Agent::Delivered() const {
-  return buffer_.departed() - (unsent_.has_value() ? unsent_->events_size() : 0);
-}
+int64_t Agent::Delivered() const { return reporter_->delivered(); }
 
 bool Agent::HoldsExits() const {
   const int64_t delivered = Delivered();
@@ -84,29 +137,6 @@ bool Agent::HoldsExits() const {
     if (task->HoldsExits(delivered)) return true;
   }
   return false;
-}
-
-absl::Status Agent::Flush() {
-  for (int i = 0; i < kMaxBatchesPerTurn; ++i) {
-    if (!unsent_.has_value()) {
-      if (buffer_.size() == 0) break;
-      int64_t dropped = 0;
-      std::vector<v1::ReportedEvent> batch = buffer_.Take(kMaxBatch, &dropped);
-      v1::ReportEventsRequest req;
-      req.set_worker(options_.name);
-      req.set_incarnation(incarnation_);
-      req.set_dropped(dropped);
-      req.set_batch_seq(next_batch_seq_++);
-      for (auto& e : batch) *req.add_events() = std::move(e);
-      unsent_ = std::move(req);
-    }
-    // A failed batch is re-sent unchanged, number included: if the coordinator did
-    // store it (a deadline that hit after it had), it drops the repeat.
-    absl::Status st = client_->ReportEvents(*unsent_, rpc_deadline_);
-    if (!st.ok()) return st;
-    unsent_.reset();
-  }
-  return absl::OkStatus();
 }
 
 absl::Status Agent::HeartbeatOnce() {
@@ -126,10 +156,12 @@ absl::Status Agent::HeartbeatOnce() {
     auto port = PickFreePort("0.0.0.0");
     if (port.ok()) req.add_free_ports(*port);
   }
+  RepairUtf8(&req);  // Task errors carry paths and OS messages.
   auto resp = client_->Heartbeat(req, rpc_deadline_);
   if (!resp.ok()) return resp.status();
   for (const TaskKey& key : sent_finished) reported_finished_[key] = true;
   Reconcile(*resp);
+  if (poller_) poller_->Known(resp->desired_version());
   return absl::OkStatus();
 }
 
@@ -143,12 +175,21 @@ void Agent::Reconcile(const v1::HeartbeatResponse& desired) {
     TrainerTaskOptions o;
     o.trainer_path = options_.trainer_path;
     o.work_dir = options_.work_dir;
+    o.node = options_.name;
     o.threads_per_rank = std::max(1, options_.cpus / std::max(1, options_.slots));
     o.stop_grace = options_.stop_grace;
+    o.allowed_roots = options_.allowed_roots;
+    o.base_env = options_.trainer_env;
+    o.node_has_gpus = !options_.gpus.empty();
     auto task = TrainerTask::Start(t, o, pump_.get());
+    ++tasks_started_;
+    if (t.attempt() > 1) ++restarted_tasks_;
+    trainers_started_ += task->running();
     if (!task->error().empty()) {
+      ++start_failures_;
       DDP_LOG(ERROR) << "cannot start " << t.job_id() << " attempt " << t.attempt() << ": "
                      << task->error();
+      heartbeat_now_ = true;  // The coordinator hears why at once, not a beat later.
     }
     tasks_[key] = std::move(task);
   }
@@ -179,7 +220,12 @@ absl::Status Agent::Run() {
   while (!stop_.HasBeenNotified()) {
     const absl::Time now = clock_->Now();
     bool changed = false;
-    for (auto& [key, task] : tasks_) changed |= task->Poll(now);
+    int64_t running = 0;
+    for (auto& [key, task] : tasks_) {
+      changed |= task->Poll(now);
+      running += task->running();
+    }
+    trainers_running_ = running;
     const int64_t pushed = buffer_.pushed();  // Read after Poll(): see StampExits.
     for (auto& [key, task] : tasks_) task->StampExits(pushed);
 
@@ -190,55 +236,56 @@ absl::Status Agent::Run() {
         break;
       }
       if (!st.ok()) {
+        SetReachable(false);
         if (failures_++ % 20 == 0) {
           DDP_LOG(WARNING) << "cannot register with the coordinator: " << st.message()
                            << " (retrying)";
         }
-        stop_.WaitForNotificationWithTimeout(Backoff());
+        WaitForWork(backoff_.Next());
         continue;
       }
       failures_ = 0;
       next_heartbeat = now;
     }
 
-    // Output first (a few batches; the rest waits for the next turn, so a chatty
-    // trainer cannot starve heartbeats). A failure's `error` event still precedes the
-    // exit it explains: exits wait for the output before them (StampExits).
-    absl::Status st = Flush();
-    // The time after the flush, which may have taken a while. Also heartbeat when
-    // exits held back by the last heartbeat may now be reported.
-    const absl::Time flushed = clock_->Now();
-    const bool heartbeat_due = changed || flushed >= next_heartbeat ||
-                               (st.ok() && held_exits_ && !HoldsExits());
-    if (st.ok() && heartbeat_due) st = HeartbeatOnce();
-    if (st.ok()) {
-      if (heartbeat_due) {
-        next_heartbeat = flushed + heartbeat_interval_;
+    // Heartbeats go out on time whatever the output does (the reporter sends it from
+    // its own thread); an exit held back for its output is reported as soon as the
+    // reporter has delivered that output.
+    // News from the long poll: a task for us (or one gone); the reply brings it.
+    const bool news = news_.exchange(false);
+    const bool heartbeat_due = changed || heartbeat_now_ || news || now >= next_heartbeat ||
+                               (held_exits_ && !HoldsExits());
+    if (heartbeat_due) {
+      heartbeat_now_ = false;
+      const absl::Status st = HeartbeatOnce();
+      if (!st.ok()) ++heartbeat_failures_;
+      if (st.ok()) {
+        next_heartbeat = now + heartbeat_interval_;
         failures_ = 0;
+        backoff_.Reset();
+        SetReachable(true);
+      } else if (st.code() == absl::StatusCode::kNotFound) {
+        DDP_LOG(WARNING) << "the coordinator does not know this worker (" << st.message()
+                         << "): registering again";
+        registered_ = false;
+        reporter_->Pause();
+        SetReachable(false);
+        continue;
+      } else if (st.code() == absl::StatusCode::kFailedPrecondition) {
+        fatal = st;
+        break;
+      } else {
+        SetReachable(false);
+        if (failures_++ % 20 == 0) {
+          DDP_LOG(WARNING) << "coordinator unreachable: " << st.message()
+                           << " (trainers keep running; retrying)";
+        }
+        next_heartbeat = now + std::min(backoff_.Next(), heartbeat_interval_);
       }
-    } else if (st.code() == absl::StatusCode::kNotFound) {
-      DDP_LOG(WARNING) << "the coordinator does not know this worker (" << st.message()
-                       << "): registering again";
-      registered_ = false;
-      if (on_registered_) on_registered_(false);
-      continue;
-    } else if (st.code() == absl::StatusCode::kFailedPrecondition) {
-      fatal = st;
-      break;
-    } else {
-      if (failures_++ % 20 == 0) {
-        DDP_LOG(WARNING) << "coordinator unreachable: " << st.message()
-                         << " (trainers keep running; retrying)";
-      }
-      next_heartbeat = now + std::min(Backoff(), heartbeat_interval_);
     }
-    // A backlog of output is sent on the next turn at once.
-    const bool backlog = st.ok() && (unsent_.has_value() || buffer_.size() > 0);
-    const absl::Duration wait =
-        backlog ? absl::ZeroDuration()
-                : std::max(absl::ZeroDuration(),
-                           std::min(options_.tick, next_heartbeat - clock_->Now()));
-    stop_.WaitForNotificationWithTimeout(wait);
+    if (heartbeat_now_) continue;
+    WaitForWork(std::max(absl::ZeroDuration(),
+                         std::min(options_.tick, next_heartbeat - clock_->Now())));
   }
 
   // Shutting down: stop every trainer and tell the coordinator how they ended.
@@ -257,10 +304,13 @@ absl::Status Agent::Run() {
     absl::SleepFor(absl::Milliseconds(20));
   }
   if (registered_ && fatal.ok()) {
-    absl::Status st;
-    while (st.ok() && (unsent_.has_value() || buffer_.size() > 0)) st = Flush();
+    // Their last output first (a failed send or a few deadlines end the wait), then
+    // their exits.
+    reporter_->Drain(rpc_deadline_ * 4);
     (void)HeartbeatOnce();
   }
+  reporter_->Pause();
+  SetReachable(false);
   return fatal;
 }
 

@@ -9,31 +9,38 @@
 //        └───────────────────────────┘ heartbeat FAILED_PRECONDITION: another agent took
 //                                      this name; Run() returns the error
 //
-// Each turn: reap trainers; report their output (up to four batches, the rest on the
-// next turn, so heartbeats are never starved; each batch numbered, and re-sent
-// unchanged after an error); heartbeat with every task's status, an exit only once
-// the output before it has been delivered (so a failure's `error` event precedes the
-// exit it explains), and get the desired tasks back; start new tasks, stop the ones
-// no longer wanted (SIGTERM, then SIGKILL after the grace period). While the coordinator is unreachable trainers keep
-// running and their output waits in a bounded buffer: the data plane never goes
-// through the coordinator.
+// Each turn: reap trainers; heartbeat when one is due (or at once when something
+// changed) with every task's status, an exit only once the output before it has been
+// delivered (so a failure's `error` event precedes the exit it explains), and get the
+// desired tasks back; start new tasks, stop the ones no longer wanted (SIGTERM, then
+// SIGKILL after the grace period). Trainer output goes out from the EventReporter's own
+// thread, so a slow or failing ReportEvents never makes a heartbeat late. While the
+// coordinator is unreachable trainers keep running and their output waits in a
+// bounded buffer: the data plane never goes through the coordinator.
 #ifndef DDP_WORKER_AGENT_AGENT_H_
 #define DDP_WORKER_AGENT_AGENT_H_
 
+#include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
-#include "absl/random/random.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "worker/agent/backoff.h"
 #include "worker/agent/coordinator_client.h"
 #include "worker/agent/event_buffer.h"
+#include "worker/agent/event_reporter.h"
+#include "worker/agent/gpu_inventory.h"
 #include "worker/agent/output_pump.h"
+#include "worker/agent/task_poller.h"
 #include "worker/agent/trainer_task.h"
 
 namespace ddp {
@@ -42,13 +49,20 @@ struct AgentOptions {
   std::string name;            // Unique in the cluster.
   std::string advertise_addr;  // Where this node's rank 0 can be reached.
   int slots = 1;
-  int gpus = 0;
+  std::vector<GpuDevice> gpus;  // The node's GPUs (GpuInventory); empty on a CPU node.
   int cpus = 1;                // Cores for trainers; split evenly over slots.
   std::string trainer_path;
   std::string work_dir;
   absl::Duration stop_grace = absl::Seconds(10);
-  absl::Duration max_backoff = absl::Seconds(5);  // Reconnect backoff cap.
+  std::vector<std::string> allowed_roots;        // Canonical --allow-root dirs.
+  std::map<std::string, std::string> trainer_env;  // What trainers inherit (TrainerBaseEnv).
+  // Our retries while the coordinator is unreachable back off from 100 ms up to this
+  // (with jitter); part of kReconnectBound.
+  absl::Duration max_backoff = absl::Seconds(1);
   absl::Duration tick = absl::Milliseconds(100);  // Reaping and output flushing.
+  // Keep a WaitForTasks long poll open, so new tasks arrive at once rather than with
+  // the next heartbeat (ddp-worker --long-poll; off only to compare, in bench/).
+  bool long_poll = true;
 };
 
 class Agent {
@@ -64,46 +78,79 @@ class Agent {
   void Stop();
 
   const std::string& incarnation() const { return incarnation_; }
-  // Called with true once registered, false when the coordinator forgot us.
-  void set_on_registered(std::function<void(bool)> fn) { on_registered_ = std::move(fn); }
+  // Called (on the loop thread) with true once registered and heartbeating, and with
+  // false whenever the coordinator cannot be reached or has forgotten this worker:
+  // the worker's health service follows it.
+  void set_on_reachable(std::function<void(bool)> fn) { on_reachable_ = std::move(fn); }
+
+  // What the agent has done (its /metrics; tests). Thread-safe.
+  struct Stats {
+    int64_t trainers_running = 0;  // Trainer processes alive now.
+    int64_t tasks_started = 0;     // Tasks (an attempt's ranks here) started.
+    int64_t restarted_tasks = 0;   // Of those, of a job's restart (attempt > 1).
+    int64_t trainers_started = 0;  // Trainer processes spawned.
+    int64_t start_failures = 0;    // Tasks that could not start.
+    int64_t events_dropped = 0;    // Output lines and events the outbox had to drop.
+    int64_t heartbeat_failures = 0;
+  };
+  Stats stats() const;
 
  private:
   using TaskKey = std::pair<std::string, int>;
 
   absl::Status RegisterOnce();
-  // Sends up to a few batches of output (the unsent one first).
-  absl::Status Flush();
   // Events that left the buffer and reached the coordinator (or were dropped).
   int64_t Delivered() const;
   // Some task's exit waits for output not yet delivered.
   bool HoldsExits() const;
   absl::Status HeartbeatOnce();
   void Reconcile(const v1::HeartbeatResponse& desired);
-  absl::Duration Backoff();
+  void SetReachable(bool reachable);
+  // Returns after `timeout`, or earlier on Wake() or Stop().
+  void WaitForWork(absl::Duration timeout);
+  void Wake();
 
   const AgentOptions options_;
   std::unique_ptr<CoordinatorClient> client_;
   Clock* const clock_;
   const std::string incarnation_;
   EventBuffer buffer_;
+  std::unique_ptr<EventReporter> reporter_;
   std::unique_ptr<OutputPump> pump_;
+  std::unique_ptr<TaskPoller> poller_;  // Null without long_poll.
+  std::atomic<bool> news_{false};  // The poller saw our desired state change.
   std::map<TaskKey, std::unique_ptr<TrainerTask>> tasks_;
   // Finished tasks no longer wanted, kept until one heartbeat has reported them.
   std::map<TaskKey, bool> reported_finished_;
-  // The batch being sent: kept, unchanged, until the coordinator takes it.
-  std::optional<v1::ReportEventsRequest> unsent_;
-  int64_t next_batch_seq_ = 1;  // ReportEventsRequest.batch_seq of the next batch.
   bool held_exits_ = false;     // The last heartbeat held back some exit.
+  bool heartbeat_now_ = false;  // Something must be told at once (a task failed to start).
   absl::Notification stop_;
-  std::function<void(bool)> on_registered_;
+  absl::Mutex wake_mu_;
+  bool woken_ ABSL_GUARDED_BY(wake_mu_) = false;
+  std::function<void(bool)> on_reachable_;
+  std::optional<bool> reachable_;  // Last value given to on_reachable_.
 
   bool registered_ = false;
   absl::Duration heartbeat_interval_ = absl::Seconds(1);
   absl::Duration rpc_deadline_ = absl::Seconds(2);
-  absl::Duration backoff_ = absl::Milliseconds(100);
+  Backoff backoff_;
   int failures_ = 0;
-  absl::BitGen rng_;
+  // Stats, written by the loop thread, read by a scrape's.
+  std::atomic<int64_t> trainers_running_{0};
+  std::atomic<int64_t> tasks_started_{0};
+  std::atomic<int64_t> restarted_tasks_{0};
+  std::atomic<int64_t> trainers_started_{0};
+  std::atomic<int64_t> start_failures_{0};
+  std::atomic<int64_t> heartbeat_failures_{0};
 };
+
+// How soon after the coordinator accepts connections again a registered agent's
+// heartbeat is through, at most: the channel reconnects within kMaxConnectDelay, the
+// agent retries within max(heartbeat interval, max_backoff), and the call takes at most
+// the RPC deadline. 3.5 s with the defaults (2 s + 1 s + 500 ms). A restarted
+// coordinator must give the workers it recovers at least this long to check in.
+absl::Duration ReconnectBound(absl::Duration heartbeat_interval, absl::Duration max_backoff,
+                              absl::Duration rpc_deadline);
 
 // A fresh random incarnation id (16 hex digits).
 std::string NewIncarnation();

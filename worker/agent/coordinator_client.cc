@@ -1,19 +1,39 @@
 #include "worker/agent/coordinator_client.h"
 
 #include <grpcpp/client_context.h>
+#include <grpc/grpc.h>
 #include <grpcpp/create_channel.h>
+#include <grpcpp/support/channel_arguments.h>
 
+#include "absl/synchronization/mutex.h"
+#include "common/logging.h"
 #include "common/rpc/status.h"
 #include "ddp/v1/worker_service.grpc.pb.h"
 
 namespace ddp {
 namespace {
 
+int Millis(absl::Duration d) { return static_cast<int>(absl::ToInt64Milliseconds(d)); }
+
+}  // namespace
+
+grpc::ChannelArguments CoordinatorChannelArgs() {
+  // Jitter included, gRPC never waits longer than an attempt may take.
+  DDP_CHECK(kMaxConnectDelay >= kMaxReconnectBackoff * 1.2);
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, Millis(kInitialReconnectBackoff));
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, Millis(kMaxReconnectBackoff));
+  // gRPC's "min reconnect backoff" is the shortest time a connection attempt is given.
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, Millis(kConnectTimeout));
+  return args;
+}
+
+namespace {
+
 class GrpcCoordinatorClient final : public CoordinatorClient {
  public:
-  explicit GrpcCoordinatorClient(const std::string& target)
-      : stub_(v1::WorkerService::NewStub(
-            grpc::CreateChannel(target, grpc::InsecureChannelCredentials()))) {}
+  explicit GrpcCoordinatorClient(std::shared_ptr<grpc::Channel> channel)
+      : stub_(v1::WorkerService::NewStub(std::move(channel))) {}
 
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& req,
                                                 absl::Duration deadline) override {
@@ -35,6 +55,31 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     return resp;
   }
 
+  absl::StatusOr<v1::WaitForTasksResponse> WaitForTasks(const v1::WaitForTasksRequest& req,
+                                                        absl::Duration deadline) override {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+    {
+      absl::MutexLock lock(&wait_mu_);
+      if (waits_cancelled_) return absl::CancelledError("stopping");
+      wait_ctx_ = &ctx;
+    }
+    v1::WaitForTasksResponse resp;
+    absl::Status st = FromGrpcStatus(stub_->WaitForTasks(&ctx, req, &resp));
+    {
+      absl::MutexLock lock(&wait_mu_);
+      wait_ctx_ = nullptr;
+    }
+    if (!st.ok()) return st;
+    return resp;
+  }
+
+  void CancelWaits() override {
+    absl::MutexLock lock(&wait_mu_);
+    waits_cancelled_ = true;
+    if (wait_ctx_ != nullptr) wait_ctx_->TryCancel();
+  }
+
   absl::Status ReportEvents(const v1::ReportEventsRequest& req, absl::Duration deadline) override {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
@@ -44,12 +89,21 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
 
  private:
   std::unique_ptr<v1::WorkerService::Stub> stub_;
+  absl::Mutex wait_mu_;
+  grpc::ClientContext* wait_ctx_ ABSL_GUARDED_BY(wait_mu_) = nullptr;  // The open poll.
+  bool waits_cancelled_ ABSL_GUARDED_BY(wait_mu_) = false;
 };
 
 }  // namespace
 
 std::unique_ptr<CoordinatorClient> MakeGrpcCoordinatorClient(const std::string& target) {
-  return std::make_unique<GrpcCoordinatorClient>(target);
+  return MakeGrpcCoordinatorClient(
+      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), CoordinatorChannelArgs()));
+}
+
+std::unique_ptr<CoordinatorClient> MakeGrpcCoordinatorClient(
+    std::shared_ptr<grpc::Channel> channel) {
+  return std::make_unique<GrpcCoordinatorClient>(std::move(channel));
 }
 
 }  // namespace ddp

@@ -6,6 +6,9 @@
 #include <memory>
 #include <string>
 
+#include <grpcpp/channel.h>
+#include <grpcpp/support/channel_arguments.h>
+
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "ddp/v1/worker_service.pb.h"
@@ -21,11 +24,36 @@ class CoordinatorClient {
                                                           absl::Duration deadline) = 0;
   virtual absl::Status ReportEvents(const v1::ReportEventsRequest& request,
                                     absl::Duration deadline) = 0;
+  // The long poll for new tasks (WorkerService.WaitForTasks). UNIMPLEMENTED where the
+  // coordinator (or a test's fake) has none: the agent then relies on heartbeats.
+  virtual absl::StatusOr<v1::WaitForTasksResponse> WaitForTasks(
+      const v1::WaitForTasksRequest& request, absl::Duration deadline) {
+    return absl::UnimplementedError("WaitForTasks");
+  }
+  // Ends any WaitForTasks call in progress (CANCELLED), from another thread.
+  virtual void CancelWaits() {}
 };
 
-// `target` is HOST:PORT. The channel reconnects by itself; calls fail fast with
-// UNAVAILABLE while the coordinator is down.
+// How the gRPC channel reconnects once the coordinator is gone. gRPC's defaults back
+// off up to 120 s between connection attempts (and give each attempt 20 s), so an
+// agent could go on failing fast for two minutes after the coordinator returned and
+// be declared lost. Capped, a connection is back at most kMaxConnectDelay after the
+// coordinator accepts connections again.
+inline constexpr absl::Duration kInitialReconnectBackoff = absl::Milliseconds(100);
+inline constexpr absl::Duration kMaxReconnectBackoff = absl::Seconds(1);  // gRPC adds 20% jitter.
+inline constexpr absl::Duration kConnectTimeout = absl::Seconds(2);  // Per attempt (a blackhole).
+inline constexpr absl::Duration kMaxConnectDelay = kConnectTimeout;  // >= 1.2 * kMaxReconnectBackoff.
+
+// The channel arguments that bound reconnection (above): pass them to MakeChannel.
+grpc::ChannelArguments CoordinatorChannelArgs();
+
+// `target` is HOST:PORT. The channel reconnects by itself (as above); calls fail fast
+// with UNAVAILABLE while the coordinator is down.
 std::unique_ptr<CoordinatorClient> MakeGrpcCoordinatorClient(const std::string& target);
+// Over a channel of the caller's making (TLS, a client certificate, a token:
+// common/rpc/credentials.h).
+std::unique_ptr<CoordinatorClient> MakeGrpcCoordinatorClient(
+    std::shared_ptr<grpc::Channel> channel);
 
 }  // namespace ddp
 

@@ -1,12 +1,13 @@
 // The agent's outbox: trainer events and output lines waiting to be reported.
 //
-// Bounded: when the coordinator is unreachable for long, the oldest entries are
-// dropped and counted (the count is reported with the next batch), so a chatty
-// trainer can never grow the agent's memory without bound. Thread-safe: the output
-// pump pushes, the agent loop takes.
+// Bounded in entries and in bytes: when the coordinator is unreachable for long, the
+// oldest entries are dropped and counted (the count goes out with the next batch), so
+// a chatty trainer can never grow the agent's memory without bound. Thread-safe: the
+// output pump pushes, the event reporter takes.
 #ifndef DDP_WORKER_AGENT_EVENT_BUFFER_H_
 #define DDP_WORKER_AGENT_EVENT_BUFFER_H_
 
+#include <cstdint>
 #include <deque>
 #include <vector>
 
@@ -18,29 +19,46 @@ namespace ddp {
 
 class EventBuffer {
  public:
-  explicit EventBuffer(size_t capacity = 50000) : capacity_(capacity) {}
+  struct Limits {
+    size_t max_entries = 50000;
+    size_t max_bytes = 64 << 20;  // Serialized size of the entries held.
+  };
+  EventBuffer() : EventBuffer(Limits{}) {}
+  explicit EventBuffer(Limits limits) : limits_(limits) {}
 
   void Push(v1::ReportedEvent event);
-  // Up to `max` of the oldest entries, and the drop count since the last Take.
-  std::vector<v1::ReportedEvent> Take(size_t max, int64_t* dropped);
-  // Returns a batch that could not be sent, in front of newer entries.
-  void PutBack(std::vector<v1::ReportedEvent> events, int64_t dropped);
+  // The oldest entries, up to `max_entries` and `max_bytes` of serialized events (at
+  // least one, however large), and the drop count since the last Take.
+  std::vector<v1::ReportedEvent> Take(size_t max_entries, size_t max_bytes, int64_t* dropped);
   size_t size() const;
-  // Entries ever pushed, and of those, the ones that have left: taken (net of those
-  // put back) or dropped. Events leave in push order, so every entry pushed before
-  // the pushed() count N has left once departed() >= N.
+  size_t bytes() const;
+  // Entries ever pushed, and of those, the ones that have left: taken or dropped.
+  // Events leave in push order, so every entry pushed before the pushed() count N has
+  // left once departed() >= N.
   int64_t pushed() const;
   int64_t departed() const;
+  // Entries dropped since the buffer was made (monitoring).
+  int64_t dropped_total() const;
 
  private:
+  struct Entry {
+    v1::ReportedEvent event;
+    size_t bytes;
+  };
   void TrimLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const size_t capacity_;
+  const Limits limits_;
   mutable absl::Mutex mu_;
-  std::deque<v1::ReportedEvent> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<Entry> queue_ ABSL_GUARDED_BY(mu_);
+  size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t dropped_total_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pushed_ ABSL_GUARDED_BY(mu_) = 0;
 };
+
+// What one event adds to a ReportEventsRequest on the wire (its field tag and length
+// prefix included).
+size_t WireSize(const v1::ReportedEvent& event);
 
 }  // namespace ddp
 

@@ -2,10 +2,14 @@
 // Flags are parsed here and nowhere else.
 //
 //   ddp-worker --coordinator 10.0.0.1:29400 --name node-a [--slots 8] [--advertise-addr IP]
+//       [--tls-ca ca.pem --tls-cert node-a.pem --tls-key node-a.key | --token-file F]
+//       [--allow-root /srv/ddp ...]
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <signal.h>
+#include <systemd/sd-daemon.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <grpc/grpc.h>
@@ -18,10 +22,19 @@
 #include <iostream>
 #include <thread>
 
+#include "common/auth/tokens.h"
 #include "common/flags.h"
 #include "common/logging.h"
+#include "common/metrics/metrics_server.h"
 #include "common/net.h"
+#include "common/rpc/credentials.h"
+#include "common/version.h"
 #include "worker/agent/agent.h"
+#include "worker/agent/agent_metrics.h"
+#include "worker/agent/job_sandbox.h"
+
+extern char** environ;
+#include "worker/agent/gpu_inventory.h"
 
 namespace {
 
@@ -48,14 +61,6 @@ std::string RouteAddressTo(const std::string& host, int port) {
   return out;
 }
 
-int CountGpus() {
-  int n = 0;
-  for (int i = 0; i < 64; ++i) {
-    if (std::filesystem::exists("/dev/nvidia" + std::to_string(i))) ++n;
-  }
-  return n;
-}
-
 // The worker serves only the standard health service; gRPC needs at least one
 // callback service to run it, so every other method answers UNIMPLEMENTED.
 class UnimplementedService final : public grpc::CallbackGenericService {
@@ -70,6 +75,33 @@ class UnimplementedService final : public grpc::CallbackGenericService {
   }
 };
 
+// The agent's work dir: given, made 0700 if missing and refused if it is a symlink or
+// belongs to someone else; by default a fresh private directory (mkdtemp) under
+// $TMPDIR, never a predictable /tmp path another user could create first.
+absl::StatusOr<std::string> PrepareWorkDir(const std::string& given, const std::string& name) {
+  if (given.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string templ =
+        std::string(tmp && *tmp ? tmp : "/tmp") + "/ddp-worker-" + name + "-XXXXXX";
+    if (mkdtemp(templ.data()) == nullptr) {
+      return absl::UnavailableError("cannot create a work dir under $TMPDIR: give --work-dir");
+    }
+    return templ;
+  }
+  if (mkdir(given.c_str(), 0700) != 0 && errno != EEXIST) {
+    return absl::InvalidArgumentError("--work-dir: cannot create " + given);
+  }
+  struct stat st;
+  if (lstat(given.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError("--work-dir: " + given + " is not a directory (a symlink?)");
+  }
+  if (st.st_uid != geteuid()) {
+    return absl::InvalidArgumentError("--work-dir: " + given +
+                                      " belongs to another user: give a directory of your own");
+  }
+  return given;
+}
+
 std::string DefaultTrainerPath(const char* argv0) {
   std::error_code ec;
   auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
@@ -80,9 +112,21 @@ std::string DefaultTrainerPath(const char* argv0) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (ddp::VersionRequested(argc, argv)) {
+    std::cout << ddp::VersionLine("ddp-worker") << "\n";
+    return 0;
+  }
+  // Block the shutdown signals before any thread starts (threads inherit the mask:
+  // gRPC's start with the first channel): the waiter below takes them with sigwait.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
   ddp::AgentOptions opts;
   std::string coordinator = "127.0.0.1:29400";
   std::string health_listen = "127.0.0.1:0";
+  std::string metrics_listen;
   int slots = 0;
   opts.cpus = static_cast<int>(std::thread::hardware_concurrency());
   ddp::FlagSet flags("ddp-worker",
@@ -95,9 +139,27 @@ int main(int argc, char** argv) {
                "address other nodes reach this one at (default: the route to the coordinator)");
   flags.Int("cpus", &opts.cpus, "cores for trainers, split evenly over the slots");
   flags.String("trainer", &opts.trainer_path, "ddp-trainer binary (default: next to ddp-worker)");
-  flags.String("work-dir", &opts.work_dir, "per-job files (default: /tmp/ddp-worker-NAME)");
+  flags.String("work-dir", &opts.work_dir,
+               "per-job files (default: a new private directory under $TMPDIR)");
   flags.Duration("stop-grace", &opts.stop_grace, "SIGTERM to SIGKILL grace for trainers");
   flags.String("health-listen", &health_listen, "HOST:PORT of the gRPC health service");
+  flags.Bool("long-poll", &opts.long_poll,
+             "keep a WaitForTasks call open so new tasks arrive at once (--long-poll=false: "
+             "only with heartbeats)");
+  flags.String("metrics-listen", &metrics_listen,
+               "HOST:PORT to serve Prometheus metrics on (http://HOST:PORT/metrics)");
+  ddp::ChannelSecurity security;
+  std::string token_file;
+  std::vector<std::string> allow_roots, pass_env;
+  flags.String("tls-ca", &security.ca_file, "CA of the coordinator's certificate: use TLS");
+  flags.String("tls-cert", &security.cert_file,
+               "this worker's client certificate (CN or SAN = --name), re-read when it changes");
+  flags.String("tls-key", &security.key_file, "the private key of --tls-cert");
+  flags.String("token-file", &token_file, "file holding a `worker` token for --name");
+  flags.StringList("allow-root", &allow_roots,
+                   "directory jobs may use (workdir, data, model, checkpoints); default: any");
+  flags.StringList("pass-env", &pass_env,
+                   "agent variable (NAME or PREFIX*) trainers inherit beyond the defaults");
   auto positional = flags.Parse(argc, argv);
   if (flags.help_requested()) {
     std::cout << flags.Usage();
@@ -115,24 +177,52 @@ int main(int argc, char** argv) {
     std::cerr << "ddp-worker: --coordinator: " << target.status().message() << "\n";
     return 2;
   }
+  if (opts.name.empty() && !security.cert_file.empty()) {
+    auto cn = ddp::CertificateCommonName(security.cert_file);
+    if (cn.ok()) opts.name = *cn;  // The name the certificate lets us speak for.
+  }
   if (opts.name.empty()) opts.name = ddp::LocalHostname();
-  opts.gpus = CountGpus();
-  opts.slots = slots > 0 ? slots : std::max(1, opts.gpus);
+  if (!token_file.empty()) {
+    auto token = ddp::ReadClientToken(token_file);
+    if (!token.ok()) {
+      std::cerr << "ddp-worker: --token-file: " << token.status().message() << "\n";
+      return 2;
+    }
+    security.token = *token;
+  }
+  auto channel = ddp::MakeChannel(coordinator, security, ddp::CoordinatorChannelArgs());
+  if (!channel.ok()) {
+    std::cerr << "ddp-worker: " << channel.status().message() << "\n";
+    return 2;
+  }
+  auto roots = ddp::CanonicalRoots(allow_roots);
+  if (!roots.ok()) {
+    std::cerr << "ddp-worker: " << roots.status().message() << "\n";
+    return 2;
+  }
+  opts.allowed_roots = *roots;
+  opts.trainer_env = ddp::TrainerBaseEnv(environ, pass_env);
+  std::unique_ptr<ddp::GpuInventory> gpus = ddp::DiscoverGpus();
+  opts.gpus = gpus->Devices();
+  opts.slots = slots > 0 ? slots : std::max(1, static_cast<int>(opts.gpus.size()));
+  for (const ddp::GpuDevice& g : opts.gpus) {
+    DDP_LOG(INFO) << "GPU " << g.index << ": " << g.model << ", " << (g.memory_bytes >> 20)
+                  << " MiB, " << g.uuid;
+  }
   if (opts.advertise_addr.empty()) opts.advertise_addr = RouteAddressTo(target->host, target->port);
   if (opts.advertise_addr.empty()) opts.advertise_addr = ddp::LocalHostname();
   if (opts.trainer_path.empty()) opts.trainer_path = DefaultTrainerPath(argv[0]);
-  if (opts.work_dir.empty()) opts.work_dir = "/tmp/ddp-worker-" + opts.name;
+  auto work_dir = PrepareWorkDir(opts.work_dir, opts.name);
+  if (!work_dir.ok()) {
+    std::cerr << "ddp-worker: " << work_dir.status().message() << "\n";
+    return 2;
+  }
+  opts.work_dir = *work_dir;
   if (access(opts.trainer_path.c_str(), X_OK) != 0) {
     std::cerr << "ddp-worker: --trainer: cannot execute " << opts.trainer_path << "\n";
     return 2;
   }
   ddp::SetLogPrefix("[worker " + opts.name + "] ");
-
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -146,17 +236,50 @@ int main(int argc, char** argv) {
     std::cerr << "ddp-worker: --health-listen: cannot listen on " << health_listen << "\n";
     return 1;
   }
-  health->GetHealthCheckService()->SetServingStatus(false);
-  DDP_LOG(INFO) << "health service on port " << health_port << "; coordinator " << coordinator;
+  // "" (what readiness probes ask) is SERVING only while the coordinator hears from
+  // us: a node that cannot reach it is not healthy, whatever its trainers do.
+  // "liveness" is SERVING while the process runs, so a liveness probe never restarts an
+  // agent (and kills its trainers) only because the coordinator is away.
+  health->GetHealthCheckService()->SetServingStatus("", false);
+  health->GetHealthCheckService()->SetServingStatus("liveness", true);
+  DDP_LOG(INFO) << "health service on port " << health_port << "; coordinator " << coordinator
+                << (security.ca_file.empty() ? " (plaintext)" : " (TLS)")
+                << (security.cert_file.empty() ? "" : " with a client certificate")
+                << (security.token.empty() ? "" : " with a token") << "; work dir "
+                << opts.work_dir;
+  if (opts.allowed_roots.empty()) {
+    DDP_LOG(WARNING) << "no --allow-root: jobs may read and write any path this user can";
+  }
 
-  ddp::Agent agent(opts, ddp::MakeGrpcCoordinatorClient(coordinator), ddp::RealClock());
-  agent.set_on_registered(
-      [&](bool ok) { health->GetHealthCheckService()->SetServingStatus(ok); });
+  ddp::Agent agent(opts, ddp::MakeGrpcCoordinatorClient(*channel), ddp::RealClock());
+  // Declared after the agent: destroyed (scrapes stopped) before it.
+  std::shared_ptr<prometheus::Collectable> agent_metrics = ddp::MakeAgentMetrics(&agent);
+  std::unique_ptr<ddp::MetricsServer> metrics;
+  if (!metrics_listen.empty()) {
+    auto started = ddp::MetricsServer::Start(metrics_listen);
+    if (!started.ok()) {
+      std::cerr << "ddp-worker: --metrics-listen: " << started.status().message() << "\n";
+      return 1;
+    }
+    metrics = *std::move(started);
+    metrics->Register(agent_metrics);
+    DDP_LOG(INFO) << "Prometheus metrics on port " << metrics->port();
+  }
+  agent.set_on_reachable([&](bool ok) {
+    health->GetHealthCheckService()->SetServingStatus("", ok);
+    // Type=notify: the unit is up once the agent is registered.
+    if (ok) {
+      sd_notifyf(0, "READY=1\nSTATUS=registered with %s", coordinator.c_str());
+    } else {
+      sd_notifyf(0, "STATUS=cannot reach %s", coordinator.c_str());
+    }
+  });
   std::thread waiter([&] {
     int sig = 0;
     sigwait(&set, &sig);
     DDP_LOG(INFO) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT")
                   << ": stopping trainers and exiting";
+    sd_notify(0, "STOPPING=1");
     agent.Stop();
   });
   absl::Status st = agent.Run();

@@ -2,26 +2,23 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
-#include "google/protobuf/util/json_util.h"
+#include "common/utf8.h"
+#include "worker/agent/proto_utf8.h"
+#include "worker/agent/trainer_event_parser.h"
 
 namespace ddp {
 
-bool ParseTrainerEvent(const std::string& line, v1::TrainerEvent* event) {
-  if (line.empty() || line[0] != '{') return false;
-  google::protobuf::util::JsonParseOptions options;
-  options.ignore_unknown_fields = true;
-  return google::protobuf::util::JsonStringToMessage(line, event, options).ok() &&
-         !event->type().empty();
-}
-
-OutputPump::OutputPump(EventBuffer* out, Clock* clock) : out_(out), clock_(clock) {
+OutputPump::OutputPump(EventBuffer* out, Clock* clock, std::function<void()> on_push)
+    : out_(out), clock_(clock), on_push_(std::move(on_push)) {
   if (::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) wake_[0] = wake_[1] = -1;
   thread_ = std::thread([this] { Loop(); });
 }
@@ -46,7 +43,8 @@ void OutputPump::Add(const OutputSource& source, int events_fd, int stdout_fd, i
                             std::pair{stdout_fd, Kind::kStdout},
                             std::pair{stderr_fd, Kind::kStderr}}) {
       if (fd < 0) continue;
-      streams_.push_back(std::make_unique<Stream>(Stream{source, kind, fd, LineSplitter()}));
+      const size_t max_line = kind == Kind::kEvents ? kMaxEventLineBytes : kMaxLineBytes;
+      streams_.push_back(std::make_unique<Stream>(Stream{source, kind, fd, LineCutter(max_line)}));
       ++open_[source];
     }
   }
@@ -59,33 +57,62 @@ bool OutputPump::Drained(const OutputSource& source) {
   return it == open_.end() || it->second == 0;
 }
 
+bool OutputPump::Unread(const OutputSource& source) {
+  absl::MutexLock lock(&mu_);
+  for (const auto& s : streams_) {
+    int n = 0;
+    if (s->source.job_id == source.job_id && s->source.attempt == source.attempt &&
+        s->source.rank == source.rank && ::ioctl(s->fd, FIONREAD, &n) == 0 && n > 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
 void OutputPump::Forget(const OutputSource& source) {
   absl::MutexLock lock(&mu_);
   auto it = open_.find(source);
   if (it != open_.end() && it->second == 0) open_.erase(it);
 }
 
-void OutputPump::Emit(const Stream& s, const std::string& line) {
+void OutputPump::Emit(const Stream& s, std::string_view line, int64_t cut_bytes) {
   v1::ReportedEvent ev;
   ev.set_job_id(s.source.job_id);
   ev.set_attempt(s.source.attempt);
   ev.set_rank(s.source.rank);
   ev.set_time_ms(absl::ToUnixMillis(clock_->Now()));
-  if (s.kind == Kind::kEvents) {
+  // Repaired before parsing: the JSON parser may reject or keep invalid bytes.
+  std::string text(line);
+  MakeValidUtf8(&text);
+  bool relay = true;
+  if (s.kind == Kind::kEvents && cut_bytes == 0) {
     v1::TrainerEvent event;
-    if (ParseTrainerEvent(line, &event)) {
-      if (event.type() == "trace" || event.type() == "buckets") return;
+    std::vector<std::string> problems;
+    if (ParseTrainerEvent(text, &event, &problems)) {
+      for (const std::string& p : problems) {
+        if (logged_problems_.size() < 100 && logged_problems_.insert(p).second) {
+          DDP_LOG(WARNING) << "a trainer event does not match the contract (docs/trainer.md): "
+                           << p << " (logged once)";
+        }
+      }
+      relay = event.type() != "trace" && event.type() != "buckets";
       *ev.mutable_event() = std::move(event);
-      out_->Push(std::move(ev));
-      return;
     }
   }
-  v1::LogLine* log = ev.mutable_log();
-  log->set_stream(s.kind == Kind::kStderr ? "stderr" : "stdout");
-  log->set_rank(s.source.rank);
-  log->set_attempt(s.source.attempt);
-  log->set_text(line);
+  if (!ev.has_event()) {
+    if (cut_bytes > 0) absl::StrAppend(&text, " [ddp-worker: line cut, ", cut_bytes, " more bytes]");
+    v1::LogLine* log = ev.mutable_log();
+    log->set_stream(s.kind == Kind::kStderr ? "stderr" : "stdout");
+    log->set_rank(s.source.rank);
+    log->set_attempt(s.source.attempt);
+    log->set_text(std::move(text));
+  }
+  if (!relay) return;
+  // What JSON escapes may have made of the text (a lone surrogate, \u0000...). Log
+  // lines are valid already, and the job id came from a parsed message.
+  if (ev.has_event()) RepairUtf8(ev.mutable_event());
   out_->Push(std::move(ev));
+  if (on_push_) on_push_();
 }
 
 void OutputPump::Loop() {
@@ -126,9 +153,10 @@ void OutputPump::Loop() {
       char buf[65536];
       ssize_t n = ::read(s->fd, buf, sizeof(buf));
       if (n > 0) {
-        s->splitter.Feed(buf, static_cast<size_t>(n), [&](const std::string& l) { Emit(*s, l); });
+        s->lines.Feed(buf, static_cast<size_t>(n),
+                      [&](std::string_view l, int64_t cut) { Emit(*s, l, cut); });
       } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
-        s->splitter.Flush([&](const std::string& l) { Emit(*s, l); });
+        s->lines.Flush([&](std::string_view l, int64_t cut) { Emit(*s, l, cut); });
         closed.push_back(s);
       }
     }

@@ -1,14 +1,21 @@
 // One thread that reads every trainer's event pipe, stdout and stderr, and turns each
 // line into a ReportedEvent in the agent's EventBuffer: JSON event lines become typed
-// TrainerEvents (design.md's types; the verbose `trace`/`buckets` stay local), other
-// lines become LogLines. Never blocks the agent loop; a trainer that floods output
+// TrainerEvents (trainer_event_parser.h; the verbose `trace`/`buckets` stay local),
+// other lines become LogLines. Never blocks the agent loop; a trainer that floods output
 // is bounded by the buffer.
+//
+// Whatever a trainer prints, what goes into the buffer is well-formed: lines longer
+// than kMaxLineBytes are cut (and say so), and every string is valid UTF-8 (invalid
+// bytes become U+FFFD), so the coordinator can always parse the batches.
 #ifndef DDP_WORKER_AGENT_OUTPUT_PUMP_H_
 #define DDP_WORKER_AGENT_OUTPUT_PUMP_H_
 
+#include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -16,8 +23,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
-#include "common/process.h"
 #include "worker/agent/event_buffer.h"
+#include "worker/agent/line_cutter.h"
 
 namespace ddp {
 
@@ -30,12 +37,16 @@ struct OutputSource {
   }
 };
 
-// Parses one line from a trainer's event pipe; false if it is not a JSON event.
-bool ParseTrainerEvent(const std::string& line, v1::TrainerEvent* event);
+// Longest output line relayed whole; longer ones keep this much and say how much was
+// cut. Event lines (JSON from the trainer) may be longer.
+inline constexpr size_t kMaxLineBytes = 16 << 10;
+inline constexpr size_t kMaxEventLineBytes = 64 << 10;
 
 class OutputPump {
  public:
-  OutputPump(EventBuffer* out, Clock* clock);
+  // `on_push` runs after each push into `out` (the reporter's wake-up), on the
+  // pump's thread with no lock held.
+  OutputPump(EventBuffer* out, Clock* clock, std::function<void()> on_push = nullptr);
   ~OutputPump();
   OutputPump(const OutputPump&) = delete;
   OutputPump& operator=(const OutputPump&) = delete;
@@ -44,6 +55,9 @@ class OutputPump {
   void Add(const OutputSource& source, int events_fd, int stdout_fd, int stderr_fd);
   // True once every pipe of `source` has been read to its end.
   bool Drained(const OutputSource& source);
+  // True while some pipe of `source` holds bytes the pump has not read yet: the pump
+  // is behind (a flood), as opposed to a pipe held open by a silent grandchild.
+  bool Unread(const OutputSource& source);
   // Forgets a drained source (its task is gone).
   void Forget(const OutputSource& source);
 
@@ -53,19 +67,22 @@ class OutputPump {
     OutputSource source;
     Kind kind;
     int fd;
-    LineSplitter splitter;
+    LineCutter lines;
   };
   void Loop();
-  void Emit(const Stream& stream, const std::string& line);
+  void Emit(const Stream& stream, std::string_view line, int64_t cut_bytes);
 
   EventBuffer* const out_;
   Clock* const clock_;
+  const std::function<void()> on_push_;
   int wake_[2] = {-1, -1};
   absl::Mutex mu_;
   std::vector<std::unique_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);
   std::map<OutputSource, int> open_ ABSL_GUARDED_BY(mu_);  // Pipes not yet at EOF.
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   int64_t poll_errors_ = 0;  // Loop thread only.
+  // Contract problems already logged (each kind once), loop thread only.
+  std::set<std::string> logged_problems_;
   std::thread thread_;
 };
 

@@ -3,12 +3,15 @@
 //
 // Lifecycle: Start() spawns every local rank (each in its own process group, with
 // PR_SET_PDEATHSIG so it dies with the agent) -> Poll() reaps exits -> Stop() sends
-// SIGTERM to every process group and SIGKILL once the grace period is over. A rank
+// SIGTERM to every process group and SIGKILL once the grace period is over (at once
+// to a stopped process). Status() reports each rank's pid, exit, and whether its
+// process is stopped (the coordinator's stall watchdog blames such a rank). A rank
 // counts as exited only when its output pipes are drained too, so its last lines
 // (the `error` event that explains a failure) are reported before its exit.
 #ifndef DDP_WORKER_AGENT_TRAINER_TASK_H_
 #define DDP_WORKER_AGENT_TRAINER_TASK_H_
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,28 +28,45 @@ namespace ddp {
 struct TrainerTaskOptions {
   std::string trainer_path;   // The ddp-trainer binary.
   std::string work_dir;       // Per-job files: <work_dir>/<job>/attempt-<n>/job.yaml.
+  std::string node;           // The worker's name: DDP_NODE ({node} in checkpoint.dir).
   int threads_per_rank = 1;   // OMP_NUM_THREADS / OPENBLAS_NUM_THREADS default.
   absl::Duration stop_grace = absl::Seconds(10);
+  // Canonical --allow-root directories; empty: jobs may use any path (job_sandbox.h).
+  std::vector<std::string> allowed_roots;
+  // The agent's variables trainers inherit (TrainerBaseEnv); nothing else is.
+  std::map<std::string, std::string> base_env;
+  // The node has GPUs: a rank without one of its own (a CPU task) is hidden from all
+  // of them with CUDA_VISIBLE_DEVICES="", so it cannot touch another job's GPU.
+  bool node_has_gpus = false;
 };
+
+// Whether process `pid` is stopped (SIGSTOP, a debugger: state T or t in
+// /proc/PID/stat). False if it is gone or /proc cannot tell.
+bool ProcessStopped(int pid);
 
 class TrainerTask {
  public:
-  // Spawns the task's ranks. On failure the task exists with error() set (a
-  // permanent problem such as a missing workdir or binary) and no processes.
+  // Spawns the task's ranks. On failure the task exists with error() set and no
+  // processes; node_fault() tells whether another node could run it (a missing
+  // workdir or binary, files it cannot write) or not (a task without ranks).
   static std::unique_ptr<TrainerTask> Start(const v1::Task& task, const TrainerTaskOptions& options,
                                             OutputPump* pump);
   ~TrainerTask();  // Kills whatever still runs.
 
   const v1::Task& task() const { return task_; }
   const std::string& error() const { return error_; }
+  bool node_fault() const { return node_fault_; }
   // Reaps exited ranks and escalates a stop to SIGKILL after the grace period.
   // Returns true if some rank's reported state changed.
   bool Poll(absl::Time now);
-  // SIGTERM now, SIGKILL at now + grace. Idempotent.
+  // SIGTERM now, SIGKILL at now + grace; a rank whose process is stopped (it could
+  // not run its handler) gets SIGKILL at once. Idempotent.
   void Stop(absl::Time now);
   bool stopping() const { return kill_at_.has_value(); }
   // Every rank has exited (and its output is drained), or it never started.
   bool Finished() const;
+  // Ranks whose process runs (started, not yet reaped).
+  int running() const;
 
   // Exits wait for the output before them. StampExits(n) tags exits seen since the
   // last call with n, the outbox's pushed() count read after Poll(): everything the
@@ -78,6 +98,7 @@ class TrainerTask {
   TrainerTaskOptions options_;
   std::vector<Rank> ranks_;
   std::string error_;
+  bool node_fault_ = false;
   std::optional<absl::Time> kill_at_;
   bool killed_ = false;
 };

@@ -1,113 +1,111 @@
 #include "worker/trainer/checkpoint.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <torch/serialize.h>
 
-#include <cstring>
-#include <filesystem>
+#include <map>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace ddp {
+namespace {
 
-std::string CheckpointPath(const std::string& dir) {
-  return (std::filesystem::path(dir) / kCheckpointFile).string();
+constexpr char kFormat1[] = "ddp.checkpoint/1";
+
+using Dict = c10::impl::GenericDict;
+
+// Reads typed values out of the checkpoint dict, naming the first key that is
+// missing or of the wrong type.
+class DictReader {
+ public:
+  DictReader(const Dict& d, const std::string& path) : d_(d), path_(path) {}
+
+  c10::IValue Get(const char* key) const {
+    auto it = d_.find(key);
+    return it == d_.end() ? c10::IValue() : it->value();
+  }
+  absl::Status Int(const char* key, int64_t* out) const {
+    c10::IValue v = Get(key);
+    if (!v.isInt()) return Malformed(key);
+    *out = v.toInt();
+    return absl::OkStatus();
+  }
+  absl::Status Double(const char* key, double* out) const {
+    c10::IValue v = Get(key);
+    if (!v.isDouble()) return Malformed(key);
+    *out = v.toDouble();
+    return absl::OkStatus();
+  }
+  absl::Status Bool(const char* key, bool* out) const {
+    c10::IValue v = Get(key);
+    if (!v.isBool()) return Malformed(key);
+    *out = v.toBool();
+    return absl::OkStatus();
+  }
+  absl::Status String(const char* key, std::string* out) const {
+    c10::IValue v = Get(key);
+    if (!v.isString()) return Malformed(key);
+    *out = v.toStringRef();
+    return absl::OkStatus();
+  }
+  // Keys that format 1 files may lack: left as they are when absent.
+  void OptionalInt(const char* key, int64_t* out) const {
+    if (c10::IValue v = Get(key); v.isInt()) *out = v.toInt();
+  }
+  void OptionalString(const char* key, std::string* out) const {
+    if (c10::IValue v = Get(key); v.isString()) *out = v.toStringRef();
+  }
+  absl::Status Malformed(const char* key) const {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint ", path_, ": '", key, "' is missing or of the wrong type: not a checkpoint "
+        "ddp-trainer can resume (move it away or set checkpoint.resume: false)"));
+  }
+
+ private:
+  const Dict& d_;
+  const std::string& path_;
+};
+
+}  // namespace
+
+bool SameDataOrder(const SamplerState& saved, const SamplerState& now) {
+  return saved.world_size == now.world_size && saved.batch_size == now.batch_size &&
+         saved.grad_accum_steps == now.grad_accum_steps && saved.seed == now.seed &&
+         saved.shuffle == now.shuffle &&
+         (saved.train_samples < 0 || saved.train_samples == now.train_samples) &&
+         (saved.data_seed < 0 || saved.data_seed == now.data_seed);
 }
 
-std::vector<char> EncodeCheckpoint(const c10::IValue& dict) { return torch::pickle_save(dict); }
-
-absl::Status WriteFileAtomically(const std::string& path, const std::vector<char>& bytes) {
-  namespace fs = std::filesystem;
-  const fs::path target(path);
-  std::error_code ec;
-  fs::create_directories(target.parent_path(), ec);
-  if (ec) {
-    return absl::UnavailableError(absl::StrCat("cannot create checkpoint directory ",
-                                               target.parent_path().string(), ": ", ec.message()));
-  }
-  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return absl::UnavailableError(absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno)));
-  }
-  const char* p = bytes.data();
-  size_t left = bytes.size();
-  while (left > 0) {
-    ssize_t n = ::write(fd, p, left);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      int e = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return absl::UnavailableError(absl::StrCat("cannot write ", tmp, ": ", std::strerror(e)));
-    }
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    int e = errno;
-    ::unlink(tmp.c_str());
-    return absl::UnavailableError(absl::StrCat("cannot flush ", tmp, ": ", std::strerror(e)));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int e = errno;
-    ::unlink(tmp.c_str());
-    return absl::UnavailableError(
-        absl::StrCat("cannot rename ", tmp, " to ", path, ": ", std::strerror(e)));
-  }
-  // Make the rename itself durable.
-  int dir = ::open(target.parent_path().empty() ? "." : target.parent_path().c_str(),
-                   O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir >= 0) {
-    ::fsync(dir);
-    ::close(dir);
-  }
-  return absl::OkStatus();
+std::vector<char> EncodeCheckpoint(const TrainingState& s) {
+  Dict model(c10::StringType::get(), c10::TensorType::get());
+  for (const auto& [name, t] : s.model) model.insert(name, t.detach().cpu());
+  Dict d(c10::StringType::get(), c10::AnyType::get());
+  d.insert("format", std::string(kCheckpointFormat));
+  d.insert("job", s.identity.job);
+  d.insert("job_id", s.identity.job_id);
+  d.insert("attempt", s.identity.attempt);
+  d.insert("node", s.identity.node);
+  d.insert("model", model);
+  d.insert("optimizer", s.optimizer);
+  d.insert("epoch", s.position.epoch);
+  d.insert("step", s.position.step);
+  d.insert("global_step", s.position.global_step);
+  d.insert("world_size", s.sampler.world_size);
+  d.insert("batch_size", s.sampler.batch_size);
+  d.insert("grad_accum_steps", s.sampler.grad_accum_steps);
+  d.insert("seed", s.sampler.seed);
+  d.insert("shuffle", s.sampler.shuffle);
+  d.insert("train_samples", s.sampler.train_samples);
+  d.insert("data_seed", s.sampler.data_seed);
+  d.insert("epoch_loss_sum", s.epoch_loss_sum);
+  d.insert("epoch_steps", s.epoch_steps);
+  if (s.rng_state.defined()) d.insert("rng_state", s.rng_state);
+  return torch::pickle_save(d);
 }
 
-absl::StatusOr<std::vector<char>> ReadFileBytes(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int e = errno;
-    const std::string msg = absl::StrCat("cannot open ", path, ": ", std::strerror(e));
-    return e == ENOENT ? absl::NotFoundError(msg) : absl::UnavailableError(msg);
-  }
-  std::vector<char> bytes;
-  char buf[1 << 16];
-  while (true) {
-    ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int e = errno;
-      ::close(fd);
-      return absl::UnavailableError(absl::StrCat("cannot read ", path, ": ", std::strerror(e)));
-    }
-    if (n == 0) break;
-    bytes.insert(bytes.end(), buf, buf + n);
-  }
-  ::close(fd);
-  return bytes;
-}
-
-void RemoveStaleTemporaries(const std::string& path) {
-  namespace fs = std::filesystem;
-  const fs::path target(path);
-  const std::string prefix = target.filename().string() + ".tmp.";
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(
-           target.parent_path().empty() ? fs::path(".") : target.parent_path(), ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind(prefix, 0) == 0) fs::remove(entry.path(), ec);
-  }
-}
-
-absl::StatusOr<c10::impl::GenericDict> DecodeCheckpoint(const std::vector<char>& bytes,
-                                                        const std::string& path) {
+absl::StatusOr<TrainingState> DecodeCheckpoint(const std::vector<char>& bytes,
+                                               const std::string& path) {
   c10::IValue v;
   try {
     v = torch::pickle_load(bytes);
@@ -120,13 +118,71 @@ absl::StatusOr<c10::impl::GenericDict> DecodeCheckpoint(const std::vector<char>&
   if (!v.isGenericDict()) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint ", path, " is not a ddp checkpoint"));
   }
-  c10::impl::GenericDict d = v.toGenericDict();
-  auto fmt = d.find("format");
-  if (fmt == d.end() || !fmt->value().isString() || fmt->value().toStringRef() != kCheckpointFormat) {
+  const Dict d = v.toGenericDict();
+  const DictReader r(d, path);
+  std::string format;
+  if (!r.String("format", &format).ok() || (format != kCheckpointFormat && format != kFormat1)) {
     return absl::InvalidArgumentError(
         absl::StrCat("checkpoint ", path, " is not in format ", kCheckpointFormat));
   }
-  return d;
+  TrainingState s;
+  r.OptionalString("job", &s.identity.job);
+  r.OptionalString("job_id", &s.identity.job_id);
+  r.OptionalInt("attempt", &s.identity.attempt);
+  r.OptionalString("node", &s.identity.node);
+  if (format == kCheckpointFormat) {
+    DDP_RETURN_IF_ERROR(r.String("job_id", &s.identity.job_id));
+    DDP_RETURN_IF_ERROR(r.Int("attempt", &s.identity.attempt));
+  }
+  c10::IValue model = r.Get("model");
+  if (!model.isGenericDict()) return r.Malformed("model");
+  for (const auto& entry : model.toGenericDict()) {
+    if (!entry.key().isString() || !entry.value().isTensor()) return r.Malformed("model");
+    s.model.emplace_back(entry.key().toStringRef(), entry.value().toTensor());
+  }
+  s.optimizer = r.Get("optimizer");
+  DDP_RETURN_IF_ERROR(r.Int("epoch", &s.position.epoch));
+  DDP_RETURN_IF_ERROR(r.Int("step", &s.position.step));
+  DDP_RETURN_IF_ERROR(r.Int("global_step", &s.position.global_step));
+  DDP_RETURN_IF_ERROR(r.Int("world_size", &s.sampler.world_size));
+  DDP_RETURN_IF_ERROR(r.Int("batch_size", &s.sampler.batch_size));
+  DDP_RETURN_IF_ERROR(r.Int("grad_accum_steps", &s.sampler.grad_accum_steps));
+  DDP_RETURN_IF_ERROR(r.Int("seed", &s.sampler.seed));
+  DDP_RETURN_IF_ERROR(r.Bool("shuffle", &s.sampler.shuffle));
+  r.OptionalInt("train_samples", &s.sampler.train_samples);
+  r.OptionalInt("data_seed", &s.sampler.data_seed);
+  // The loss totals matter only mid-epoch; files that lack them restart the sums.
+  if (!r.Double("epoch_loss_sum", &s.epoch_loss_sum).ok() ||
+      !r.Int("epoch_steps", &s.epoch_steps).ok()) {
+    s.epoch_loss_sum = 0;
+    s.epoch_steps = 0;
+  }
+  if (c10::IValue rng = r.Get("rng_state"); rng.isTensor()) s.rng_state = rng.toTensor();
+  return s;
+}
+
+absl::Status RestoreModel(const TrainingState& state, const std::vector<NamedTensor>& named,
+                          const std::string& path) {
+  if (state.model.size() != named.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint ", path, " holds ", state.model.size(), " tensors but the model has ",
+        named.size(), ": it belongs to another model (move it away or set "
+                      "checkpoint.resume: false)"));
+  }
+  std::map<std::string, const at::Tensor*> saved;
+  for (const auto& [name, t] : state.model) saved[name] = &t;
+  at::NoGradGuard no_grad;
+  for (const auto& [name, t] : named) {
+    auto it = saved.find(name);
+    if (it == saved.end() || it->second->sizes() != t.sizes()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("checkpoint ", path, ": tensor '", name,
+                       "' is missing or has another shape: it belongs to another model"));
+    }
+    at::Tensor dst = t;
+    dst.copy_(*it->second);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace ddp

@@ -4,12 +4,19 @@
 // it and forms a c10d process group: Gloo on CPU, NCCL on CUDA (when built against a
 // CUDA LibTorch). Each collective carries train.collective_timeout_s, so a dead or
 // hung peer fails the rank with UNAVAILABLE instead of hanging it.
+//
+// On CPU with several ranks per node (train.intra_node_comm auto or shm), sums and
+// broadcasts are hierarchical: the node's ranks meet in a shared-memory segment
+// (ShmNodeComm), and on a multi-node job the node leaders (LOCAL_RANK 0) run the
+// backend's collective among themselves in between (docs/trainer.md, Communication).
+// Every rank votes on it at connect time, so the whole job uses one scheme.
 #ifndef DDP_WORKER_TRAINER_COMM_H_
 #define DDP_WORKER_TRAINER_COMM_H_
 
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,6 +27,9 @@
 
 namespace ddp {
 
+class CrossNode;
+class ShmNodeComm;
+
 struct DeviceChoice {
   at::Device device = at::kCPU;
   std::string backend;  // "gloo" or "nccl"
@@ -29,19 +39,47 @@ struct DeviceChoice {
 // visible, else Gloo on CPU. FAILED_PRECONDITION for nccl without CUDA (permanent).
 absl::StatusOr<DeviceChoice> ChooseDevice(const JobSpec& spec, const TorchrunEnv& env);
 
+struct CommOptions {
+  std::chrono::milliseconds rdzv_timeout{120000};
+  std::chrono::milliseconds collective_timeout{300000};
+  IntraNodeComm intra_node = IntraNodeComm::kAuto;
+};
+
+// An in-place sum started by Comm::StartSum. Sums complete in start order.
+class PendingSum {
+ public:
+  virtual ~PendingSum() = default;
+  // UNAVAILABLE when a peer died or hung past the collective timeout.
+  virtual absl::Status Wait() = 0;
+};
+
 class Comm {
  public:
-  // Connects to (rank 0: hosts) the TCPStore within rdzv.timeout_s and forms the
-  // process group. UNAVAILABLE on timeouts or a port already in use (retryable).
+  // Connects to (rank 0: hosts) the TCPStore within rdzv.timeout_s, forms the
+  // process group, and the node's shared-memory group where it applies.
+  // UNAVAILABLE on timeouts, a port already in use or shared memory that cannot be set
+  // up with intra_node_comm: shm (retryable); FAILED_PRECONDITION for shm on a GPU or
+  // with ranks not numbered node by node (permanent).
   static absl::StatusOr<Comm> Connect(const TorchrunEnv& env, const DeviceChoice& device,
-                                      std::chrono::milliseconds rdzv_timeout,
-                                      std::chrono::milliseconds collective_timeout);
+                                      const CommOptions& options);
+  Comm(Comm&&);
+  Comm& operator=(Comm&&);
+  ~Comm();
 
+  // The world's process group (Gloo or NCCL), for collectives that do not go through
+  // shared memory (a broadcast from a root other than rank 0, say).
   CommBackend& backend() { return *backend_; }
-  const CommBackendPtr& backend_ptr() const { return backend_; }
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
+  // What ranks of one node reduce through: "shm", or the backend's name.
+  std::string intra_node_comm() const;
+
+  // Starts an in-place sum of `flat` (contiguous, kept alive by the caller until
+  // Wait) over all ranks. Never blocks on shared memory or on a CPU backend.
+  std::unique_ptr<PendingSum> StartSum(const at::Tensor& flat);
+  // Lets started shared-memory sums progress without waiting (from backward's hooks).
+  void Poll();
 
   // Copies rank 0's values into `tensors` on every rank (one flattened broadcast).
   absl::Status Broadcast(const std::vector<at::Tensor>& tensors);
@@ -52,10 +90,19 @@ class Comm {
   absl::Status Barrier();
 
  private:
+  Comm() = default;
   absl::Status Run(const char* what, const std::function<c10::intrusive_ptr<c10d::Work>()>& op);
+  // Sets up the node's shared-memory group and agrees on it with every rank.
+  absl::Status SetUpNodeGroup(const TorchrunEnv& env, IntraNodeComm mode);
 
   c10::intrusive_ptr<c10d::Store> store_;
   CommBackendPtr backend_;
+  std::string backend_name_;
+  // Hierarchical mode: the node's group, and (node leaders of multi-node jobs) the
+  // leaders' process group it sums through (destroyed first to last: shm_, cross_, leaders_).
+  CommBackendPtr leaders_;
+  std::unique_ptr<CrossNode> cross_;
+  std::unique_ptr<ShmNodeComm> shm_;
   at::Device device_ = at::kCPU;
   int rank_ = 0;
   int world_size_ = 1;

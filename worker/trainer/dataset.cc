@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "worker/trainer/data_files.h"
 
 namespace ddp {
 namespace {
@@ -21,57 +22,11 @@ absl::StatusOr<Dataset> LoadCsv(const CsvSpec& spec) {
     return absl::NotFoundError(absl::StrCat("data.csv.path: cannot open '", spec.path,
                                             "' (relative paths resolve in the job's workdir)"));
   }
-  std::vector<float> features;
-  std::vector<double> labels;
-  int64_t columns = -1;
-  int64_t label_col = 0;
-  std::string line;
-  int64_t line_no = 0;
-  while (std::getline(in, line)) {
-    ++line_no;
-    if (line_no <= spec.skip_rows) continue;
-    absl::string_view view = absl::StripAsciiWhitespace(line);
-    if (view.empty()) continue;
-    std::vector<absl::string_view> cells = absl::StrSplit(view, ',');
-    if (columns < 0) {
-      columns = static_cast<int64_t>(cells.size());
-      if (columns < 2) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            spec.path, ":", line_no, ": need at least one feature and a label column"));
-      }
-      label_col = spec.label_column < 0 ? columns + spec.label_column : spec.label_column;
-      if (label_col < 0 || label_col >= columns) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("data.csv.label_column: ", spec.label_column, " is out of range for ",
-                         columns, " columns in ", spec.path));
-      }
-    } else if (static_cast<int64_t>(cells.size()) != columns) {
-      return absl::InvalidArgumentError(absl::StrCat(spec.path, ":", line_no, ": expected ",
-                                                     columns, " columns, found ", cells.size()));
-    }
-    for (int64_t c = 0; c < columns; ++c) {
-      double v;
-      if (!absl::SimpleAtod(absl::StripAsciiWhitespace(cells[c]), &v)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(spec.path, ":", line_no, ": column ", c + 1, " is not a number: '",
-                         cells[c], "' (a header line? set data.csv.skip_rows)"));
-      }
-      if (!std::isfinite(v)) {
-        // nan/inf parse as numbers but would silently turn the loss into NaN.
-        return absl::InvalidArgumentError(absl::StrCat(spec.path, ":", line_no, ": column ",
-                                                       c + 1, " is '", cells[c],
-                                                       "': values must be finite"));
-      }
-      if (c == label_col) {
-        labels.push_back(v);
-      } else {
-        features.push_back(static_cast<float>(v));
-      }
-    }
-  }
-  if (labels.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(spec.path, ": no data rows"));
-  }
+  auto table = ParseCsv(in, spec);
+  if (!table.ok()) return table.status();
+  std::vector<float>& features = table->features;
+  std::vector<double>& labels = table->labels;
+  const int64_t columns = table->columns;
   const int64_t n = static_cast<int64_t>(labels.size());
   Dataset d;
   d.features = at::from_blob(features.data(), {n, columns - 1}, at::kFloat).clone();
@@ -95,37 +50,14 @@ absl::StatusOr<std::string> ReadMaybeGzip(const std::string& path, const char* f
   return out;
 }
 
-uint32_t BigEndian32(const std::string& s, size_t off) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data() + off);
-  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | p[3];
-}
-
 absl::StatusOr<Dataset> LoadIdx(const IdxSpec& spec, const std::string& field) {
   auto images = ReadMaybeGzip(spec.images, (field + ".images").c_str());
   if (!images.ok()) return images.status();
   auto labels = ReadMaybeGzip(spec.labels, (field + ".labels").c_str());
   if (!labels.ok()) return labels.status();
-  if (images->size() < 16 || BigEndian32(*images, 0) != 0x00000803) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ".images: '", spec.images, "' is not an IDX3 uint8 image file (bad magic)"));
-  }
-  if (labels->size() < 8 || BigEndian32(*labels, 0) != 0x00000801) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ".labels: '", spec.labels, "' is not an IDX1 uint8 label file (bad magic)"));
-  }
-  const int64_t n = BigEndian32(*images, 4);
-  const int64_t rows = BigEndian32(*images, 8);
-  const int64_t cols = BigEndian32(*images, 12);
-  const int64_t n_labels = BigEndian32(*labels, 4);
-  if (n != n_labels) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": ", n, " images but ", n_labels,
-                                                   " labels"));
-  }
-  if (static_cast<int64_t>(images->size()) != 16 + n * rows * cols ||
-      static_cast<int64_t>(labels->size()) != 8 + n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": file sizes do not match their IDX headers (truncated?)"));
-  }
+  auto shape = ParseIdxHeaders(*images, *labels, spec, field);
+  if (!shape.ok()) return shape.status();
+  const int64_t n = shape->n, rows = shape->rows, cols = shape->cols;
   Dataset d;
   d.features = at::from_blob(images->data() + 16, {n, 1, rows, cols}, at::kByte)
                    .to(at::kFloat)

@@ -2,38 +2,50 @@
 //
 //   RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29777 ddp-trainer --spec job.yaml
 //
-// Exit codes (common/exit_codes.h): 0 trained to the end; 2 permanent (bad spec, data
-// or model: restarting cannot help); 1 retryable (a peer died, a timeout, I/O).
+// Exit codes (common/exit_codes.h, failure.h): 0 trained to the end; 2 permanent (bad
+// spec, data or model: restarting cannot help); 3 this node's fault (the device it needs
+// is not here); 1 retryable (a peer died, a timeout, I/O).
 #include <signal.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 
+#include "absl/strings/str_cat.h"
 #include "common/exit_codes.h"
 #include "common/flags.h"
 #include "common/jobspec/job_spec.h"
 #include "common/logging.h"
+#include "common/version.h"
 #include "worker/trainer/events.h"
 #include "worker/trainer/torchrun_env.h"
 #include "worker/trainer/trainer.h"
 
 namespace {
 
-int Fail(ddp::EventSink* events, const absl::Status& status, bool permanent) {
+int Fail(ddp::EventSink* events, const absl::Status& status, ddp::FailureKind kind) {
   std::string message(status.message());
-  DDP_LOG(ERROR) << (permanent ? "permanent error: " : "error: ") << message;
+  DDP_LOG(ERROR) << (kind == ddp::FailureKind::kRetryable
+                         ? "error: "
+                         : absl::StrCat(ddp::FailureKindName(kind), " error: "))
+                 << message;
   if (events != nullptr) {
-    ddp::JsonObject e = events->Make("error");
-    e.Add("message", message).Add("retryable", !permanent);
+    ddp::ErrorEvent e;
+    e.message = message;
+    e.retryable = kind != ddp::FailureKind::kPermanent;
+    e.node_fault = kind == ddp::FailureKind::kNodeFault;
     events->Emit(e);
   }
-  return permanent ? ddp::kExitPermanent : ddp::kExitRetryable;
+  return ddp::ExitCodeFor(kind);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (ddp::VersionRequested(argc, argv)) {
+    std::cout << ddp::VersionLine("ddp-trainer") << "\n";
+    return ddp::kExitOk;
+  }
   ::signal(SIGPIPE, SIG_IGN);  // A closed events reader must not kill training.
   std::string spec_path;
   bool check_only = false;
@@ -47,25 +59,25 @@ int main(int argc, char** argv) {
               << "GROUP_RANK, DDP_EVENTS_FD, GLOO_SOCKET_IFNAME (optional)\n";
     return ddp::kExitOk;
   }
-  if (!positional.ok()) return Fail(nullptr, positional.status(), true);
+  if (!positional.ok()) return Fail(nullptr, positional.status(), ddp::FailureKind::kPermanent);
   if (spec_path.empty() || !positional->empty()) {
     std::cerr << flags.Usage(" --spec job.yaml");
     return ddp::kExitPermanent;
   }
 
   auto env = ddp::ReadTorchrunEnv();
-  if (!env.ok()) return Fail(nullptr, env.status(), true);
+  if (!env.ok()) return Fail(nullptr, env.status(), ddp::FailureKind::kPermanent);
   ddp::SetLogPrefix("[rank " + std::to_string(env->rank) + "] ");
   ddp::EventSink events(env->events_fd, env->rank);
 
   auto spec = ddp::LoadJobSpecFile(spec_path);
-  if (!spec.ok()) return Fail(&events, spec.status(), true);
+  if (!spec.ok()) return Fail(&events, spec.status(), ddp::FailureKind::kPermanent);
   if (check_only) return ddp::kExitOk;
 
   ddp::Trainer trainer(*std::move(spec), *env, &events);
   absl::Status st = trainer.Run();
   if (!st.ok()) {
-    const int code = Fail(&events, st, ddp::IsPermanent(st));
+    const int code = Fail(&events, st, ddp::ClassifyFailure(st));
     // Exit without running destructors: tearing down a process group whose
     // collective failed can wait on its queued work (up to the collective timeout
     // each) or hang in the backend, and nothing is left to save.

@@ -54,9 +54,11 @@ std::vector<BucketLayout> AssignBuckets(const std::vector<int64_t>& sizes_bytes,
   return buckets;
 }
 
-GradientReducer::GradientReducer(std::vector<at::Tensor> params, CommBackendPtr comm,
-                                 int world_size, Options options, ReducerTrace* trace)
-    : params_(std::move(params)), comm_(std::move(comm)), options_(options), trace_(trace) {
+GradientReducer::GradientReducer(std::vector<at::Tensor> params, Comm* comm, Options options,
+                                 ReducerTrace* trace)
+    : params_(std::move(params)), comm_(comm), options_(options), trace_(trace) {
+  const int world_size = comm_->world_size();
+  alone_ = world_size == 1;
   TORCH_CHECK(!params_.empty(), "GradientReducer needs parameters");
   const at::TensorOptions opts = params_[0].options();
   std::vector<int64_t> sizes;
@@ -88,6 +90,8 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> params, CommBackendPtr 
     }
   }
   ready_.assign(params_.size(), false);
+  // Alone, the hooks would only feed the trace: without one, backward runs bare.
+  if (alone_ && trace_ == nullptr) return;
   for (size_t i = 0; i < params_.size(); ++i) {
     hook_handles_.push_back(
         params_[i].register_hook([this, i](const at::Tensor& grad) { OnGradient(i, grad); }));
@@ -95,7 +99,7 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> params, CommBackendPtr 
 }
 
 GradientReducer::~GradientReducer() {
-  for (size_t i = 0; i < params_.size(); ++i) params_[i].remove_hook(hook_handles_[i]);
+  for (size_t i = 0; i < hook_handles_.size(); ++i) params_[i].remove_hook(hook_handles_[i]);
 }
 
 void GradientReducer::PrepareForBackward(bool sync) {
@@ -113,6 +117,7 @@ void GradientReducer::OnGradient(size_t i, const at::Tensor& grad) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!sync_ || ready_[i]) return;
   if (trace_) trace_->Record(ReducerTrace::Kind::kGradReady, static_cast<int64_t>(i));
+  if (alone_) return;  // param.grad after AccumulateGrad is already the average.
   auto [b, slot] = locate_[i];
   Bucket& bucket = state_[b];
   at::Tensor& view = bucket.views[slot];
@@ -126,6 +131,8 @@ void GradientReducer::OnGradient(size_t i, const at::Tensor& grad) {
   }
   ready_[i] = true;
   if (--bucket.pending == 0) LaunchReadyLocked();
+  // Buckets already launched move on while backward computes the next gradients.
+  if (next_launch_ > 0) comm_->Poll();
 }
 
 void GradientReducer::LaunchReadyLocked() {
@@ -137,14 +144,18 @@ void GradientReducer::LaunchReadyLocked() {
 
 void GradientReducer::Launch(Bucket& bucket, size_t index) {
   if (trace_) trace_->Record(ReducerTrace::Kind::kLaunch, static_cast<int64_t>(index));
-  std::vector<at::Tensor> tensors = {bucket.flat};
-  c10d::AllreduceOptions opts;
-  opts.reduceOp = c10d::ReduceOp::SUM;
-  opts.timeout = options_.timeout;
-  bucket.work = comm_->allreduce(tensors, opts);
+  bucket.work = comm_->StartSum(bucket.flat);
 }
 
 absl::StatusOr<absl::Duration> GradientReducer::FinishBackward() {
+  if (alone_) {
+    // The same bits as the bucket path (x * 1.0 == x): only unused parameters need
+    // their zeros.
+    for (at::Tensor& p : params_) {
+      if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+    }
+    return absl::ZeroDuration();
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     // Parameters that took no part in this forward get no hook call: reduce what
@@ -165,13 +176,9 @@ absl::StatusOr<absl::Duration> GradientReducer::FinishBackward() {
   }
   const auto start = std::chrono::steady_clock::now();
   for (size_t b = 0; b < state_.size(); ++b) {
-    try {
-      state_[b].work->wait(options_.timeout);
-    } catch (const std::exception& e) {
-      std::string what = e.what();
-      return absl::UnavailableError(absl::StrCat(
-          "all-reduce of gradient bucket ", b, " failed (a peer died or hung past "
-          "train.collective_timeout_s): ", what.substr(0, what.find('\n'))));
+    if (absl::Status st = state_[b].work->Wait(); !st.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("gradient bucket ", b, ": ", st.message()));
     }
     if (trace_) trace_->Record(ReducerTrace::Kind::kWaitDone, static_cast<int64_t>(b));
   }

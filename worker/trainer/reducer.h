@@ -10,7 +10,9 @@
 //     flat buffer. When a bucket's last gradient arrives, and every earlier bucket has
 //     been launched, its async all-reduce (SUM) starts, so communication overlaps the
 //     rest of backward. Buckets launch in index order on every rank, as collectives
-//     must match across ranks.
+//     must match across ranks. The all-reduce is Comm's: through shared memory on a
+//     node (then among node leaders) or the backend's; later hooks let shared-memory
+//     sums progress without waiting (Comm::Poll).
 //   - FinishBackward() launches buckets whose parameters got no gradient (unused in
 //     this forward; treated as zero), waits for every all-reduce with the collective
 //     timeout, and copies the averages into param.grad.
@@ -33,7 +35,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "worker/trainer/torch_compat.h"
+#include "worker/trainer/comm.h"
 
 namespace ddp {
 
@@ -74,13 +76,12 @@ class GradientReducer {
   struct Options {
     int64_t bucket_cap_bytes = 25 * 1024 * 1024;
     int64_t first_bucket_cap_bytes = 1024 * 1024;
-    std::chrono::milliseconds timeout{300000};
   };
 
   // Registers a gradient hook on every parameter; they must all require grad and
-  // share dtype and device. `trace` may be null.
-  GradientReducer(std::vector<at::Tensor> params, CommBackendPtr comm, int world_size,
-                  Options options, ReducerTrace* trace);
+  // share dtype and device. `comm` must outlive the reducer; `trace` may be null.
+  GradientReducer(std::vector<at::Tensor> params, Comm* comm, Options options,
+                  ReducerTrace* trace);
   ~GradientReducer();  // Removes the hooks.
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
@@ -100,7 +101,7 @@ class GradientReducer {
     at::Tensor flat;                 // The all-reduce buffer.
     std::vector<at::Tensor> views;   // Per parameter, shaped like it, into `flat`.
     size_t pending = 0;              // Gradients still to arrive this step.
-    c10::intrusive_ptr<c10d::Work> work;
+    std::unique_ptr<PendingSum> work;
   };
 
   void OnGradient(size_t param_index, const at::Tensor& grad);
@@ -108,7 +109,10 @@ class GradientReducer {
   void Launch(Bucket& bucket, size_t index);
 
   std::vector<at::Tensor> params_;
-  CommBackendPtr comm_;
+  Comm* comm_;
+  // World 1: nothing to reduce; backward's own accumulation is the result, so the
+  // hooks copy nothing and FinishBackward only zeroes unused parameters' gradients.
+  bool alone_ = false;
   at::Tensor scale_;  // 0-dim 1/world, as DDP's div factor.
   Options options_;
   ReducerTrace* trace_;

@@ -5,6 +5,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/net.h"
 
 namespace ddp {
 namespace {
@@ -79,6 +80,14 @@ absl::StatusOr<TorchrunEnv> ReadTorchrunEnv(const Getenv& getenv) {
   auto attempt = IntVar(getenv, "DDP_ATTEMPT", 0, 0);
   if (!attempt.ok()) return attempt.status();
   env.attempt = *attempt;
+  if (auto node = getenv("DDP_NODE"); node.has_value() && !node->empty()) {
+    env.node = *node;
+  } else {
+    env.node = LocalHostname();
+  }
+  auto stall = IntVar(getenv, "DDP_DEBUG_CHECKPOINT_STALL", 0, -1);
+  if (!stall.ok()) return stall.status();
+  env.debug_checkpoint_stall = *stall;
   return env;
 }
 

@@ -29,12 +29,21 @@ struct TorchrunEnv {
   // OMP_NUM_THREADS (torchrun sets it): intra-op threads unless train.threads says.
   int omp_num_threads = 0;
   // DDP_JOB_ID (set by ddp-worker; "local" otherwise): replaces {job_id} in
-  // checkpoint.dir, so a job's restarts share a checkpoint and new jobs start fresh.
+  // checkpoint.dir, so a job's restarts share a checkpoint and new jobs start fresh;
+  // recorded in checkpoints, whose resume another job id is refused.
   std::string job_id = "local";
   // DDP_ATTEMPT (set by ddp-worker; 0 otherwise): with the job id, it scopes the
   // rendezvous keys in the store, so a straggler of another job or attempt that
   // reaches this store can never join this group.
   int attempt = 0;
+  // DDP_NODE (set by ddp-worker to the worker's name; the host name otherwise): this
+  // node's name, which replaces {node} in checkpoint.dir and is recorded in checkpoints.
+  std::string node;
+  // DDP_DEBUG_CHECKPOINT_STALL (debugging and tests only; -1 when unset): when a
+  // writer saves the checkpoint of this global step, it stops halfway through the
+  // temporary file, says so on stderr, and waits to be killed, so a kill during a
+  // save can be staged.
+  int64_t debug_checkpoint_stall = -1;
 };
 
 // Reads the variables through `getenv` (injectable for tests). Errors are

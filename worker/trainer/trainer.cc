@@ -8,14 +8,15 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <new>
 #include <thread>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_replace.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "worker/trainer/checkpoint.h"
+#include "worker/trainer/checkpoint_keeper.h"
 #include "worker/trainer/comm.h"
 #include "worker/trainer/dataset.h"
 #include "worker/trainer/model.h"
@@ -68,28 +69,17 @@ std::string Fingerprint(const std::vector<at::Tensor>& params) {
   return buf;
 }
 
-JobSpec WithJobId(JobSpec spec, const std::string& job_id) {
-  spec.checkpoint.dir = absl::StrReplaceAll(spec.checkpoint.dir, {{"{job_id}", job_id}});
+JobSpec WithPlaceholders(JobSpec spec, const TorchrunEnv& env) {
+  spec.checkpoint.dir = CheckpointDirFor(spec.checkpoint.dir, env);
   return spec;
 }
 
 }  // namespace
 
-bool IsPermanent(const absl::Status& status) {
-  switch (status.code()) {
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kNotFound:
-    case absl::StatusCode::kFailedPrecondition:
-      return true;
-    default:
-      return false;
-  }
-}
-
 class TrainerImpl {
  public:
   TrainerImpl(JobSpec spec, TorchrunEnv env, EventSink* events)
-      : spec_(WithJobId(std::move(spec), env.job_id)), env_(env), events_(*events) {}
+      : spec_(WithPlaceholders(std::move(spec), env)), env_(env), events_(*events) {}
 
   absl::Status Run();
 
@@ -113,6 +103,12 @@ class TrainerImpl {
   absl::StatusOr<std::vector<double>> SumOverRanks(const std::vector<double>& values);
   void EmitStart();
   void EmitTrace();
+  // The inputs of this run's data order, as a checkpoint records them.
+  SamplerState CurrentSampler() const {
+    return {env_.world_size,           spec_.train.batch_size, spec_.train.grad_accum_steps,
+            spec_.train.seed,          spec_.train.shuffle,    data_.train.size(),
+            spec_.data.seed};
+  }
 
   bool trace_enabled() const { return spec_.metrics.trace_buckets; }
   bool IsLastStep() const {
@@ -131,6 +127,7 @@ class TrainerImpl {
   DeviceChoice device_;
   std::optional<Comm> comm_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<CheckpointKeeper> keeper_;  // With checkpoint.dir only.
   std::unique_ptr<GradientReducer> reducer_;
   std::unique_ptr<BatchAssembler> train_batches_;
   ReducerTrace trace_;
@@ -163,7 +160,11 @@ absl::Status TrainerImpl::Setup() {
   DDP_ASSIGN_OR_RETURN(data_, LoadData(spec_.data, spec_.train.loss));
   at::manual_seed(static_cast<uint64_t>(spec_.train.seed));
   DDP_ASSIGN_OR_RETURN(model_, BuildModel(spec_.model, data_, spec_.train.loss));
-  DDP_ASSIGN_OR_RETURN(device_, ChooseDevice(spec_, env_));
+  auto device = ChooseDevice(spec_, env_);
+  // The device the job asks for is not on this node (or not in this build): another
+  // node may have it.
+  if (!device.ok()) return AsNodeFault(device.status());
+  device_ = *device;
   model_->To(device_.device);
   // As DDP does, only parameters that require grad are reduced; frozen ones are
   // broadcast once with the rest and then left alone.
@@ -183,8 +184,11 @@ absl::Status TrainerImpl::Setup() {
   }
   for (auto& [name, b] : model_->Buffers()) buffers_.push_back(b);
 
-  DDP_ASSIGN_OR_RETURN(comm_, Comm::Connect(env_, device_, Seconds(spec_.rdzv.timeout_s),
-                                            Seconds(spec_.train.collective_timeout_s)));
+  CommOptions co;
+  co.rdzv_timeout = Seconds(spec_.rdzv.timeout_s);
+  co.collective_timeout = Seconds(spec_.train.collective_timeout_s);
+  co.intra_node = spec_.train.intra_node_comm;
+  DDP_ASSIGN_OR_RETURN(comm_, Comm::Connect(env_, device_, co));
   // Every rank starts from rank 0's weights, as DDP's constructor does.
   std::vector<at::Tensor> state = params_;
   state.insert(state.end(), buffers_.begin(), buffers_.end());
@@ -196,18 +200,18 @@ absl::Status TrainerImpl::Setup() {
   sampler_.shuffle = spec_.train.shuffle;
   sampler_.seed = spec_.train.seed;
   sampler_.drop_last = false;  // design.md: the sampler pads; train.drop_last drops batches.
-  if (!spec_.checkpoint.dir.empty() && env_.rank == 0) {
-    RemoveStaleTemporaries(CheckpointPath(spec_.checkpoint.dir));
+  if (!spec_.checkpoint.dir.empty()) {
+    keeper_ = std::make_unique<CheckpointKeeper>(spec_.checkpoint, spec_.checkpoint.dir, env_,
+                                                 &*comm_, device_.device);
+    DDP_RETURN_IF_ERROR(keeper_->Setup());
+    DDP_RETURN_IF_ERROR(Resume());
   }
-  if (!spec_.checkpoint.dir.empty() && spec_.checkpoint.resume) DDP_RETURN_IF_ERROR(Resume());
 
   GradientReducer::Options ro;
   ro.bucket_cap_bytes = static_cast<int64_t>(spec_.train.bucket_cap_mb * 1024 * 1024);
   ro.first_bucket_cap_bytes =
       static_cast<int64_t>(spec_.train.first_bucket_cap_mb * 1024 * 1024);
-  ro.timeout = comm_->timeout();
-  reducer_ = std::make_unique<GradientReducer>(std::move(trainable), comm_->backend_ptr(),
-                                               env_.world_size, ro,
+  reducer_ = std::make_unique<GradientReducer>(std::move(trainable), &*comm_, ro,
                                                spec_.metrics.trace_buckets ? &trace_ : nullptr);
   train_batches_ = std::make_unique<BatchAssembler>(data_.train, spec_.train.batch_size);
   const int64_t per_rank = DistributedSamplerLength(data_.train.size(), sampler_);
@@ -221,101 +225,19 @@ absl::Status TrainerImpl::Setup() {
 }
 
 absl::Status TrainerImpl::Resume() {
-  // Rank 0 reads and checks the file, then sends it to every rank over the process
-  // group, so resuming needs no shared filesystem. First byte: N(one), C(heckpoint),
-  // E(rror: permanent) or U(navailable: retryable), followed by the message.
-  const std::string path = CheckpointPath(spec_.checkpoint.dir);
-  std::vector<char> payload;
-  auto fail = [&payload](char kind, const absl::Status& st) {
-    payload.push_back(kind);
-    payload.insert(payload.end(), st.message().begin(), st.message().end());
-  };
-  if (env_.rank == 0) {
-    auto bytes = ReadFileBytes(path);
-    if (absl::IsNotFound(bytes.status())) {
-      payload = {'N'};
-    } else if (!bytes.ok()) {
-      // It exists but cannot be read: starting over would overwrite it later.
-      fail('U', bytes.status());
-    } else if (auto decoded = DecodeCheckpoint(*bytes, path); !decoded.ok()) {
-      fail('E', decoded.status());
-    } else {
-      payload.push_back('C');
-      payload.insert(payload.end(), bytes->begin(), bytes->end());
-    }
-  }
-  DDP_ASSIGN_OR_RETURN(payload, comm_->BroadcastBytes(payload));
-  if (payload.empty() || payload[0] == 'N') return absl::OkStatus();
-  if (payload[0] == 'E' || payload[0] == 'U') {
-    std::string message(payload.begin() + 1, payload.end());
-    return payload[0] == 'E' ? absl::InvalidArgumentError(message)
-                             : absl::UnavailableError(message);
-  }
-  DDP_ASSIGN_OR_RETURN(c10::impl::GenericDict ckpt,
-                       DecodeCheckpoint(std::vector<char>(payload.begin() + 1, payload.end()),
-                                        path));
-  auto get = [&](const char* key) {
-    auto it = ckpt.find(key);
-    return it == ckpt.end() ? c10::IValue() : it->value();
-  };
-  auto malformed = [&](const char* key) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint ", path, ": '", key, "' is missing or of the wrong type: not a checkpoint "
-        "ddp-trainer can resume (move it away or set checkpoint.resume: false)"));
-  };
-  auto get_int = [&](const char* key, int64_t* out) -> absl::Status {
-    c10::IValue v = get(key);
-    if (!v.isInt()) return malformed(key);
-    *out = v.toInt();
-    return absl::OkStatus();
-  };
-  c10::IValue model_iv = get("model");
-  if (!model_iv.isGenericDict()) return malformed("model");
-  c10::impl::GenericDict weights = model_iv.toGenericDict();
+  // The newest checkpoint any rank holds, sent by its holder to every rank (see
+  // CheckpointKeeper): no shared filesystem needed.
+  DDP_ASSIGN_OR_RETURN(std::optional<CheckpointKeeper::Restored> restored, keeper_->Restore());
+  if (!restored.has_value()) return absl::OkStatus();
+  const TrainingState& ckpt = restored->state;
+  const std::string& path = restored->path;
   std::vector<NamedTensor> named = model_->Parameters();
   for (auto& b : model_->Buffers()) named.push_back(b);
-  if (weights.size() != named.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint ", path, " holds ", weights.size(), " tensors but the model has ",
-        named.size(), ": it belongs to another model (move it away or set "
-                      "checkpoint.resume: false)"));
-  }
-  {
-    at::NoGradGuard no_grad;
-    for (auto& [name, t] : named) {
-      auto it = weights.find(name);
-      if (it == weights.end() || !it->value().isTensor() ||
-          it->value().toTensor().sizes() != t.sizes()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("checkpoint ", path, ": tensor '", name,
-                         "' is missing or has another shape: it belongs to another model"));
-      }
-      t.copy_(it->value().toTensor());
-    }
-  }
+  DDP_RETURN_IF_ERROR(RestoreModel(ckpt, named, path));
   DDP_RETURN_IF_ERROR(
-      LoadOptimizerStateDict(spec_.train.optimizer, *optimizer_, params_, get("optimizer")));
-  SamplerState saved;
-  DDP_RETURN_IF_ERROR(get_int("epoch", &pos_.epoch));
-  DDP_RETURN_IF_ERROR(get_int("step", &pos_.step));
-  DDP_RETURN_IF_ERROR(get_int("global_step", &pos_.global_step));
-  DDP_RETURN_IF_ERROR(get_int("world_size", &saved.world_size));
-  DDP_RETURN_IF_ERROR(get_int("batch_size", &saved.batch_size));
-  DDP_RETURN_IF_ERROR(get_int("grad_accum_steps", &saved.grad_accum_steps));
-  DDP_RETURN_IF_ERROR(get_int("seed", &saved.seed));
-  if (!get("shuffle").isBool()) return malformed("shuffle");
-  saved.shuffle = get("shuffle").toBool();
-  // The data order also depends on the training set (its size and the split seed);
-  // files written before these keys existed skip that check.
-  const c10::IValue train_samples = get("train_samples"), data_seed = get("data_seed");
-  const bool same_data = (!train_samples.isInt() || train_samples.toInt() == data_.train.size()) &&
-                         (!data_seed.isInt() || data_seed.toInt() == spec_.data.seed);
-  const bool same_order = same_data && saved.world_size == env_.world_size &&
-                          saved.batch_size == spec_.train.batch_size &&
-                          saved.grad_accum_steps == spec_.train.grad_accum_steps &&
-                          saved.seed == spec_.train.seed &&
-                          saved.shuffle == spec_.train.shuffle;
-  if (!same_order && pos_.step != 0) {
+      LoadOptimizerStateDict(spec_.train.optimizer, *optimizer_, params_, ckpt.optimizer));
+  pos_ = ckpt.position;
+  if (!SameDataOrder(ckpt.sampler, CurrentSampler()) && pos_.step != 0) {
     DDP_LOG(WARNING) << "checkpoint was taken with another world size, batch size, sampler "
                         "seed or training set: epoch "
                      << pos_.epoch << " restarts from its first batch";
@@ -323,49 +245,44 @@ absl::Status TrainerImpl::Resume() {
   }
   // The interrupted epoch's loss totals so far (summed over ranks): rank 0 carries
   // them, so the epoch's train_loss covers all of its steps.
-  if (pos_.step > 0 && env_.rank == 0 && get("epoch_loss_sum").isDouble() &&
-      get("epoch_steps").isInt()) {
-    epoch_loss_sum_ = get("epoch_loss_sum").toDouble();
-    epoch_steps_ = get("epoch_steps").toInt();
+  if (pos_.step > 0 && env_.rank == 0) {
+    epoch_loss_sum_ = ckpt.epoch_loss_sum;
+    epoch_steps_ = ckpt.epoch_steps;
   }
-  if (c10::IValue rng = get("rng_state"); rng.isTensor()) {
+  if (ckpt.rng_state.defined()) {
     at::Generator gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(rng.toTensor());
+    gen.set_state(ckpt.rng_state);
   }
   resumed_ = true;
   resumed_from_ = pos_;
   last_saved_ = pos_;
-  DDP_LOG(INFO) << "resumed from " << path << " at epoch " << pos_.epoch << " step "
-                << pos_.step;
+  DDP_LOG(INFO) << "resumed from " << path << " (held by rank " << restored->holder
+                << ") at epoch " << pos_.epoch << " step " << pos_.step;
   return absl::OkStatus();
 }
 
 void TrainerImpl::EmitStart() {
   const int64_t per_rank = DistributedSamplerLength(data_.train.size(), sampler_);
   const int64_t micro = NumBatches(per_rank, spec_.train.batch_size, spec_.train.drop_last);
-  JsonObject e = events_.Make("start");
-  e.Add("world_size", env_.world_size)
-      .Add("local_rank", env_.local_rank)
-      .Add("group_rank", env_.group_rank)
-      .Add("backend", device_.backend)
-      .Add("device", device_.device.str())
-      .Add("model", model_->Describe())
-      .Add("params", CountParameters(*model_))
-      .Add("train_samples", data_.train.size())
-      .Add("val_samples", data_.val.size())
-      .Add("batch_size", spec_.train.batch_size)
-      .Add("steps_per_epoch",
-           (micro + spec_.train.grad_accum_steps - 1) / spec_.train.grad_accum_steps)
-      .Add("epochs", spec_.train.epochs)
-      .Add("threads", static_cast<int64_t>(at::get_num_threads()));
+  StartEvent e;
+  e.world_size = env_.world_size;
+  e.local_rank = env_.local_rank;
+  e.group_rank = env_.group_rank;
+  e.backend = device_.backend;
+  e.intra_node_comm = comm_->intra_node_comm();
+  e.device = device_.device.str();
+  e.model = model_->Describe();
+  e.params = CountParameters(*model_);
+  e.train_samples = data_.train.size();
+  e.val_samples = data_.val.size();
+  e.batch_size = spec_.train.batch_size;
+  e.steps_per_epoch = (micro + spec_.train.grad_accum_steps - 1) / spec_.train.grad_accum_steps;
+  e.epochs = spec_.train.epochs;
+  e.threads = at::get_num_threads();
   if (resumed_) {
-    JsonObject r;
-    r.Add("epoch", resumed_from_.epoch).Add("step", resumed_from_.step)
-        .Add("global_step", resumed_from_.global_step);
-    e.AddRaw("resumed_from", r.str());
-  } else {
-    e.AddNull("resumed_from");
+    e.resumed_from = PositionField{resumed_from_.epoch, resumed_from_.step,
+                                   resumed_from_.global_step};
   }
   events_.Emit(e);
   DDP_LOG(INFO) << "rank " << env_.rank << "/" << env_.world_size << " on "
@@ -373,18 +290,13 @@ void TrainerImpl::EmitStart() {
                 << model_->Describe() << ", " << data_.train.size() << " training samples, "
                 << per_rank << " per rank";
   if (env_.rank == 0) {
-    std::vector<std::string> items;
+    BucketsEvent be;
+    be.cap_mb = spec_.train.bucket_cap_mb;
     for (size_t i = 0; i < reducer_->buckets().size(); ++i) {
       const BucketLayout& b = reducer_->buckets()[i];
-      JsonObject o;
-      o.Add("index", static_cast<int64_t>(i))
-          .Add("params", static_cast<int64_t>(b.params.size()))
-          .Add("numel", b.numel)
-          .Add("bytes", b.bytes);
-      items.push_back(o.str());
+      be.buckets.push_back({static_cast<int64_t>(i), static_cast<int64_t>(b.params.size()),
+                            b.numel, b.bytes});
     }
-    JsonObject be = events_.Make("buckets");
-    be.Add("cap_mb", spec_.train.bucket_cap_mb).AddRaw("buckets", JsonArray(items));
     events_.Emit(be);
   }
 }
@@ -445,15 +357,14 @@ absl::Status TrainerImpl::TakeStep(const std::vector<int64_t>& order, int64_t fi
 }
 
 void TrainerImpl::EmitTrace() {
-  std::vector<std::string> items;
+  TraceEvent e;
+  e.epoch = pos_.epoch;
+  e.global_step = pos_.global_step - 1;
   for (const ReducerTrace::Entry& t : trace_.Take()) {
-    JsonObject o;
-    o.Add("kind", ReducerTrace::KindName(t.kind)).Add("index", t.index).Add("us", t.micros);
-    items.push_back(o.str());
+    e.entries.push_back({ReducerTrace::KindName(t.kind), t.index, t.micros});
   }
-  JsonObject e = events_.Make("trace");
-  e.Add("epoch", pos_.epoch).Add("global_step", pos_.global_step - 1)
-      .AddRaw("entries", JsonArray(items));
+  // The parameters after this step: equal on every rank, step by step.
+  e.params_fingerprint = Fingerprint(params_);
   events_.Emit(e);
 }
 
@@ -486,16 +397,16 @@ absl::Status TrainerImpl::TrainEpoch(int64_t epoch, int64_t first_step) {
     const bool last_in_epoch = step + 1 == steps || IsLastStep();
     if (pos_.global_step % spec_.metrics.every_steps == 0 || last_in_epoch) {
       const double window_s = MillisSince(window_start_) / 1000.0;
-      JsonObject e = events_.Make("step");
-      e.Add("epoch", epoch)
-          .Add("step", step)
-          .Add("steps", steps)
-          .Add("global_step", pos_.global_step - 1)
-          .Add("loss", loss)
-          .Add("samples_per_s", window_s > 0 ? window_samples_ / window_s : 0.0)
-          .Add("step_ms", step_ms)
-          .Add("comm_ms", comm_ms)
-          .Add("lr", spec_.train.optimizer.lr);
+      StepEvent e;
+      e.epoch = epoch;
+      e.step = step;
+      e.steps = steps;
+      e.global_step = pos_.global_step - 1;
+      e.loss = loss;
+      e.samples_per_s = window_s > 0 ? window_samples_ / window_s : 0.0;
+      e.step_ms = step_ms;
+      e.comm_ms = comm_ms;
+      e.lr = spec_.train.optimizer.lr;
       events_.Emit(e);
       window_samples_ = 0;
       window_start_ = Clock::now();
@@ -553,19 +464,15 @@ absl::Status TrainerImpl::EndEpoch(int64_t epoch, bool complete, bool checkpoint
   epoch_loss_sum_ = 0;
   epoch_steps_ = 0;
   if (env_.rank == 0) {
-    JsonObject e = events_.Make("epoch");
-    e.Add("epoch", epoch).Add("train_loss", v[1] > 0 ? v[0] / v[1] : 0.0);
+    EpochEvent e;
+    e.epoch = epoch;
+    e.train_loss = v[1] > 0 ? v[0] / v[1] : 0.0;
     if (v[4] > 0) {
-      e.Add("val_loss", v[2] / v[4]).Add("val_samples", static_cast<int64_t>(v[4]));
-      if (spec_.train.loss != LossKind::kMse) {
-        e.Add("val_accuracy", v[3] / v[4]);
-      } else {
-        e.AddNull("val_accuracy");
-      }
-    } else {
-      e.AddNull("val_loss").AddNull("val_accuracy");
+      e.val_loss = v[2] / v[4];
+      e.val_samples = static_cast<int64_t>(v[4]);
+      if (spec_.train.loss != LossKind::kMse) e.val_accuracy = v[3] / v[4];
     }
-    e.Add("validate_ms", MillisSince(t0));
+    e.validate_ms = MillisSince(t0);
     events_.Emit(e);
   }
   last_val_accuracy_ = v[4] > 0 && spec_.train.loss != LossKind::kMse ? v[3] / v[4] : -1;
@@ -589,40 +496,40 @@ absl::Status TrainerImpl::Checkpoint(const TrainingPosition& pos) {
     DDP_ASSIGN_OR_RETURN(loss_totals,
                          SumOverRanks({epoch_loss_sum_, static_cast<double>(epoch_steps_)}));
   }
-  if (env_.rank != 0) return absl::OkStatus();
-  c10::impl::GenericDict model(c10::StringType::get(), c10::TensorType::get());
-  for (auto& [name, p] : model_->Parameters()) model.insert(name, p.detach().cpu());
-  for (auto& [name, b] : model_->Buffers()) model.insert(name, b.detach().cpu());
-  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
-  d.insert("format", std::string(kCheckpointFormat));
-  d.insert("model", model);
-  d.insert("optimizer", OptimizerStateDict(spec_.train.optimizer, *optimizer_, params_));
-  d.insert("epoch", pos.epoch);
-  d.insert("step", pos.step);
-  d.insert("global_step", pos.global_step);
-  d.insert("world_size", static_cast<int64_t>(env_.world_size));
-  d.insert("batch_size", spec_.train.batch_size);
-  d.insert("grad_accum_steps", spec_.train.grad_accum_steps);
-  d.insert("seed", spec_.train.seed);
-  d.insert("shuffle", spec_.train.shuffle);
-  d.insert("train_samples", data_.train.size());
-  d.insert("data_seed", spec_.data.seed);
-  d.insert("epoch_loss_sum", loss_totals[0]);
-  d.insert("epoch_steps", static_cast<int64_t>(loss_totals[1]));
+  // Every writer saves rank 0's generator state, as if rank 0 had written them all.
+  at::Tensor rng;
   {
     at::Generator gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
-    d.insert("rng_state", gen.get_state());
+    rng = gen.get_state();
   }
-  d.insert("job", spec_.name);
-  const std::string path = CheckpointPath(spec_.checkpoint.dir);
-  DDP_RETURN_IF_ERROR(WriteFileAtomically(path, EncodeCheckpoint(d)));
-  JsonObject e = events_.Make("checkpoint");
-  e.Add("path", std::filesystem::absolute(path).string())
-      .Add("epoch", pos.epoch)
-      .Add("step", pos.step)
-      .Add("global_step", pos.global_step)
-      .Add("write_ms", MillisSince(t0));
+  if (env_.world_size > 1) {
+    at::Tensor shared = rng.to(device_.device);
+    DDP_RETURN_IF_ERROR(comm_->Broadcast({shared}));
+    rng = shared.cpu();
+  }
+  if (!keeper_->writer()) return absl::OkStatus();
+  TrainingState state;
+  state.identity.job = spec_.name;
+  state.position = pos;
+  state.sampler = CurrentSampler();
+  state.epoch_loss_sum = loss_totals[0];
+  state.epoch_steps = static_cast<int64_t>(loss_totals[1]);
+  state.model = model_->Parameters();
+  for (auto& b : model_->Buffers()) state.model.push_back(b);
+  state.optimizer = OptimizerStateDict(spec_.train.optimizer, *optimizer_, params_);
+  state.rng_state = rng;
+  DDP_ASSIGN_OR_RETURN(const std::string path, keeper_->Save(std::move(state)));
+  if (env_.rank != 0) {
+    DDP_LOG(INFO) << "checkpoint of step " << pos.global_step << " kept on this node: " << path;
+    return absl::OkStatus();
+  }
+  CheckpointEvent e;
+  e.path = std::filesystem::absolute(path).string();
+  e.epoch = pos.epoch;
+  e.step = pos.step;
+  e.global_step = pos.global_step;
+  e.write_ms = MillisSince(t0);
   events_.Emit(e);
   return absl::OkStatus();
 }
@@ -633,12 +540,13 @@ absl::Status TrainerImpl::Run() {
   while (pos_.epoch < spec_.train.epochs && !IsLastStep()) {
     DDP_RETURN_IF_ERROR(TrainEpoch(pos_.epoch, pos_.step));
   }
-  JsonObject e = events_.Make("done");
-  e.Add("epochs", pos_.epoch).Add("global_step", pos_.global_step)
-      .Add("params_fingerprint", Fingerprint(params_))
-      .Add("samples", total_samples_)
-      .Add("train_s", train_ms_ / 1000.0);
-  if (last_val_accuracy_ >= 0) e.Add("val_accuracy", last_val_accuracy_);
+  DoneEvent e;
+  e.epochs = pos_.epoch;
+  e.global_step = pos_.global_step;
+  e.params_fingerprint = Fingerprint(params_);
+  e.samples = total_samples_;
+  e.train_s = train_ms_ / 1000.0;
+  if (last_val_accuracy_ >= 0) e.val_accuracy = last_val_accuracy_;
   events_.Emit(e);
   DDP_LOG(INFO) << "finished: " << pos_.global_step << " steps, " << total_samples_
                 << " samples in " << train_ms_ / 1000.0 << "s of training";
@@ -654,10 +562,18 @@ Trainer::~Trainer() = default;
 absl::Status Trainer::Run() {
   try {
     return impl_->Run();
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("out of memory (std::bad_alloc)");
   } catch (const std::exception& e) {
+    // An allocation the spec makes impossible (a model larger than the device) is
+    // permanent; one that failed for want of free memory now is worth a retry.
+    const std::string what = e.what();
+    if (what.find("allocate") != std::string::npos) {
+      return AllocationFailure(what, HostMemoryBytes());
+    }
     // LibTorch/c10d errors not already mapped: a collective that failed inside
-    // backward, an allocation failure. Worth a retry from the last checkpoint.
-    return absl::InternalError(FirstLine(e.what()));
+    // backward. Worth a retry from the last checkpoint.
+    return absl::InternalError(FirstLine(what));
   }
 }
 

@@ -3,12 +3,13 @@
 // Lifecycle (Run):
 //   load data (design.md split) -> seed train.seed, build model -> rendezvous + process
 //   group -> broadcast parameters and buffers from rank 0 -> optimizer -> resume from
-//   checkpoint.dir/checkpoint.pt if present -> for each epoch: DistributedSampler order,
-//   steps of grad_accum_steps micro-batches (gradients all-reduced by GradientReducer,
-//   overlapped with backward), validation reduced across ranks, checkpoints from rank 0
-//   -> `done`.
+//   the newest checkpoint any rank holds (CheckpointKeeper) -> for each epoch:
+//   DistributedSampler order, steps of grad_accum_steps micro-batches (gradients
+//   all-reduced by GradientReducer, overlapped with backward), validation reduced
+//   across ranks, checkpoints kept by every node's writer -> `done`.
 // Everything observable goes out as events (events.h). Errors are returned as
-// statuses; IsPermanent() tells the ones a restart cannot cure.
+// statuses; ClassifyFailure() (failure.h) tells the ones a restart cannot cure and
+// the ones that are this node's fault.
 #ifndef DDP_WORKER_TRAINER_TRAINER_H_
 #define DDP_WORKER_TRAINER_TRAINER_H_
 
@@ -17,13 +18,10 @@
 #include "absl/status/status.h"
 #include "common/jobspec/job_spec.h"
 #include "worker/trainer/events.h"
+#include "worker/trainer/failure.h"
 #include "worker/trainer/torchrun_env.h"
 
 namespace ddp {
-
-// Bad spec, missing or malformed data, a model that does not fit, a foreign
-// checkpoint: INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION.
-bool IsPermanent(const absl::Status& status);
 
 class TrainerImpl;
 

@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""Recovery from faults on a real 2-worker cluster with default settings.
+
+For each fault, on a fresh loopback cluster (ddp-coordinator with its default
+timing, two or three ddp-workers, the real ddp-trainer on Gloo) running a
+checkpointing job: inject the fault once the job has stepped, then read from the
+coordinator's record (`ddpctl get -o json --history`):
+
+  detection   the failed attempt's end_ms minus the fault's time
+  first step  the first step metric of the next attempt (update_ms: when the
+              coordinator received it) minus the fault's time
+
+Faults:
+  trainer_kill     kill -9 rank 1's trainer
+  agent_kill       kill -9 w2's agent, a replacement w3 started 2 s later
+  agent_elastic    kill -9 w2's agent, no replacement, nodes "1:2"
+  trainer_stop     SIGSTOP rank 1's trainer (the stall watchdog; default timeout:
+                   learned, at least 30 s)
+
+Usage: python3 bench/recovery.py [FAULT ...]   (results: bench/results/recovery.json)
+"""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.join(HERE, "build", "bin")
+
+JOB = """name: recovery
+nodes: "{nodes}"
+max_restarts: 3
+model: {{mlp: {{hidden: [128, 128]}}}}
+data: {{synthetic: {{samples: 20000, features: 64, classes: 10}}}}
+train: {{epochs: 3, batch_size: 32, threads: 1}}
+metrics: {{every_steps: 10}}
+checkpoint: {{dir: "ckpt-{{node}}", every_steps: 50}}
+"""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    def __init__(self, workers):
+        self.dir = tempfile.mkdtemp(prefix="ddp-recovery-")
+        self.addr = f"127.0.0.1:{free_port()}"
+        self.procs = []
+        self.coordinator = self.spawn([f"{BIN}/ddp-coordinator", "--listen", self.addr,
+                                       "--state-dir", f"{self.dir}/state"], "coordinator")
+        self.workers = {}
+        for i in range(workers):
+            self.add_worker(f"w{i + 1}")
+
+    def spawn(self, argv, name):
+        log = open(f"{self.dir}/{name}.log", "w")
+        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(p)
+        return p
+
+    def add_worker(self, name):
+        self.workers[name] = self.spawn(
+            [f"{BIN}/ddp-worker", "--coordinator", self.addr, "--name", name, "--slots", "1",
+             "--cpus", "1", "--work-dir", f"{self.dir}/{name}"], name)
+
+    def ctl(self, *args):
+        out = subprocess.run([f"{BIN}/ddpctl", *args, "--coordinator", self.addr],
+                             capture_output=True, text=True, timeout=60)
+        if out.returncode not in (0, 3):
+            raise RuntimeError(f"ddpctl {' '.join(args)}: {out.stderr}")
+        return out.stdout
+
+    def job(self, job_id, history=False):
+        return json.loads(self.ctl("get", job_id, "-o", "json", *(["--history"] if history else [])))
+
+    def close(self):
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in reversed(self.procs):
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def wait(pred, timeout=300, every=0.05):
+    end = time.time() + timeout
+    while time.time() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(every)
+    raise TimeoutError("timed out")
+
+
+def run(fault):
+    c = Cluster(3 if fault == "agent_kill" else 2)
+    try:
+        if fault == "agent_kill":  # w3 is the replacement: not there at first.
+            c.workers["w3"].kill()
+            c.workers["w3"].wait()
+        time.sleep(1)
+        spec = os.path.join(c.dir, "job.yaml")
+        with open(spec, "w") as f:
+            f.write(JOB.format(nodes="1:2" if fault == "agent_elastic" else "2"))
+        job_id = c.ctl("submit", spec).strip()
+
+        def stepped():
+            j = c.job(job_id)
+            ms = j.get("metrics", [])
+            return j if j.get("state") == "RUNNING" and len(ms) == 2 and \
+                min(int(m.get("global_step", 0)) for m in ms) > 60 else None
+        j = wait(stepped)
+        rank1 = next(r for r in j["attempts"][0]["ranks"] if r.get("rank", 0) == 1)
+        t_fault = time.time()
+        if fault == "trainer_kill":
+            os.kill(int(rank1["pid"]), signal.SIGKILL)
+        elif fault == "trainer_stop":
+            os.kill(int(rank1["pid"]), signal.SIGSTOP)
+        else:
+            c.workers[rank1["worker"]].kill()
+        if fault == "agent_kill":
+            time.sleep(2)
+            c.add_worker("w3")
+        wait(lambda: c.job(job_id)["attempts"][0]["state"] == "FAILED", every=0.02)
+        if fault == "trainer_stop":
+            try:
+                os.kill(int(rank1["pid"]), signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+        def next_step():
+            j = c.job(job_id, history=True)
+            firsts = [int(m["update_ms"]) for m in j.get("history", [])
+                      if int(m.get("attempt", 0)) == 2]
+            return (j, min(firsts)) if firsts else None
+        j, first = wait(next_step, every=0.1)
+        end_ms = int(j["attempts"][0]["end_ms"])
+        result = {"fault": fault,
+                  "detection_s": round(end_ms / 1000 - t_fault, 2),
+                  "first_step_s": round(first / 1000 - t_fault, 2),
+                  "reason": j["attempts"][0].get("reason", ""),
+                  "next_world": j["attempts"][1].get("world_size")}
+        wait(lambda: c.job(job_id)["state"] in ("SUCCEEDED", "FAILED"), timeout=600)
+        result["outcome"] = c.job(job_id)["state"]
+        return result
+    finally:
+        c.close()
+
+
+def main():
+    faults = sys.argv[1:] or ["trainer_kill", "agent_kill", "agent_elastic", "trainer_stop"]
+    results = []
+    for fault in faults:
+        r = run(fault)
+        print(json.dumps(r), flush=True)
+        results.append(r)
+    os.makedirs(os.path.join(HERE, "bench", "results"), exist_ok=True)
+    with open(os.path.join(HERE, "bench", "results", "recovery.json"), "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,220 @@
+#include "coordinator/metrics.h"
+
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "prometheus/client_metric.h"
+#include "prometheus/metric_family.h"
+
+namespace ddp {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+MetricFamily Family(std::string name, std::string help, MetricType type) {
+  MetricFamily f;
+  f.name = std::move(name);
+  f.help = std::move(help);
+  f.type = type;
+  return f;
+}
+
+void AddGauge(MetricFamily& f, std::vector<ClientMetric::Label> labels, double value) {
+  ClientMetric& m = f.metric.emplace_back();
+  m.label = std::move(labels);
+  m.gauge.value = value;
+}
+
+MetricFamily Histogram(std::string name, std::string help, const BucketHistogram& h) {
+  MetricFamily f = Family(std::move(name), std::move(help), MetricType::Histogram);
+  ClientMetric& m = f.metric.emplace_back();
+  m.histogram.sample_count = h.count();
+  m.histogram.sample_sum = h.sum();
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < h.counts().size(); ++i) {
+    cumulative += h.counts()[i];
+    ClientMetric::Bucket& b = m.histogram.bucket.emplace_back();
+    b.cumulative_count = cumulative;
+    b.upper_bound =
+        i < h.bounds().size() ? h.bounds()[i] : std::numeric_limits<double>::infinity();
+  }
+  return f;
+}
+
+// Reads the coordinator when scraped.
+class ScrapeView final : public prometheus::Collectable {
+ public:
+  explicit ScrapeView(Coordinator* coordinator) : coordinator_(coordinator) {}
+
+  std::vector<MetricFamily> Collect() const override {
+    const CoordinatorMetrics c = coordinator_->Metrics();
+    std::vector<MetricFamily> out;
+    MetricFamily workers = Family("ddp_workers", "Registered workers by state.", MetricType::Gauge);
+    AddGauge(workers, {{"state", "alive"}}, c.workers.alive());
+    AddGauge(workers, {{"state", "lost"}}, c.workers.lost());
+    out.push_back(std::move(workers));
+    MetricFamily busy = Family("ddp_busy_workers",
+                               "Alive workers with trainers of an active attempt.",
+                               MetricType::Gauge);
+    AddGauge(busy, {}, c.workers.busy_workers());
+    out.push_back(std::move(busy));
+    MetricFamily slots =
+        Family("ddp_slots", "Trainer slots of alive workers: all, and free for new trainers.",
+               MetricType::Gauge);
+    AddGauge(slots, {{"state", "total"}}, c.workers.slots());
+    AddGauge(slots, {{"state", "free"}}, c.workers.free_slots());
+    out.push_back(std::move(slots));
+    MetricFamily lost = Family("ddp_worker_lost_total",
+                               "Times a worker was declared lost since the coordinator started.",
+                               MetricType::Counter);
+    lost.metric.emplace_back().counter.value = static_cast<double>(c.workers.lost_events());
+    out.push_back(std::move(lost));
+
+    MetricFamily jobs = Family("ddp_jobs", "Jobs by state (finished ones until retention "
+                               "deletes them).", MetricType::Gauge);
+    for (const auto& [state, n] : c.jobs) {
+      AddGauge(jobs, {{"state", absl::AsciiStrToLower(v1::JobState_Name(state))}},
+               static_cast<double>(n));
+    }
+    out.push_back(std::move(jobs));
+    MetricFamily restarts = Family("ddp_job_restarts_total",
+                                   "Attempts formed to restart a job, since the coordinator "
+                                   "started.", MetricType::Counter);
+    restarts.metric.emplace_back().counter.value = static_cast<double>(c.job_restarts);
+    out.push_back(std::move(restarts));
+    out.push_back(Histogram("ddp_heartbeat_lag_seconds",
+                            "Time between two heartbeats of a worker (the heartbeat interval "
+                            "when all is well).",
+                            c.heartbeat_lag));
+    out.push_back(Histogram("ddp_rendezvous_seconds",
+                            "From an attempt's forming to its last trainer up.", c.rendezvous));
+
+    MetricFamily sps = Family("ddp_rank_samples_per_second",
+                              "A running rank's training throughput at its last step.",
+                              MetricType::Gauge);
+    MetricFamily loss =
+        Family("ddp_rank_loss", "A running rank's training loss at its last step.",
+               MetricType::Gauge);
+    MetricFamily step = Family("ddp_rank_step_seconds",
+                               "A running rank's time for its last step.", MetricType::Gauge);
+    MetricFamily global = Family("ddp_rank_global_step",
+                                 "A running rank's last step, counted over epochs.",
+                                 MetricType::Gauge);
+    for (const CoordinatorMetrics::Rank& r : c.ranks) {
+      if (!r.has_metrics) continue;  // No step yet: no series rather than a made-up zero.
+      std::vector<ClientMetric::Label> labels = {
+          {"job_id", r.job_id}, {"rank", absl::StrCat(r.rank)}, {"worker", r.worker}};
+      AddGauge(sps, labels, r.metrics.samples_per_s());
+      AddGauge(loss, labels, r.metrics.loss());
+      AddGauge(step, labels, r.metrics.step_ms() / 1000.0);
+      AddGauge(global, std::move(labels), static_cast<double>(r.metrics.global_step()));
+    }
+    out.push_back(std::move(sps));
+    out.push_back(std::move(loss));
+    out.push_back(std::move(step));
+    out.push_back(std::move(global));
+    return out;
+  }
+
+ private:
+  Coordinator* const coordinator_;
+};
+
+class RpcInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  RpcInterceptor(CoordinatorMetricsExporter* exporter, const char* method)
+      : exporter_(exporter), method_(method == nullptr ? "" : method), start_(absl::Now()) {
+    if (!method_.empty() && method_.front() == '/') method_.erase(0, 1);
+  }
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
+      exporter_->RecordRpc(method_, methods->GetSendStatus().error_code(),
+                           absl::ToDoubleSeconds(absl::Now() - start_));
+    }
+    methods->Proceed();
+  }
+
+ private:
+  CoordinatorMetricsExporter* const exporter_;
+  std::string method_;
+  const absl::Time start_;
+};
+
+class RpcInterceptorFactory final
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit RpcInterceptorFactory(CoordinatorMetricsExporter* exporter) : exporter_(exporter) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    return new RpcInterceptor(exporter_, info->method());
+  }
+
+ private:
+  CoordinatorMetricsExporter* const exporter_;
+};
+
+}  // namespace
+
+const char* StatusCodeName(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::OK: return "OK";
+    case grpc::StatusCode::CANCELLED: return "CANCELLED";
+    case grpc::StatusCode::UNKNOWN: return "UNKNOWN";
+    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::NOT_FOUND: return "NOT_FOUND";
+    case grpc::StatusCode::ALREADY_EXISTS: return "ALREADY_EXISTS";
+    case grpc::StatusCode::PERMISSION_DENIED: return "PERMISSION_DENIED";
+    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case grpc::StatusCode::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
+    case grpc::StatusCode::ABORTED: return "ABORTED";
+    case grpc::StatusCode::OUT_OF_RANGE: return "OUT_OF_RANGE";
+    case grpc::StatusCode::UNIMPLEMENTED: return "UNIMPLEMENTED";
+    case grpc::StatusCode::INTERNAL: return "INTERNAL";
+    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
+    case grpc::StatusCode::DATA_LOSS: return "DATA_LOSS";
+    default: return "UNKNOWN";
+  }
+}
+
+CoordinatorMetricsExporter::CoordinatorMetricsExporter(Coordinator* coordinator)
+    : scrape_view_(std::make_shared<ScrapeView>(coordinator)),
+      registry_(std::make_shared<prometheus::Registry>()),
+      rpc_requests_(&prometheus::BuildCounter()
+                         .Name("ddp_rpc_requests_total")
+                         .Help("gRPC calls the coordinator answered, by method and status code.")
+                         .Register(*registry_)),
+      rpc_seconds_(&prometheus::BuildHistogram()
+                        .Name("ddp_rpc_duration_seconds")
+                        .Help("How long the coordinator's gRPC calls took (streams: how long "
+                              "they were open), by method and status code.")
+                        .Register(*registry_)) {}
+
+std::vector<std::weak_ptr<prometheus::Collectable>> CoordinatorMetricsExporter::collectables()
+    const {
+  return {scrape_view_, registry_};
+}
+
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
+CoordinatorMetricsExporter::InterceptorFactory() {
+  return std::make_unique<RpcInterceptorFactory>(this);
+}
+
+void CoordinatorMetricsExporter::RecordRpc(const std::string& method, grpc::StatusCode code,
+                                           double seconds) {
+  const prometheus::Labels labels = {{"method", method}, {"code", StatusCodeName(code)}};
+  rpc_requests_->Add(labels).Increment();
+  static const auto* const kBounds = new prometheus::Histogram::BucketBoundaries{
+      0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30, 300};
+  rpc_seconds_->Add(labels, *kBounds).Observe(seconds);
+}
+
+}  // namespace ddp

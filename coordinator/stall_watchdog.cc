@@ -1,0 +1,60 @@
+#include "coordinator/stall_watchdog.h"
+
+#include <algorithm>
+
+namespace ddp {
+
+void StallWatch::Size(int world) {
+  if (world <= 0 || static_cast<int>(stopped_.size()) >= world) return;
+  stopped_.resize(static_cast<size_t>(world), false);
+}
+
+void StallWatch::Progress(int rank, int world, bool step, absl::Time now) {
+  if (rank < 0 || rank >= world) return;
+  if (last_.empty()) {
+    if (!step) return;
+    // Armed: from now on every rank has the timeout to report (again).
+    last_.assign(static_cast<size_t>(world), now);
+    Size(world);
+    return;
+  }
+  if (rank >= static_cast<int>(last_.size())) return;
+  absl::Time& last = last_[static_cast<size_t>(rank)];
+  if (last == absl::InfiniteFuture()) return;  // Done.
+  longest_gap_ = std::max(longest_gap_, now - last);
+  last = now;
+}
+
+void StallWatch::Done(int rank) {
+  if (rank >= 0 && rank < static_cast<int>(last_.size())) {
+    last_[static_cast<size_t>(rank)] = absl::InfiniteFuture();
+  }
+}
+
+void StallWatch::SetStopped(int rank, int world, bool stopped) {
+  if (rank < 0 || rank >= world) return;
+  Size(world);
+  stopped_[static_cast<size_t>(rank)] = stopped;
+}
+
+absl::Duration StallWatch::Timeout(double stall_timeout_s, double collective_timeout_s) const {
+  if (stall_timeout_s > 0) return absl::Seconds(stall_timeout_s);
+  const absl::Duration learned = std::max(kFloor, kGapsPerTimeout * longest_gap_);
+  return std::min(learned, absl::Seconds(collective_timeout_s) / 2);
+}
+
+std::optional<StallWatch::Stall> StallWatch::Find(absl::Time now, absl::Duration timeout) const {
+  if (last_.empty()) return std::nullopt;
+  std::optional<Stall> oldest, stopped;
+  for (size_t r = 0; r < last_.size(); ++r) {
+    const absl::Duration silent = now - last_[r];
+    if (silent < timeout) continue;
+    const bool is_stopped = r < stopped_.size() && stopped_[r];
+    const Stall s{static_cast<int>(r), silent, is_stopped};
+    if (is_stopped && !stopped.has_value()) stopped = s;
+    if (!oldest.has_value() || silent > oldest->silent) oldest = s;
+  }
+  return stopped.has_value() ? stopped : oldest;
+}
+
+}  // namespace ddp

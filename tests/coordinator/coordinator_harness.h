@@ -1,0 +1,136 @@
+// A Coordinator on a real SQLite store in a scratch directory, driven with a FakeClock,
+// for tests that speak to it as workers and clients do (no sockets). Open() again is
+// a coordinator restart on the same state; the directory is removed at the end.
+#ifndef DDP_TESTS_COORDINATOR_COORDINATOR_HARNESS_H_
+#define DDP_TESTS_COORDINATOR_COORDINATOR_HARNESS_H_
+
+#include <algorithm>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/coordinator.h"
+#include "coordinator/event_hub.h"
+#include "coordinator/state_store.h"
+#include "gtest/gtest.h"
+#include "tests/common/test_util.h"
+
+namespace ddp::testing {
+
+class CoordinatorHarness : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir("coordinator-harness");
+    Open();
+  }
+  void TearDown() override {
+    coordinator_.reset();
+    hub_.reset();
+    store_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  // (Re)starts the coordinator on the state directory and recovers what it holds.
+  void Open() {
+    coordinator_.reset();
+    hub_.reset();
+    store_.reset();
+    auto store = StateStore::Open(dir_, RetentionOptions());
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    hub_ = std::make_unique<EventHub>(store_.get(), &clock_, EventHub::Options{});
+    coordinator_ = std::make_unique<Coordinator>(options_, store_.get(), hub_.get(), &clock_);
+    ASSERT_TRUE(coordinator_->Recover().ok());
+  }
+
+  // A worker with `gpus` GPUs named GPU-<name>-<index> (as a fake NVML inventory
+  // lists them) and `slots` slots (default: one per GPU, at least 1).
+  void Register(const std::string& name, int gpus = 0, int slots = 0) {
+    v1::RegisterRequest req;
+    req.set_worker(name);
+    req.set_incarnation(name + "-inc");
+    req.set_address("10.0.0.1");
+    req.set_slots(slots > 0 ? slots : std::max(1, gpus));
+    req.set_gpus(gpus);
+    for (int g = 0; g < gpus; ++g) {
+      v1::GpuDevice* d = req.add_gpu_devices();
+      d->set_index(g);
+      d->set_uuid(absl::StrCat("GPU-", name, "-", g));
+      d->set_model("NVIDIA H100 80GB HBM3");
+      d->set_memory_bytes(int64_t{80} << 30);
+    }
+    auto st = coordinator_->Register(req);
+    ASSERT_TRUE(st.ok()) << st.status();
+  }
+
+  // A heartbeat from `name` reporting `tasks`, with two free ports (two jobs may form
+  // on one node at once).
+  v1::HeartbeatResponse HeartbeatReply(const std::string& name,
+                                       const std::vector<v1::TaskStatus>& tasks = {}) {
+    v1::HeartbeatRequest req;
+    req.set_worker(name);
+    req.set_incarnation(name + "-inc");
+    for (const auto& t : tasks) *req.add_tasks() = t;
+    req.add_free_ports(next_port_++);
+    req.add_free_ports(next_port_++);
+    auto resp = coordinator_->Heartbeat(req);
+    EXPECT_TRUE(resp.ok()) << resp.status();
+    return resp.ok() ? *resp : v1::HeartbeatResponse();
+  }
+  // The tasks it should run.
+  std::vector<v1::Task> Heartbeat(const std::string& name,
+                                  const std::vector<v1::TaskStatus>& tasks = {}) {
+    const v1::HeartbeatResponse resp = HeartbeatReply(name, tasks);
+    return {resp.tasks().begin(), resp.tasks().end()};
+  }
+
+  // What a worker reports for `task`: every rank running (or exited).
+  static v1::TaskStatus Running(const v1::Task& task, bool exited = false) {
+    v1::TaskStatus s;
+    s.set_job_id(task.job_id());
+    s.set_attempt(task.attempt());
+    for (int rank : task.ranks()) {
+      v1::LocalRankStatus* r = s.add_ranks();
+      r->set_rank(rank);
+      r->set_pid(1000 + rank);
+      r->set_exited(exited);
+    }
+    return s;
+  }
+
+  std::string Submit(const std::string& yaml) {
+    v1::SubmitJobRequest req;
+    req.set_spec_yaml(yaml);
+    auto job = coordinator_->Submit(req);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? job->id() : "";
+  }
+
+  v1::Job Get(const std::string& id) {
+    auto job = coordinator_->GetJob(id);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? *job : v1::Job();
+  }
+
+  // The task of job `id` among `tasks`, or null.
+  static const v1::Task* TaskOf(const std::string& id, const std::vector<v1::Task>& tasks) {
+    for (const v1::Task& t : tasks) {
+      if (t.job_id() == id) return &t;
+    }
+    return nullptr;
+  }
+
+  std::string dir_;
+  FakeClock clock_;
+  CoordinatorOptions options_;
+  std::unique_ptr<StateStore> store_;
+  std::unique_ptr<EventHub> hub_;
+  std::unique_ptr<Coordinator> coordinator_;
+  int next_port_ = 41000;
+};
+
+}  // namespace ddp::testing
+
+#endif  // DDP_TESTS_COORDINATOR_COORDINATOR_HARNESS_H_

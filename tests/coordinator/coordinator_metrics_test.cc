@@ -1,0 +1,176 @@
+// Coordinator::Metrics(), the numbers a Prometheus scrape shows, driven with a
+// FakeClock against a real SQLite store: heartbeat gaps, rendezvous time, restarts,
+// jobs and workers by state, and the running ranks' latest step metrics (gone once
+// the job is not RUNNING).
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/coordinator.h"
+#include "coordinator/event_hub.h"
+#include "coordinator/state_store.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/common/test_util.h"
+
+namespace ddp {
+namespace {
+
+using ::testing::ElementsAre;
+
+class CoordinatorMetricsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir("coordinator-metrics");
+    auto store = StateStore::Open(dir_, RetentionOptions{});
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    hub_ = std::make_unique<EventHub>(store_.get(), &clock_, EventHub::Options{});
+    coordinator_ =
+        std::make_unique<Coordinator>(CoordinatorOptions{}, store_.get(), hub_.get(), &clock_);
+  }
+
+  void Register(const std::string& name) {
+    v1::RegisterRequest req;
+    req.set_worker(name);
+    req.set_incarnation(name + "-1");
+    req.set_address("10.0.0." + name.substr(1));
+    req.set_slots(1);
+    ASSERT_TRUE(coordinator_->Register(req).ok());
+  }
+
+  std::vector<v1::Task> Heartbeat(const std::string& name,
+                                  const std::vector<v1::TaskStatus>& tasks = {}) {
+    v1::HeartbeatRequest req;
+    req.set_worker(name);
+    req.set_incarnation(name + "-1");
+    for (const auto& t : tasks) *req.add_tasks() = t;
+    req.add_free_ports(40000);
+    auto resp = coordinator_->Heartbeat(req);
+    EXPECT_TRUE(resp.ok()) << resp.status();
+    if (!resp.ok()) return {};
+    return {resp->tasks().begin(), resp->tasks().end()};
+  }
+
+  static v1::TaskStatus Running(const v1::Task& task) {
+    v1::TaskStatus s;
+    s.set_job_id(task.job_id());
+    s.set_attempt(task.attempt());
+    for (int rank : task.ranks()) {
+      v1::LocalRankStatus* r = s.add_ranks();
+      r->set_rank(rank);
+      r->set_pid(1000 + rank);
+    }
+    return s;
+  }
+
+  void Step(const std::string& worker, const v1::Task& task, double samples_per_s) {
+    v1::ReportEventsRequest req;
+    req.set_worker(worker);
+    req.set_incarnation(worker + "-1");
+    v1::ReportedEvent* e = req.add_events();
+    e->set_job_id(task.job_id());
+    e->set_attempt(task.attempt());
+    e->set_rank(task.ranks(0));
+    v1::TrainerEvent* ev = e->mutable_event();
+    ev->set_type("step");
+    ev->set_rank(task.ranks(0));
+    ev->set_global_step(7);
+    ev->set_loss(0.5 + task.ranks(0));
+    ev->set_samples_per_s(samples_per_s);
+    ev->set_step_ms(250);
+    ASSERT_TRUE(coordinator_->ReportEvents(req).ok());
+  }
+
+  std::string dir_;
+  FakeClock clock_;
+  std::unique_ptr<StateStore> store_;
+  std::unique_ptr<EventHub> hub_;
+  std::unique_ptr<Coordinator> coordinator_;
+};
+
+TEST_F(CoordinatorMetricsTest, CountsHeartbeatGapsRendezvousRestartsAndShowsRunningRanks) {
+  Register("w1");
+  Register("w2");
+  Register("w3");
+  // One heartbeat gap each, of 1 s (the interval when all is well).
+  clock_.Advance(absl::Seconds(1));
+  for (const char* w : {"w1", "w2", "w3"}) Heartbeat(w);
+  CoordinatorMetrics m = coordinator_->Metrics();
+  EXPECT_EQ(m.heartbeat_lag.count(), 3u);
+  EXPECT_DOUBLE_EQ(m.heartbeat_lag.sum(), 3.0);
+  EXPECT_EQ(m.workers.alive(), 3);
+  EXPECT_EQ(m.jobs.size(), 6u) << "every state, zeros included";
+
+  v1::SubmitJobRequest submit;
+  submit.set_spec_yaml(
+      "name: demo\nnodes: 2\nmax_restarts: 1\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n"
+      "train: {batch_size: 4}\n");
+  auto job = coordinator_->Submit(submit);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::string id = job->id();
+  const v1::Task t1 = Heartbeat("w1").at(0);
+  const v1::Task t2 = Heartbeat("w2").at(0);
+  EXPECT_EQ(coordinator_->Metrics().jobs[v1::RENDEZVOUS], 1);
+  // The trainers take 3 s to come up.
+  clock_.Advance(absl::Seconds(3));
+  Heartbeat("w1", {Running(t1)});
+  Heartbeat("w2", {Running(t2)});
+  m = coordinator_->Metrics();
+  EXPECT_EQ(m.jobs[v1::RUNNING], 1);
+  EXPECT_EQ(m.rendezvous.count(), 1u);
+  EXPECT_DOUBLE_EQ(m.rendezvous.sum(), 3.0);
+  EXPECT_EQ(m.job_restarts, 0);
+  ASSERT_EQ(m.ranks.size(), 2u);
+  EXPECT_FALSE(m.ranks[0].has_metrics) << "no step yet: no made-up zero";
+
+  Step("w1", t1, 800);
+  Step("w2", t2, 750);
+  m = coordinator_->Metrics();
+  ASSERT_EQ(m.ranks.size(), 2u);
+  std::map<int, std::pair<std::string, double>> by_rank;
+  for (const auto& r : m.ranks) {
+    EXPECT_EQ(r.job_id, id);
+    ASSERT_TRUE(r.has_metrics);
+    EXPECT_DOUBLE_EQ(r.metrics.loss(), 0.5 + r.rank);
+    by_rank[r.rank] = {r.worker, r.metrics.samples_per_s()};
+  }
+  ASSERT_EQ(by_rank.size(), 2u);
+  EXPECT_EQ(by_rank[0].first, "w1");
+  EXPECT_DOUBLE_EQ(by_rank[0].second, 800.0);
+  EXPECT_EQ(by_rank[1].first, "w2");
+  EXPECT_DOUBLE_EQ(by_rank[1].second, 750.0);
+
+  // w2 goes silent past the heartbeat timeout: the attempt fails, the job restarts on
+  // w1 + w3, and the failed attempt's rank series are gone.
+  clock_.Advance(absl::Seconds(11));
+  Heartbeat("w1", {Running(t1)});
+  Heartbeat("w3");
+  coordinator_->Tick();
+  m = coordinator_->Metrics();
+  EXPECT_TRUE(m.ranks.empty());
+  EXPECT_EQ(m.workers.lost(), 1);
+  EXPECT_EQ(m.rendezvous.count(), 1u) << "a failed attempt's rendezvous is not observed twice";
+  v1::TaskStatus stopped = Running(t1);
+  stopped.mutable_ranks(0)->set_exited(true);
+  stopped.mutable_ranks(0)->set_exit_code(143);
+  Heartbeat("w1", {stopped});
+  m = coordinator_->Metrics();
+  EXPECT_EQ(m.job_restarts, 1);
+  EXPECT_EQ(m.jobs[v1::RENDEZVOUS], 1);
+  // w1's 11 s gap and w3's 14 s one land in the (10 s, 20 s] bucket.
+  EXPECT_EQ(m.heartbeat_lag.counts()[m.heartbeat_lag.bounds().size() - 2], 2u);
+}
+
+TEST(BucketHistogramTest, CountsEachValueInTheFirstBucketWhoseBoundHoldsIt) {
+  BucketHistogram h({1, 2, 5});
+  for (double v : {0.5, 1.0, 1.5, 5.0, 9.0}) h.Observe(v);
+  EXPECT_THAT(h.counts(), ElementsAre(2u, 1u, 1u, 1u));
+  EXPECT_EQ(h.count(), 5u);
+  EXPECT_DOUBLE_EQ(h.sum(), 17.0);
+}
+
+}  // namespace
+}  // namespace ddp

@@ -1,0 +1,76 @@
+// The stall watch alone, on explicit times: arming, the learned timeout and its
+// bounds, and whom it blames.
+#include "coordinator/stall_watchdog.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ddp {
+namespace {
+
+const absl::Time kT0 = absl::FromUnixSeconds(1'800'000'000);
+
+absl::Time At(double s) { return kT0 + absl::Seconds(s); }
+
+TEST(StallWatchTest, NothingIsWatchedBeforeTheFirstStep) {
+  StallWatch w;
+  w.Progress(0, 2, /*step=*/false, At(0));  // A `start` event: start-up is not watched.
+  EXPECT_FALSE(w.armed());
+  EXPECT_FALSE(w.Find(At(1000), absl::Seconds(5)).has_value());
+  w.Progress(1, 2, /*step=*/true, At(1));
+  EXPECT_TRUE(w.armed());
+}
+
+TEST(StallWatchTest, ARankSilentPastTheTimeoutIsNamedWithHowLongItWasSilent) {
+  StallWatch w;
+  w.Progress(0, 3, true, At(0));  // Arms: every rank's clock starts now.
+  for (double t = 1; t <= 10; t += 1) {
+    w.Progress(0, 3, true, At(t));
+    w.Progress(2, 3, true, At(t));
+  }
+  EXPECT_FALSE(w.Find(At(4.9), absl::Seconds(5)).has_value());
+  auto stall = w.Find(At(10), absl::Seconds(5));
+  ASSERT_TRUE(stall.has_value());
+  EXPECT_EQ(stall->rank, 1);
+  EXPECT_EQ(stall->silent, absl::Seconds(10));
+  EXPECT_FALSE(stall->stopped);
+}
+
+TEST(StallWatchTest, WhenEveryRankIsSilentTheStoppedOneIsBlamedNotTheOneWaitingLongest) {
+  StallWatch w;
+  w.Progress(0, 2, true, At(0));
+  w.Progress(1, 2, true, At(1));  // Rank 1 reported last, then was stopped...
+  w.SetStopped(1, 2, true);
+  auto stall = w.Find(At(20), absl::Seconds(5));  // ...and rank 0 waits for it.
+  ASSERT_TRUE(stall.has_value());
+  EXPECT_EQ(stall->rank, 1);
+  EXPECT_TRUE(stall->stopped);
+  // Without the agent's word, the one silent longest.
+  w.SetStopped(1, 2, false);
+  EXPECT_EQ(w.Find(At(20), absl::Seconds(5))->rank, 0);
+}
+
+TEST(StallWatchTest, AFinishedRankNeverStalls) {
+  StallWatch w;
+  w.Progress(0, 2, true, At(0));
+  w.Done(1);
+  auto stall = w.Find(At(100), absl::Seconds(5));
+  ASSERT_TRUE(stall.has_value());
+  EXPECT_EQ(stall->rank, 0);
+  w.Done(0);
+  EXPECT_FALSE(w.Find(At(100), absl::Seconds(5)).has_value());
+}
+
+TEST(StallWatchTest, TheTimeoutIsLearnedFromStepGapsWithAFloorAndBelowTheCollectiveTimeout) {
+  StallWatch w;
+  EXPECT_EQ(w.Timeout(/*stall_timeout_s=*/7, 300), absl::Seconds(7));  // Set: used as is.
+  w.Progress(0, 1, true, At(0));
+  w.Progress(0, 1, true, At(1));
+  EXPECT_EQ(w.Timeout(0, 300), StallWatch::kFloor);  // 10 x 1 s is below the floor.
+  w.Progress(0, 1, true, At(9));  // An 8 s gap (validation at an epoch's end, say).
+  EXPECT_EQ(w.Timeout(0, 300), absl::Seconds(80));
+  EXPECT_EQ(w.Timeout(0, 100), absl::Seconds(50)) << "at most half the collective timeout";
+}
+
+}  // namespace
+}  // namespace ddp

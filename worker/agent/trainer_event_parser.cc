@@ -1,0 +1,256 @@
+#include "worker/agent/trainer_event_parser.h"
+
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/util/json_util.h"
+#include "worker/trainer/events.h"
+
+namespace ddp {
+namespace {
+
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Struct;
+using google::protobuf::Value;
+
+// Reads a definition's fields out of a JSON object, noting every mismatch.
+class StructReader {
+ public:
+  StructReader(const Struct& in, std::string where, std::vector<std::string>* problems)
+      : in_(in), where_(std::move(where)), problems_(problems) {}
+
+  void operator()(const char* name, int64_t& v, const char*) {
+    const Value* x = Find(name);
+    if (x == nullptr) return;
+    if (!x->has_number_value() || x->number_value() != std::trunc(x->number_value())) {
+      Problem(name, "is not an integer");
+      return;
+    }
+    v = static_cast<int64_t>(x->number_value());
+  }
+  void operator()(const char* name, double& v, const char*) {
+    const Value* x = Find(name);
+    if (x == nullptr) return;
+    if (x->has_null_value()) {
+      v = std::nan("");  // The writer's spelling of NaN and infinities.
+    } else if (x->has_number_value()) {
+      v = x->number_value();
+    } else {
+      Problem(name, "is not a number");
+    }
+  }
+  void operator()(const char* name, bool& v, const char*) {
+    const Value* x = Find(name);
+    if (x == nullptr) return;
+    if (!x->has_bool_value()) return Problem(name, "is not a boolean");
+    v = x->bool_value();
+  }
+  void operator()(const char* name, std::string& v, const char*) {
+    const Value* x = Find(name);
+    if (x == nullptr) return;
+    if (!x->has_string_value()) return Problem(name, "is not a string");
+    v = x->string_value();
+  }
+  void operator()(const char* name, std::optional<double>& v, const char*) {
+    const Value* x = Find(name);
+    if (x == nullptr || x->has_null_value()) return;
+    if (!x->has_number_value()) return Problem(name, "is not a number or null");
+    v = x->number_value();
+  }
+  template <typename S>
+  void operator()(const char* name, std::optional<S>& v, const char*) {
+    const Value* x = Find(name);
+    if (x == nullptr || x->has_null_value()) return;
+    if (!x->has_struct_value()) return Problem(name, "is not an object or null");
+    v.emplace();
+    StructReader nested(x->struct_value(), absl::StrCat(where_, ".", name), problems_);
+    S::Fields(*v, nested);
+    nested.ReportUnknown({});
+  }
+  template <typename S>
+  void operator()(const char* name, std::vector<S>& v, const char*) {
+    const Value* x = Find(name);
+    if (x == nullptr) return;
+    if (!x->has_list_value()) return Problem(name, "is not an array");
+    for (const Value& item : x->list_value().values()) {
+      if (!item.has_struct_value()) return Problem(name, "holds something that is not an object");
+      v.emplace_back();
+      StructReader nested(item.struct_value(), absl::StrCat(where_, ".", name, "[]"), problems_);
+      S::Fields(v.back(), nested);
+      nested.ReportUnknown({});
+    }
+  }
+
+  // Fields of the object that the definition does not have (the envelope aside).
+  void ReportUnknown(const std::set<std::string>& also_known) {
+    for (const auto& [key, value] : in_.fields()) {
+      if (!seen_.count(key) && !also_known.count(key)) {
+        problems_->push_back(absl::StrCat(where_, ": unknown field '", key, "'"));
+      }
+    }
+  }
+
+ private:
+  const Value* Find(const char* name) {
+    seen_.insert(name);
+    auto it = in_.fields().find(name);
+    if (it == in_.fields().end()) {
+      problems_->push_back(absl::StrCat(where_, ": missing field '", name, "'"));
+      return nullptr;
+    }
+    return &it->second;
+  }
+  void Problem(const char* name, const char* what) {
+    problems_->push_back(absl::StrCat(where_, ": field '", name, "' ", what));
+  }
+
+  const Struct& in_;
+  const std::string where_;
+  std::vector<std::string>* problems_;
+  std::set<std::string> seen_;
+};
+
+// Copies a definition's fields into the proto fields of the same name. Fields the
+// proto does not have are not relayed; a field whose proto type cannot hold it is
+// noted in `mismatches` (checked by a test, never expected at run time).
+class ProtoWriter {
+ public:
+  ProtoWriter(v1::TrainerEvent* out, std::vector<std::string>* mismatches,
+              std::set<std::string>* written)
+      : out_(out), mismatches_(mismatches), written_(written) {}
+
+  void operator()(const char* name, const int64_t& v, const char*) {
+    const FieldDescriptor* f = Field(name);
+    if (f == nullptr) return;
+    if (f->cpp_type() == FieldDescriptor::CPPTYPE_INT64) {
+      Refl()->SetInt64(out_, f, v);
+    } else if (f->cpp_type() == FieldDescriptor::CPPTYPE_INT32) {
+      Refl()->SetInt32(out_, f, static_cast<int32_t>(v));
+    } else {
+      Mismatch(name, "an integer");
+    }
+  }
+  void operator()(const char* name, const double& v, const char*) {
+    const FieldDescriptor* f = Field(name);
+    if (f == nullptr) return;
+    if (f->cpp_type() != FieldDescriptor::CPPTYPE_DOUBLE) return Mismatch(name, "a double");
+    Refl()->SetDouble(out_, f, v);
+  }
+  void operator()(const char* name, const bool& v, const char*) {
+    const FieldDescriptor* f = Field(name);
+    if (f == nullptr) return;
+    if (f->cpp_type() != FieldDescriptor::CPPTYPE_BOOL) return Mismatch(name, "a bool");
+    Refl()->SetBool(out_, f, v);
+  }
+  void operator()(const char* name, const std::string& v, const char*) {
+    const FieldDescriptor* f = Field(name);
+    if (f == nullptr) return;
+    if (f->cpp_type() != FieldDescriptor::CPPTYPE_STRING) return Mismatch(name, "a string");
+    Refl()->SetString(out_, f, v);
+  }
+  void operator()(const char* name, const std::optional<double>& v, const char*) {
+    const FieldDescriptor* f = Field(name);
+    if (f == nullptr) return;
+    if (f->cpp_type() != FieldDescriptor::CPPTYPE_DOUBLE || !f->has_presence()) {
+      return Mismatch(name, "an optional double (null when absent)");
+    }
+    if (v.has_value()) Refl()->SetDouble(out_, f, *v);
+  }
+  template <typename S>
+  void operator()(const char* name, const S&, const char*) {
+    // Nested objects and arrays stay in the trainer's own stream.
+    if (Field(name) != nullptr) Mismatch(name, "an object or array");
+  }
+
+ private:
+  const google::protobuf::Reflection* Refl() { return out_->GetReflection(); }
+  const FieldDescriptor* Field(const char* name) {
+    const FieldDescriptor* f = out_->GetDescriptor()->FindFieldByName(name);
+    if (f != nullptr) written_->insert(name);
+    return f;
+  }
+  void Mismatch(const char* name, const char* what) {
+    mismatches_->push_back(absl::StrCat(name, ": the proto field cannot hold ", what));
+  }
+
+  v1::TrainerEvent* out_;
+  std::vector<std::string>* mismatches_;
+  std::set<std::string>* written_;
+};
+
+const std::set<std::string>& Envelope() {
+  static const auto* envelope = new std::set<std::string>{"type", "rank", "time"};
+  return *envelope;
+}
+
+}  // namespace
+
+bool ParseTrainerEvent(const Struct& json, v1::TrainerEvent* event,
+                       std::vector<std::string>* problems) {
+  auto type = json.fields().find("type");
+  if (type == json.fields().end() || !type->second.has_string_value() ||
+      type->second.string_value().empty()) {
+    return false;
+  }
+  std::vector<std::string> ignored;
+  std::vector<std::string>* out = problems != nullptr ? problems : &ignored;
+  event->Clear();
+  event->set_type(type->second.string_value());
+  auto rank = json.fields().find("rank");
+  auto time = json.fields().find("time");
+  if (rank == json.fields().end() || !rank->second.has_number_value()) {
+    out->push_back(absl::StrCat(event->type(), ": missing field 'rank'"));
+  } else {
+    event->set_rank(static_cast<int32_t>(rank->second.number_value()));
+  }
+  if (time == json.fields().end() || !time->second.has_number_value()) {
+    out->push_back(absl::StrCat(event->type(), ": missing field 'time'"));
+  } else {
+    event->set_time(time->second.number_value());
+  }
+  bool known = false;
+  ForEachEventType([&](auto definition) {
+    using E = decltype(definition);
+    if (known || event->type() != E::kType) return;
+    known = true;
+    StructReader reader(json, E::kType, out);
+    E::Fields(definition, reader);
+    reader.ReportUnknown(Envelope());
+    std::vector<std::string> mismatches;
+    std::set<std::string> written;
+    E::Fields(definition, ProtoWriter(event, &mismatches, &written));
+  });
+  if (!known) out->push_back(absl::StrCat("unknown event type '", event->type(), "'"));
+  return true;
+}
+
+bool ParseTrainerEvent(const std::string& line, v1::TrainerEvent* event,
+                       std::vector<std::string>* problems) {
+  if (line.empty() || line[0] != '{') return false;
+  Struct json;
+  if (!google::protobuf::util::JsonStringToMessage(line, &json).ok()) return false;
+  return ParseTrainerEvent(json, event, problems);
+}
+
+std::vector<std::string> TrainerEventProtoMismatches() {
+  std::vector<std::string> mismatches;
+  std::set<std::string> written;
+  ForEachEventType([&](auto definition) {
+    using E = decltype(definition);
+    v1::TrainerEvent scratch;
+    E::Fields(definition, ProtoWriter(&scratch, &mismatches, &written));
+  });
+  const google::protobuf::Descriptor* d = v1::TrainerEvent::descriptor();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const std::string& name = d->field(i)->name();
+    if (!Envelope().count(name) && !written.count(name)) {
+      mismatches.push_back(absl::StrCat(name, ": no event type defines it"));
+    }
+  }
+  return mismatches;
+}
+
+}  // namespace ddp

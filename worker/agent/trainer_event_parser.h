@@ -1,0 +1,37 @@
+// The agent's side of the trainer event contract (worker/trainer/events.h): parses
+// one line from a trainer's event pipe, checks it against the definition of its type
+// field by field, and maps it into v1::TrainerEvent by field name.
+//
+// Strict but forgiving: an unknown field, a missing one or one of the wrong type is
+// reported in `problems` (the agent logs each kind once; the contract tests require
+// none), and the event is still relayed with what could be read, so that a newer or
+// older trainer keeps working.
+#ifndef DDP_WORKER_AGENT_TRAINER_EVENT_PARSER_H_
+#define DDP_WORKER_AGENT_TRAINER_EVENT_PARSER_H_
+
+#include <string>
+#include <vector>
+
+#include "ddp/v1/types.pb.h"
+#include "google/protobuf/struct.pb.h"
+
+namespace ddp {
+
+// False if `line` is not a JSON object with a string "type" (then it is plain
+// output). Otherwise fills `event` with the envelope and every field the proto has,
+// and appends to `problems` (if given) what did not match the definition:
+// "step: missing field 'loss'", "step: unknown field 'extra'", "unknown event type 'x'".
+bool ParseTrainerEvent(const std::string& line, v1::TrainerEvent* event,
+                       std::vector<std::string>* problems = nullptr);
+// The same for an already parsed JSON object.
+bool ParseTrainerEvent(const google::protobuf::Struct& json, v1::TrainerEvent* event,
+                       std::vector<std::string>* problems = nullptr);
+
+// Fields of v1::TrainerEvent, other than the envelope, that no event type defines
+// or that an event type defines with a type the proto cannot hold: each is
+// "<field>: <why>". Empty when the proto and the definitions agree.
+std::vector<std::string> TrainerEventProtoMismatches();
+
+}  // namespace ddp
+
+#endif  // DDP_WORKER_AGENT_TRAINER_EVENT_PARSER_H_
