@@ -1,0 +1,230 @@
+// Checkpoints that survive losing a node, and saves that a kill cannot corrupt: real
+// ddp-trainer processes on Gloo, "nodes" told apart by DDP_NODE and {node} in
+// checkpoint.dir (each node its own directory, as without shared storage).
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "common/exit_codes.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/common/status_matchers.h"
+#include "tests/trainer/trainer_harness.h"
+
+namespace ddp {
+namespace {
+
+using testing::Event;
+using testing::RankResult;
+using ::testing::HasSubstr;
+
+// 455 training rows, batch 8, 2 ranks: 28 steps per epoch; a checkpoint every 5 steps.
+constexpr char kJob[] = R"(name: ckpt-test
+model: {mlp: {hidden: [32]}}
+data:
+  csv: {path: $SRC/data/breast_cancer.csv, skip_rows: 1, label_column: -1, standardize: true}
+  validation: {fraction: 0.2}
+train: {epochs: 2, batch_size: 8, drop_last: true, threads: 1, optimizer: {name: adam, lr: 0.001}}
+checkpoint: {dir: "ckpt/{node}", every_steps: 5, keep: $KEEP, resume: $RESUME}
+)";
+
+std::string Job(const std::string& dir, int keep = 2, const std::string& resume = "true") {
+  testing::WriteFile(dir + "/job.yaml",
+                     absl::StrReplaceAll(kJob, {{"$SRC", testing::SourceDir()},
+                                                {"$KEEP", absl::StrCat(keep)},
+                                                {"$RESUME", resume}}));
+  return dir + "/job.yaml";
+}
+
+// Two nodes of one rank each, named `a` and `b`.
+testing::TrainerLaunch TwoNodes(const std::string& spec, const std::string& a,
+                                const std::string& b) {
+  testing::TrainerLaunch launch = testing::LaunchOf(spec, 2);
+  launch.nproc_per_node = 1;
+  launch.nodes = {a, b};
+  return launch;
+}
+
+std::map<std::pair<int, int>, double> Losses(const RankResult& r) {
+  std::map<std::pair<int, int>, double> out;
+  for (const Event& e : r.OfType("step")) {
+    out[{static_cast<int>(e.Number("epoch")), static_cast<int>(e.Number("step"))}] =
+        e.Number("loss");
+  }
+  return out;
+}
+
+// Global steps of the complete checkpoints in `dir`, oldest first.
+std::vector<int> Held(const std::string& dir) {
+  std::vector<int> steps;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (absl::StartsWith(name, "checkpoint-") && absl::EndsWith(name, ".pt")) {
+      steps.push_back(std::stoi(name.substr(11, 10)));
+    }
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+std::vector<std::string> Temporaries(const std::string& dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (absl::StrContains(name, ".tmp.")) names.push_back(name);
+  }
+  return names;
+}
+
+// An uninterrupted run of kJob, computed once.
+const std::vector<RankResult>& Reference() {
+  static const auto* reference = [] {
+    const std::string dir = testing::MakeTempDir("ckpt-reference");
+    auto results = testing::RunTrainers(TwoNodes(Job(dir), "a", "b"));
+    return new std::vector<RankResult>(results.ok() ? *results : std::vector<RankResult>());
+  }();
+  return *reference;
+}
+
+void ExpectAllSucceeded(const std::vector<RankResult>& results) {
+  ASSERT_FALSE(results.empty());
+  for (const RankResult& r : results) {
+    EXPECT_TRUE(r.exit.ok()) << "rank " << r.rank << ": " << r.exit.ToString() << "\n"
+                             << r.stderr_text;
+  }
+}
+
+// The resumed run's start says it resumed at `global_step`, and every loss from there
+// on equals the uninterrupted run's.
+void ExpectResumedLikeTheReference(const std::vector<RankResult>& resumed, int global_step) {
+  ExpectAllSucceeded(Reference());
+  ExpectAllSucceeded(resumed);
+  for (int rank = 0; rank < 2; ++rank) {
+    auto start = resumed[rank].OfType("start");
+    ASSERT_EQ(start.size(), 1u);
+    ASSERT_TRUE(start[0].fields.fields().at("resumed_from").has_struct_value())
+        << "rank " << rank << " started fresh";
+    const auto& from = start[0].fields.fields().at("resumed_from").struct_value().fields();
+    EXPECT_EQ(from.at("global_step").number_value(), global_step);
+    auto expected = Losses(Reference()[rank]);
+    auto got = Losses(resumed[rank]);
+    ASSERT_EQ(got.size(), 56u - global_step) << "every step after the checkpoint, no more";
+    for (const auto& [at, loss] : got) {
+      EXPECT_NEAR(loss, expected.at(at), 1e-6) << "epoch " << at.first << " step " << at.second;
+    }
+    EXPECT_EQ(resumed[rank].OfType("done")[0].String("params_fingerprint"),
+              Reference()[rank].OfType("done")[0].String("params_fingerprint"));
+  }
+}
+
+TEST(TrainerCheckpointTest, ARestartWhoseRankZeroHasNoCheckpointResumesFromAnotherRanks) {
+  const std::string dir = testing::MakeTempDir("ckpt-lost-node");
+  const std::string spec = Job(dir);
+  // Nodes a (rank 0) and b (rank 1) each keep the checkpoints in ckpt/<node>; killed
+  // once rank 0 has saved step 15.
+  DDP_ASSERT_OK_AND_ASSIGN(auto group, testing::TrainerGroup::Start(TwoNodes(spec, "a", "b")));
+  group->Wait([](int rank, const Event& e) {
+    return rank == 0 && e.type() == "checkpoint" && e.Number("global_step") == 15;
+  });
+  const std::vector<int> on_b = Held(dir + "/ckpt/b");
+  ASSERT_FALSE(on_b.empty()) << "node b kept no checkpoint of its own";
+  ASSERT_LT(on_b.back(), 28) << "killed too late to test a mid-epoch resume";
+  // keep: 2, plus at most the one a writer had renamed into place but not yet pruned
+  // for when the SIGKILL landed (save, then prune: a crash never leaves fewer than
+  // `keep`). EachWriterKeepsItsLastKCheckpoints checks exactly `keep` after a clean run.
+  EXPECT_LE(on_b.size(), 3u) << "checkpoint.keep: 2";
+
+  // The restart lands rank 0 on node c, which has never seen this job (and b keeps
+  // rank 1): it resumes from b's newest checkpoint, not from scratch.
+  DDP_ASSERT_OK_AND_ASSIGN(auto resumed, testing::RunTrainers(TwoNodes(spec, "c", "b")));
+  ExpectResumedLikeTheReference(resumed, on_b.back());
+  EXPECT_THAT(resumed[0].stderr_text, HasSubstr("(held by rank 1)"));
+  EXPECT_FALSE(Held(dir + "/ckpt/c").empty()) << "node c keeps the checkpoints it takes part in";
+}
+
+TEST(TrainerCheckpointTest, AKillDuringASaveLeavesThePreviousCheckpointToResumeFrom) {
+  const std::string dir = testing::MakeTempDir("ckpt-torn");
+  const std::string spec = Job(dir);
+  // Both nodes' writers stop halfway through the save of step 15; killed there.
+  testing::TrainerLaunch launch = TwoNodes(spec, "a", "b");
+  launch.env["DDP_DEBUG_CHECKPOINT_STALL"] = "15";
+  DDP_ASSERT_OK_AND_ASSIGN(auto group, testing::TrainerGroup::Start(launch));
+  std::set<int> stalled;
+  group->Wait(nullptr, absl::Minutes(5), [&stalled](int rank, const std::string& line) {
+    if (absl::StrContains(line, "DDP_DEBUG_CHECKPOINT_STALL=15: stopped halfway")) {
+      stalled.insert(rank);
+    }
+    return stalled.size() == 2;
+  });
+  ASSERT_EQ(stalled.size(), 2u);
+  for (const std::string node : {"a", "b"}) {
+    EXPECT_EQ(Held(dir + "/ckpt/" + node), (std::vector<int>{5, 10}))
+        << "nothing of step 15 is visible on " << node;
+    EXPECT_EQ(Temporaries(dir + "/ckpt/" + node).size(), 1u) << "the torn temporary, hidden";
+  }
+
+  DDP_ASSERT_OK_AND_ASSIGN(auto resumed, testing::RunTrainers(TwoNodes(spec, "a", "b")));
+  ExpectResumedLikeTheReference(resumed, 10);
+  EXPECT_TRUE(Temporaries(dir + "/ckpt/a").empty()) << "each writer cleans up its own leftover";
+  EXPECT_TRUE(Temporaries(dir + "/ckpt/b").empty());
+}
+
+TEST(TrainerCheckpointTest, AnotherJobsCheckpointIsRefusedUnlessForced) {
+  const std::string dir = testing::MakeTempDir("ckpt-foreign-job");
+  testing::TrainerLaunch first = TwoNodes(Job(dir), "a", "b");
+  first.env["DDP_JOB_ID"] = "job-one";
+  DDP_ASSERT_OK_AND_ASSIGN(auto done, testing::RunTrainers(first));
+  ExpectAllSucceeded(done);
+
+  testing::TrainerLaunch second = TwoNodes(Job(dir), "a", "b");
+  second.env["DDP_JOB_ID"] = "job-two";
+  DDP_ASSERT_OK_AND_ASSIGN(auto refused, testing::RunTrainers(second));
+  for (const RankResult& r : refused) {
+    EXPECT_EQ(r.exit.exit_code, kExitPermanent) << r.exit.ToString() << "\n" << r.stderr_text;
+    ASSERT_EQ(r.OfType("error").size(), 1u) << r.stderr_text;
+    EXPECT_THAT(r.OfType("error")[0].String("message"),
+                HasSubstr("was written by job job-one (attempt 0), and this is job job-two: "
+                          "refusing to resume another job's checkpoint"));
+    EXPECT_TRUE(r.OfType("step").empty());
+  }
+
+  testing::TrainerLaunch forced = TwoNodes(Job(dir, 2, "force"), "a", "b");
+  forced.env["DDP_JOB_ID"] = "job-two";
+  DDP_ASSERT_OK_AND_ASSIGN(auto resumed, testing::RunTrainers(forced));
+  ExpectAllSucceeded(resumed);
+  EXPECT_TRUE(resumed[0].OfType("start")[0].fields.fields().at("resumed_from").has_struct_value());
+}
+
+TEST(TrainerCheckpointTest, EachWriterKeepsItsLastKCheckpoints) {
+  const std::string dir = testing::MakeTempDir("ckpt-keep");
+  DDP_ASSERT_OK_AND_ASSIGN(auto results, testing::RunTrainers(TwoNodes(Job(dir, 3), "a", "b")));
+  ExpectAllSucceeded(results);
+  // Saves at 5, 10, ..., 55 and the end of each epoch (28, 56): the last three stay,
+  // on both nodes, and nothing else.
+  EXPECT_EQ(Held(dir + "/ckpt/a"), (std::vector<int>{50, 55, 56}));
+  EXPECT_EQ(Held(dir + "/ckpt/b"), (std::vector<int>{50, 55, 56}));
+  EXPECT_TRUE(Temporaries(dir + "/ckpt/a").empty());
+}
+
+TEST(TrainerCheckpointTest, NodesSharingADirectoryWriteItOnce) {
+  const std::string dir = testing::MakeTempDir("ckpt-shared");
+  // checkpoint.dir without {node}: both nodes see the same directory.
+  testing::WriteFile(dir + "/job.yaml",
+                     absl::StrReplaceAll(kJob, {{"$SRC", testing::SourceDir()}, {"$KEEP", "2"},
+                                                {"$RESUME", "true"}, {"ckpt/{node}", "ckpt"}}));
+  DDP_ASSERT_OK_AND_ASSIGN(auto results,
+                           testing::RunTrainers(TwoNodes(dir + "/job.yaml", "a", "b")));
+  ExpectAllSucceeded(results);
+  EXPECT_THAT(results[0].stderr_text, ::testing::Not(HasSubstr("is shared with a lower node")));
+  EXPECT_THAT(results[1].stderr_text, HasSubstr("is shared with a lower node"));
+  EXPECT_THAT(results[1].stderr_text, ::testing::Not(HasSubstr("kept on this node")));
+  EXPECT_EQ(Held(dir + "/ckpt"), (std::vector<int>{55, 56}));
+}
+
+}  // namespace
+}  // namespace ddp
