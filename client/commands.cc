@@ -457,4 +457,47 @@ int Workers(CtlContext& ctx, int limit, bool summary_only, const std::string& pa
   return kCtlOk;
 }
 
+int WorkerMaintenance(CtlContext& ctx, const std::string& action, const std::string& name,
+                      v1::DrainPolicy policy) {
+  grpc::ClientContext rpc;
+  SetDeadline(rpc);
+  v1::Worker w;
+  absl::Status st;
+  if (action == "rm") {
+    v1::RemoveWorkerRequest req;
+    req.set_worker(name);
+    v1::RemoveWorkerResponse resp;
+    st = FromGrpcStatus(ctx.stub->RemoveWorker(&rpc, req, &resp));
+    if (!st.ok()) return ReportError(ctx, st);
+    if (ctx.json) {
+      *ctx.out << "{\"worker\":\"" << JsonEscape(name) << "\",\"removed\":true}\n";
+    } else {
+      *ctx.out << "worker " << name << " removed\n";
+    }
+    return kCtlOk;
+  }
+  if (action == "cordon") {
+    v1::CordonWorkerRequest req;
+    req.set_worker(name);
+    st = FromGrpcStatus(ctx.stub->CordonWorker(&rpc, req, &w));
+  } else if (action == "drain") {
+    v1::DrainWorkerRequest req;
+    req.set_worker(name);
+    req.set_policy(policy);
+    st = FromGrpcStatus(ctx.stub->DrainWorker(&rpc, req, &w));
+  } else {
+    v1::UncordonWorkerRequest req;
+    req.set_worker(name);
+    st = FromGrpcStatus(ctx.stub->UncordonWorker(&rpc, req, &w));
+  }
+  if (!st.ok()) return ReportError(ctx, st);
+  SanitizeMessage(&w);
+  if (ctx.json) {
+    *ctx.out << ToJson(w) << "\n";
+    return kCtlOk;
+  }
+  *ctx.out << DescribeMaintenance(w) << "\n";
+  return kCtlOk;
+}
+
 }  // namespace ddp

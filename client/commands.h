@@ -65,6 +65,10 @@ int Logs(CtlContext& ctx, const std::string& job_id, bool follow, int rank, int 
 // Every worker (following ListWorkers' pages), or the first `limit` (> 0) from
 // `page_token`, then the cluster's summary; `summary_only` prints the summary alone.
 int Workers(CtlContext& ctx, int limit, bool summary_only, const std::string& page_token = "");
+// `ddpctl workers cordon|uncordon|drain|rm NAME`: says what became of the worker and
+// of the jobs on it (-o json: the worker as ListWorkers shows it).
+int WorkerMaintenance(CtlContext& ctx, const std::string& action, const std::string& worker,
+                      v1::DrainPolicy policy);
 
 struct PlotOptions {
   // FILE.svg or FILE.png; "table" draws a Unicode chart on stdout, "json" prints the

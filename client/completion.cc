@@ -22,6 +22,17 @@ _ddpctl_jobs() {
   "${COMP_WORDS[0]}" list --limit 100 "${coordinator[@]}" 2>/dev/null | awk 'NR > 1 { print $1 }'
 }
 
+_ddpctl_workers() {
+  local i coordinator=()
+  for ((i = 1; i < ${#COMP_WORDS[@]} - 1; i++)); do
+    if [[ ${COMP_WORDS[i]} == --coordinator ]]; then
+      coordinator=(--coordinator "${COMP_WORDS[i+1]}")
+    fi
+  done
+  "${COMP_WORDS[0]}" workers "${coordinator[@]}" 2>/dev/null |
+    awk 'NR == 1 { next } NF == 0 || $2 == "workers:" { exit } { print $1 }'
+}
+
 _ddpctl() {
   local cur="${COMP_WORDS[COMP_CWORD]}" prev="" verb="${COMP_WORDS[1]}"
   ((COMP_CWORD > 0)) && prev="${COMP_WORDS[COMP_CWORD-1]}"
@@ -64,6 +75,13 @@ _ddpctl_jobs() {
   _describe -t jobs 'job' jobs
 }
 
+_ddpctl_workers() {
+  local -a workers
+  workers=(${(f)"$(${words[1]} workers 2>/dev/null |
+    awk 'NR == 1 { next } NF == 0 || $2 == "workers:" { exit } { print $1 }')"})
+  _describe -t workers 'worker' workers
+}
+
 _ddpctl() {
   local -a verbs
   verbs=(
@@ -100,6 +118,10 @@ std::string BashArgs(const Verb& v) {
   if (args == "FILE") return "compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- \"$cur\"))";
   if (args == "JOB") return "COMPREPLY=($(compgen -W \"$(_ddpctl_jobs)\" -- \"$cur\"))";
   if (args == "bash|zsh") return "COMPREPLY=($(compgen -W \"bash zsh\" -- \"$cur\"))";
+  if (std::string(v.name) == "workers") {
+    return "if ((COMP_CWORD == 2)); then COMPREPLY=($(compgen -W \"cordon uncordon drain rm\" "
+           "-- \"$cur\")); else COMPREPLY=($(compgen -W \"$(_ddpctl_workers)\" -- \"$cur\")); fi";
+  }
   return "";
 }
 
@@ -108,6 +130,9 @@ std::string ZshArg(const Verb& v) {
   if (args == "FILE") return "'1:job file:_files -g \"*.(yaml|yml)\"'";
   if (args == "JOB") return "'1:job:_ddpctl_jobs'";
   if (args == "bash|zsh") return "'1:shell:(bash zsh)'";
+  if (std::string(v.name) == "workers") {
+    return "'1:action:(cordon uncordon drain rm)' '2:worker:_ddpctl_workers'";
+  }
   return "";
 }
 

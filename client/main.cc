@@ -5,6 +5,7 @@
 //   ddpctl get JOB [--history]            ddpctl list [--limit N]
 //   ddpctl cancel JOB [--no-wait]         ddpctl logs JOB [-f] [--rank N] [--tail N] [--collapse]
 //   ddpctl workers [--limit N] [--summary] ddpctl plot JOB [-o FILE.svg|FILE.png|json]
+//   ddpctl workers cordon|uncordon|drain|rm NAME [--wait|--now]
 //   ddpctl completion bash|zsh
 // Every verb that talks to the coordinator takes --coordinator HOST:PORT (default:
 // $DDP_COORDINATOR, then 127.0.0.1:29400) -o table|json, and for a secured
@@ -14,6 +15,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "absl/strings/str_cat.h"
 #include "client/commands.h"
 #include "common/auth/tokens.h"
 #include "client/completion.h"
@@ -61,10 +63,32 @@ int main(int argc, char** argv) {
     std::cerr << "ddpctl: -o must be table or json (got '" << f.output << "')\n";
     return ddp::kCtlUsage;
   }
-  if (positional->size() != spec->arity) {
-    std::cerr << "ddpctl " << verb << ": expected " << spec->arity << " argument"
-              << (spec->arity == 1 ? "" : "s") << ", got " << positional->size() << "\n\n"
+  if (positional->size() != spec->arity &&
+      (spec->alt_arity == 0 || positional->size() != spec->alt_arity)) {
+    std::cerr << "ddpctl " << verb << ": expected " << spec->arity
+              << (spec->alt_arity ? absl::StrCat(" or ", spec->alt_arity) : "") << " argument"
+              << (spec->arity == 1 && spec->alt_arity == 0 ? "" : "s") << ", got "
+              << positional->size() << "\n\n"
               << ddp::VerbHelp(*spec);
+    return ddp::kCtlUsage;
+  }
+  // workers ACTION NAME: node maintenance.
+  std::string action;
+  if (verb == "workers" && positional->size() == 2) {
+    action = (*positional)[0];
+    positional->erase(positional->begin());
+    if (action != "cordon" && action != "uncordon" && action != "drain" && action != "rm") {
+      std::cerr << "ddpctl workers: unknown action '" << action
+                << "': cordon, uncordon, drain or rm\n";
+      return ddp::kCtlUsage;
+    }
+  }
+  if ((f.drain_wait || f.drain_now) && action != "drain") {
+    std::cerr << "ddpctl workers: --wait and --now go with `drain`\n";
+    return ddp::kCtlUsage;
+  }
+  if (f.drain_wait && f.drain_now) {
+    std::cerr << "ddpctl workers drain: --wait or --now, not both\n";
     return ddp::kCtlUsage;
   }
   const std::string arg = positional->empty() ? "" : positional->front();
@@ -107,6 +131,12 @@ int main(int argc, char** argv) {
   if (verb == "cancel") return ddp::Cancel(ctx, arg, !f.no_wait);
   if (verb == "logs") return ddp::Logs(ctx, arg, f.follow, f.rank, f.tail, f.collapse);
   if (verb == "plot") return ddp::Plot(ctx, arg, {f.output, f.width, f.height});
+  if (!action.empty()) {
+    const ddp::v1::DrainPolicy policy = f.drain_now    ? ddp::v1::DRAIN_NOW
+                                        : f.drain_wait ? ddp::v1::DRAIN_WAIT
+                                                       : ddp::v1::DRAIN_AT_CHECKPOINT;
+    return ddp::WorkerMaintenance(ctx, action, arg, policy);
+  }
   if (f.limit < 0) {
     std::cerr << "ddpctl workers: --limit must be >= 0 (got " << f.limit << "; 0 means all)\n";
     return ddp::kCtlUsage;

@@ -330,6 +330,30 @@ std::string RenderJobList(const std::vector<v1::Job>& jobs, absl::Time now) {
   return FormatTable(rows);
 }
 
+namespace {
+
+// "cordoned since 2026-11-23 08:01:02 UTC by alice", "draining (after each job's next
+// checkpoint) since ...".
+std::string DescribeMaintenanceState(const v1::Worker& w) {
+  std::string what = "cordoned";
+  if (w.maintenance() == v1::WORKER_DRAINING) {
+    what = w.jobs().empty() ? "drained"
+           : w.drain_policy() == v1::DRAIN_WAIT ? "draining (its jobs run to their end)"
+           : w.drain_policy() == v1::DRAIN_NOW  ? "draining (its jobs restart elsewhere now)"
+                                                : "draining (each job moves after its next checkpoint)";
+  }
+  if (w.maintenance_since_ms() > 0) {
+    absl::StrAppend(&what, " since ",
+                    absl::FormatTime("%Y-%m-%d %H:%M:%S UTC",
+                                     absl::FromUnixMillis(w.maintenance_since_ms()),
+                                     absl::UTCTimeZone()));
+  }
+  if (!w.maintenance_by().empty()) absl::StrAppend(&what, " by ", w.maintenance_by());
+  return what;
+}
+
+}  // namespace
+
 std::string RenderWorkers(const std::vector<v1::Worker>& workers, absl::Time now) {
   std::vector<std::vector<std::string>> rows = {
       {"WORKER", "STATE", "ADDRESS", "SLOTS", "FREE", "GPUS", "LAST HEARTBEAT", "VERSION",
@@ -337,6 +361,7 @@ std::string RenderWorkers(const std::vector<v1::Worker>& workers, absl::Time now
   std::vector<std::vector<std::string>> gpus = {
       {"WORKER", "GPU", "MODEL", "MEMORY", "UUID", "JOB", "RANK"}};
   std::string quarantines;  // One line per quarantined worker, with its reason.
+  std::string maintenance;  // One line per cordoned or draining worker.
   for (const v1::Worker& w : workers) {
     const bool quarantined = w.alive() && w.quarantined_until_ms() != 0;
     if (quarantined) {
@@ -357,23 +382,68 @@ std::string RenderWorkers(const std::vector<v1::Worker>& workers, absl::Time now
     const std::string gpu_cell = w.gpu_devices().empty()
                                      ? absl::StrCat(w.gpus())
                                      : absl::StrCat(w.alive() ? free_gpus : 0, "/", w.gpus());
-    rows.push_back({w.name(), !w.alive() ? "lost" : quarantined ? "quarantined" : "alive",
-                    w.address(), absl::StrCat(w.slots()),
+    if (w.maintenance() != v1::WORKER_SCHEDULABLE) {
+      absl::StrAppend(&maintenance, w.name(), " is ", DescribeMaintenanceState(w), "\n");
+    }
+    rows.push_back({w.name(), WorkerState(w), w.address(), absl::StrCat(w.slots()),
                     absl::StrCat(w.free_slots()), gpu_cell, Ago(w.last_heartbeat_ms(), now),
                     w.version().empty() ? "-" : w.version(),
                     w.jobs().empty() ? "-" : absl::StrJoin(w.jobs(), ",")});
   }
   std::string out = FormatTable(rows);
   if (!quarantines.empty()) out += "\n" + quarantines;
+  if (!maintenance.empty()) out += "\n" + maintenance;
   if (gpus.size() > 1) out += "\n" + FormatTable(gpus);
   return out;
+}
+
+std::string WorkerState(const v1::Worker& w) {
+  std::string state = !w.alive() ? "lost" : w.quarantined_until_ms() != 0 ? "quarantined" : "alive";
+  switch (w.maintenance()) {
+    case v1::WORKER_CORDONED: return state + ",cordoned";
+    case v1::WORKER_DRAINING: return state + (w.jobs().empty() ? ",drained" : ",draining");
+    default: return state;
+  }
+}
+
+std::string DescribeMaintenance(const v1::Worker& w) {
+  const std::string on_it = w.jobs().empty()
+                                ? std::string("no jobs run on it")
+                                : absl::StrCat("its jobs (", absl::StrJoin(w.jobs(), ", "), ")");
+  switch (w.maintenance()) {
+    case v1::WORKER_CORDONED:
+      return absl::StrCat("worker ", w.name(), " cordoned: it takes no new ranks",
+                          w.jobs().empty() ? "" : absl::StrCat("; ", on_it, " keep running"));
+    case v1::WORKER_DRAINING:
+      if (w.jobs().empty()) {
+        return absl::StrCat("worker ", w.name(), " drained: it takes no new ranks and ",
+                            on_it, "; stop its ddp-worker when you like");
+      }
+      switch (w.drain_policy()) {
+        case v1::DRAIN_WAIT:
+          return absl::StrCat("worker ", w.name(), " draining: it takes no new ranks; ", on_it,
+                              " run to their end there (watch with `ddpctl workers`)");
+        case v1::DRAIN_NOW:
+          return absl::StrCat("worker ", w.name(), " draining: ", on_it,
+                              " restart on other workers from their last checkpoint");
+        default:
+          return absl::StrCat("worker ", w.name(), " draining: ", on_it,
+                              " move to other workers after their next checkpoint (one "
+                              "without periodic checkpoints runs to its end there)");
+      }
+    default:
+      return absl::StrCat("worker ", w.name(), " uncordoned: it takes new ranks again");
+  }
 }
 
 std::string RenderWorkerSummary(const v1::WorkerSummary& s) {
   return absl::StrCat(WithThousands(s.workers()), " workers: ", WithThousands(s.alive()),
                       " alive, ", WithThousands(s.lost()), " lost; ", WithThousands(s.slots()),
                       " slots, ", WithThousands(s.free_slots()), " free; ",
-                      WithThousands(s.busy_workers()), " busy");
+                      WithThousands(s.busy_workers()), " busy",
+                      s.cordoned() > 0 ? absl::StrCat("; ", WithThousands(s.cordoned()),
+                                                      " cordoned or draining")
+                                       : "");
 }
 
 std::vector<std::string> WorkerVersionWarnings(const std::vector<v1::Worker>& workers,

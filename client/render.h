@@ -52,6 +52,11 @@ std::string RenderJobList(const std::vector<v1::Job>& jobs, absl::Time now);
 std::string RenderWorkers(const std::vector<v1::Worker>& workers, absl::Time now);
 // "3 workers: 2 alive, 1 lost; 4 slots, 3 free; 1 busy".
 std::string RenderWorkerSummary(const v1::WorkerSummary& summary);
+// The STATE cell of a worker: alive, lost or quarantined, then ",cordoned",
+// ",draining" or ",drained" (draining with no jobs left) for one in maintenance.
+std::string WorkerState(const v1::Worker& worker);
+// What a cordon, drain or uncordon made of the worker and the jobs on it, in a sentence.
+std::string DescribeMaintenance(const v1::Worker& worker);
 // One warning per worker whose version differs from the coordinator's (none when either
 // is unknown).
 std::vector<std::string> WorkerVersionWarnings(const std::vector<v1::Worker>& workers,

@@ -27,11 +27,24 @@ const std::vector<Verb>& Verbs() {
        "-f follows until the job ends (exit 4 as watch). --collapse folds a line that\n"
        "several ranks printed alike into one, prefixed with the ranks: [ranks 0-3].",
        "ddpctl logs cancer-ddp-3yxyd -f --collapse"},
-      {"workers", "", 0, true, "registered workers, their slots and versions, then a summary",
+      {"workers", "[cordon|uncordon|drain|rm NAME]", 0, true,
+       "list workers, or take one out of service (cordon, drain) and back, or forget it",
+       "Without arguments: every worker with its state, slots and version, then a summary.\n"
        "Follows the coordinator's pages (1,000 workers each); --limit N prints the first N\n"
-       "and the command for the next page, --summary only the cluster's summary.\n"
-       "Warns (on stderr) about workers whose version differs from the coordinator's.",
-       "ddpctl workers --limit 50"},
+       "and the command for the next page, --summary only the cluster's summary. Warns\n"
+       "(on stderr) about workers whose version differs from the coordinator's.\n"
+       "\n"
+       "Node maintenance (an admin token on a secured coordinator; stored, so it survives\n"
+       "coordinator and agent restarts):\n"
+       "  cordon NAME     takes no new ranks; its trainers keep running\n"
+       "  drain NAME      takes no new ranks, and each job on it restarts on other workers\n"
+       "                  right after its next checkpoint, resuming from it (a job without\n"
+       "                  periodic checkpoints runs to its end there); --now restarts them\n"
+       "                  at once from their last checkpoint, --wait lets them finish there.\n"
+       "                  These restarts do not count against a job's max_restarts.\n"
+       "  uncordon NAME   takes new ranks again (ends a cordon or a drain)\n"
+       "  rm NAME         forgets a lost worker (one that is alive is refused)",
+       "ddpctl workers drain node-7", 2},
       {"plot", "JOB", 1, true, "training curves: per-rank loss and samples/s, epochs, restarts",
        "-o FILE.svg or FILE.png writes a picture; without -o a Unicode chart is drawn on\n"
        "the terminal; -o json prints the series. Restarts (attempt boundaries) are marked.",
@@ -80,6 +93,8 @@ void DeclareFlags(const std::string& verb, FlagSet& flags, CtlFlags* f) {
     flags.Int("limit", &f->limit, "how many workers (0: all)");
     flags.Bool("summary", &f->summary, "only the cluster's summary");
     flags.String("page-token", &f->page_token, "start after this page token (from --limit)");
+    flags.Bool("wait", &f->drain_wait, "drain: let the jobs on the worker run to their end");
+    flags.Bool("now", &f->drain_now, "drain: restart its jobs elsewhere at once");
   }
   if (verb == "cancel") flags.Bool("no-wait", &f->no_wait, "return without waiting for trainers");
   if (verb == "logs") {

@@ -18,8 +18,8 @@ struct CtlFlags {
   std::string output = "table";
   bool watch = false, history = false, no_wait = false, follow = false, collapse = false;
   int limit = 100, rank = -1, tail = 0, width = 960, height = 720;
-  // workers: --limit (0: all), --summary, --page-token.
-  bool summary = false;
+  // workers: --limit (0: all), --summary, --page-token; drain: --wait, --now.
+  bool summary = false, drain_wait = false, drain_now = false;
   std::string page_token;
   // A secured coordinator: its CA (--tls-ca, default $DDP_TLS_CA) and a token file
   // (--token-file; default: the token itself in $DDP_TOKEN).
@@ -34,6 +34,9 @@ struct Verb {
   const char* summary;  // One line.
   const char* details;  // More lines for `VERB --help`, or "".
   const char* example;
+  // Another accepted count of positional arguments (0: only `arity`): `workers` takes
+  // none (list) or two (cordon|uncordon|drain|rm NAME).
+  size_t alt_arity = 0;
 };
 
 const std::vector<Verb>& Verbs();

@@ -29,6 +29,11 @@ std::vector<Role> AllowedRoles(Method m) {
     case Method::kStreamLogs:
     case Method::kListWorkers:
       return {Role::kAdmin, Role::kUser, Role::kViewer};
+    case Method::kCordonWorker:
+    case Method::kDrainWorker:
+    case Method::kUncordonWorker:
+    case Method::kRemoveWorker:
+      return {Role::kAdmin};
     case Method::kRegister:
     case Method::kHeartbeat:
     case Method::kReportEvents:
@@ -62,6 +67,10 @@ const char* MethodName(Method m) {
     case Method::kWatchJob: return "WatchJob";
     case Method::kStreamLogs: return "StreamLogs";
     case Method::kListWorkers: return "ListWorkers";
+    case Method::kCordonWorker: return "CordonWorker";
+    case Method::kDrainWorker: return "DrainWorker";
+    case Method::kUncordonWorker: return "UncordonWorker";
+    case Method::kRemoveWorker: return "RemoveWorker";
     case Method::kRegister: return "Register";
     case Method::kHeartbeat: return "Heartbeat";
     case Method::kReportEvents: return "ReportEvents";

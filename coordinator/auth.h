@@ -9,6 +9,8 @@
 //   SubmitJob, CancelJob           admin, user               --auth-token-file
 //   GetJob, ListJobs, WatchJob,    admin, user, viewer       --auth-token-file
 //   StreamLogs, ListWorkers
+//   CordonWorker, DrainWorker,     admin                     --auth-token-file
+//   UncordonWorker, RemoveWorker
 //   Register, Heartbeat,           worker, and only for      --tls-ca (certificates)
 //   ReportEvents                   its own worker name       or worker tokens
 //
@@ -51,6 +53,10 @@ enum class Method {
   kWatchJob,
   kStreamLogs,
   kListWorkers,
+  kCordonWorker,
+  kDrainWorker,
+  kUncordonWorker,
+  kRemoveWorker,
   kRegister,
   kHeartbeat,
   kReportEvents,

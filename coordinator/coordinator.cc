@@ -205,6 +205,13 @@ absl::Status Coordinator::Recover() {
     const absl::Time now = clock_->Now();
     const absl::Duration grace = std::max(options_.recovery_grace, options_.heartbeat_timeout);
     for (const v1::Worker& w : loaded->workers) registry_.Restore(w, now, grace);
+    // The last batch stored of each worker's incarnation: a re-sent one is dropped.
+    for (const BatchMark& m : loaded->batch_marks) {
+      WorkerRecord* w = registry_.Find(m.worker);
+      if (w != nullptr && w->info.incarnation() == m.incarnation) {
+        w->last_batch_seq = m.batch_seq;
+      }
+    }
     for (auto& stored : loaded->jobs) {
       JobRecord loaded_rec;
       loaded_rec.job = std::move(stored.job);

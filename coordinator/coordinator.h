@@ -148,6 +148,20 @@ class Coordinator {
   // (negative limit).
   absl::StatusOr<v1::ListWorkersResponse> ListWorkers(const v1::ListWorkersRequest& request);
 
+  // --- Node maintenance (coordinator_maintenance.cc) ---
+  // Cordons, drains (per `policy`) or uncordons `worker` (WORKER_SCHEDULABLE), and
+  // answers with its view once the change is stored. A drain restarts the jobs it
+  // must move at once (DRAIN_NOW; or, at a checkpoint, attempts still starting) and
+  // the rest after their next checkpoint event. NOT_FOUND; UNAVAILABLE (applied, not
+  // stored yet: the writer keeps retrying).
+  absl::StatusOr<v1::Worker> SetMaintenance(const std::string& worker,
+                                            v1::WorkerMaintenance maintenance,
+                                            v1::DrainPolicy policy = v1::DRAIN_AT_CHECKPOINT,
+                                            const Caller& caller = Caller());
+  // Forgets a lost worker. NOT_FOUND, FAILED_PRECONDITION (alive, or not yet checked
+  // in since a coordinator restart), UNAVAILABLE (not stored yet).
+  absl::Status RemoveWorker(const std::string& worker);
+
   // --- WorkerService ---
   // INVALID_ARGUMENT.
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
@@ -248,6 +262,16 @@ class Coordinator {
   void CheckStallsLocked(absl::Time now, TouchList& touched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailAttemptsOnWorkerLocked(const std::string& worker, const std::string& reason,
                                   TouchList& touched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The worker as ListWorkers shows it.
+  v1::Worker WorkerViewLocked(const WorkerRecord& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Restarts elsewhere the active attempts on draining `worker` that must move now:
+  // all of them (DRAIN_NOW), or (DRAIN_AT_CHECKPOINT) those not RUNNING yet.
+  void DrainNowLocked(WorkerRecord& worker, TouchList& touched)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rank 0 of `job`'s active attempt reported a checkpoint: if a worker of the
+  // attempt drains at a checkpoint, the job moves now, resuming from it.
+  void MoveAfterCheckpointLocked(JobRecord& job, int64_t global_step, TouchList& touched)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<v1::HeartbeatResponse> HeartbeatLocked(const v1::HeartbeatRequest& request,
                                                         TouchList& touched,
                                                         StoreWriter::Ticket* commit_first)

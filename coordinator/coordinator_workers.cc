@@ -371,6 +371,9 @@ void Coordinator::ReportEvents(const v1::ReportEventsRequest& req, ReportDone do
           rec->stall.Progress(ev.rank(), active->world_size(), type == "step", clock_->Now());
           if (rec->stall.armed()) watched_.insert(rec->job.id());
         }
+        if (type == "checkpoint" && !registry_.draining_at_checkpoint().empty()) {
+          MoveAfterCheckpointLocked(*rec, ev.event().global_step(), touched);
+        }
       }
       // A trainer's `error` event explains its exit: keep it in the rank table.
       if (ev.has_event() && ev.event().type() == "error") {
@@ -388,7 +391,12 @@ void Coordinator::ReportEvents(const v1::ReportEventsRequest& req, ReportDone do
     done(absl::OkStatus());
     return;
   }
-  ingest_.Post(std::move(known), [done = std::move(done)] { done(absl::OkStatus()); });
+  // The batch's number is stored with its events: a batch re-sent after a crash is
+  // dropped by the restarted coordinator too (Recover loads the numbers).
+  BatchMark mark;
+  if (req.batch_seq() > 0) mark = {req.worker(), req.incarnation(), req.batch_seq()};
+  ingest_.Post(std::move(known), [done = std::move(done)] { done(absl::OkStatus()); },
+               std::move(mark));
 }
 
 void Coordinator::WaitForTasks(const v1::WaitForTasksRequest& req, TaskWaiters::Done done) {
@@ -427,24 +435,27 @@ absl::StatusOr<v1::ListWorkersResponse> Coordinator::ListWorkers(
   const auto& workers = registry_.workers();
   auto it = req.page_token().empty() ? workers.begin() : workers.upper_bound(req.page_token());
   for (; it != workers.end() && resp.workers_size() < limit; ++it) {
-    const WorkerRecord& w = it->second;
-    v1::Worker* info = resp.add_workers();
-    *info = w.info;
-    info->set_alive(w.alive);
-    info->set_free_slots(w.alive ? std::max(0, w.free_slots) : 0);
-    registry_.ShowGpuHolders(w, info);
-    if (registry_.Quarantined(w)) {
-      info->set_quarantined_until_ms(absl::ToUnixMillis(w.quarantine.until));
-      info->set_quarantine_reason(w.quarantine.reason);
-    }
-    for (const auto& [key, task] : w.assigned) {
-      if (info->jobs().empty() || info->jobs(info->jobs_size() - 1) != key.first) {
-        info->add_jobs(key.first);
-      }
-    }
+    *resp.add_workers() = WorkerViewLocked(it->second);
   }
   if (it != workers.end()) resp.set_next_page_token(resp.workers().rbegin()->name());
   return resp;
+}
+
+v1::Worker Coordinator::WorkerViewLocked(const WorkerRecord& w) {
+  v1::Worker info = w.info;
+  info.set_alive(w.alive);
+  info.set_free_slots(w.alive ? std::max(0, w.free_slots) : 0);
+  registry_.ShowGpuHolders(w, &info);
+  if (registry_.Quarantined(w)) {
+    info.set_quarantined_until_ms(absl::ToUnixMillis(w.quarantine.until));
+    info.set_quarantine_reason(w.quarantine.reason);
+  }
+  for (const auto& [key, task] : w.assigned) {
+    if (info.jobs().empty() || info.jobs(info.jobs_size() - 1) != key.first) {
+      info.add_jobs(key.first);
+    }
+  }
+  return info;
 }
 
 }  // namespace ddp

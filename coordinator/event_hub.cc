@@ -85,7 +85,8 @@ void EventHub::Unsubscribe(const std::string& job_id, const Listener* listener) 
   }
 }
 
-void EventHub::Ingest(const std::vector<v1::ReportedEvent>& events) {
+void EventHub::Ingest(const std::vector<v1::ReportedEvent>& events,
+                      const std::vector<BatchMark>& marks) {
   std::vector<std::shared_ptr<Listener>> to_notify;
   {
     absl::MutexLock lock(&mu_);
@@ -152,9 +153,17 @@ void EventHub::Ingest(const std::vector<v1::ReportedEvent>& events) {
       std::string text = DescribeEvent(e);
       if (!text.empty()) add_line("event", text);
     }
+    std::vector<JobOutput> outputs;
+    outputs.reserve(batches.size());
     for (auto& [job_id, batch] : batches) {
-      absl::Status st = store_->Append(job_id, batch.metrics, batch.epochs, batch.logs);
-      if (!st.ok()) DDP_LOG(ERROR) << "storing events of " << job_id << ": " << st;
+      outputs.push_back({job_id, std::move(batch.metrics), std::move(batch.epochs),
+                         std::move(batch.logs)});
+    }
+    absl::Status st = store_->AppendAll(outputs, marks);
+    if (!st.ok()) {
+      DDP_LOG(ERROR) << "storing events of " << batches.size() << " job(s): " << st;
+    }
+    for (auto& [job_id, batch] : batches) {
       auto ls = ListenersLocked(job_id);
       to_notify.insert(to_notify.end(), ls.begin(), ls.end());
       ReleaseIfIdleLocked(job_id);  // A finished job's late output: stored, not kept.

@@ -56,8 +56,10 @@ class EventHub {
   void Subscribe(const std::string& job_id, std::shared_ptr<Listener> listener);
   void Unsubscribe(const std::string& job_id, const Listener* listener);
 
-  // Records a worker's batch and wakes the listeners of the jobs it touched.
-  void Ingest(const std::vector<v1::ReportedEvent>& events);
+  // Records workers' batches and wakes the listeners of the jobs they touched. The
+  // events and `marks` (the batches' numbers) are stored in one transaction.
+  void Ingest(const std::vector<v1::ReportedEvent>& events,
+              const std::vector<BatchMark>& marks = {});
   // Wakes a job's listeners (its state changed).
   void Touch(const std::string& job_id);
 

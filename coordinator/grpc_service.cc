@@ -421,6 +421,49 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListWorkers(grpc::CallbackServerContex
                [&](const v1::ListWorkersResponse& r) { *resp = r; });
 }
 
+grpc::ServerUnaryReactor* JobServiceImpl::CordonWorker(grpc::CallbackServerContext* ctx,
+                                                       const v1::CordonWorkerRequest* req,
+                                                       v1::Worker* resp) {
+  auto caller = Admit(auth_, *ctx, Method::kCordonWorker);
+  if (!caller.ok()) return Refuse(ctx, caller.status());
+  return Unary(ctx,
+               coordinator_->SetMaintenance(req->worker(), v1::WORKER_CORDONED,
+                                            v1::DRAIN_AT_CHECKPOINT, CallerOf(*caller)),
+               [&](const v1::Worker& w) { *resp = w; });
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::DrainWorker(grpc::CallbackServerContext* ctx,
+                                                      const v1::DrainWorkerRequest* req,
+                                                      v1::Worker* resp) {
+  auto caller = Admit(auth_, *ctx, Method::kDrainWorker);
+  if (!caller.ok()) return Refuse(ctx, caller.status());
+  return Unary(ctx,
+               coordinator_->SetMaintenance(req->worker(), v1::WORKER_DRAINING, req->policy(),
+                                            CallerOf(*caller)),
+               [&](const v1::Worker& w) { *resp = w; });
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::UncordonWorker(grpc::CallbackServerContext* ctx,
+                                                         const v1::UncordonWorkerRequest* req,
+                                                         v1::Worker* resp) {
+  auto caller = Admit(auth_, *ctx, Method::kUncordonWorker);
+  if (!caller.ok()) return Refuse(ctx, caller.status());
+  return Unary(ctx,
+               coordinator_->SetMaintenance(req->worker(), v1::WORKER_SCHEDULABLE,
+                                            v1::DRAIN_AT_CHECKPOINT, CallerOf(*caller)),
+               [&](const v1::Worker& w) { *resp = w; });
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::RemoveWorker(grpc::CallbackServerContext* ctx,
+                                                       const v1::RemoveWorkerRequest* req,
+                                                       v1::RemoveWorkerResponse* resp) {
+  auto caller = Admit(auth_, *ctx, Method::kRemoveWorker);
+  if (!caller.ok()) return Refuse(ctx, caller.status());
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(coordinator_->RemoveWorker(req->worker())));
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* WorkerServiceImpl::Register(grpc::CallbackServerContext* ctx,
                                                       const v1::RegisterRequest* req,
                                                       v1::RegisterResponse* resp) {

@@ -79,6 +79,18 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* ctx,
                                         const v1::ListWorkersRequest* req,
                                         v1::ListWorkersResponse* resp) override;
+  grpc::ServerUnaryReactor* CordonWorker(grpc::CallbackServerContext* ctx,
+                                         const v1::CordonWorkerRequest* req,
+                                         v1::Worker* resp) override;
+  grpc::ServerUnaryReactor* DrainWorker(grpc::CallbackServerContext* ctx,
+                                        const v1::DrainWorkerRequest* req,
+                                        v1::Worker* resp) override;
+  grpc::ServerUnaryReactor* UncordonWorker(grpc::CallbackServerContext* ctx,
+                                           const v1::UncordonWorkerRequest* req,
+                                           v1::Worker* resp) override;
+  grpc::ServerUnaryReactor* RemoveWorker(grpc::CallbackServerContext* ctx,
+                                         const v1::RemoveWorkerRequest* req,
+                                         v1::RemoveWorkerResponse* resp) override;
 
  private:
   Coordinator* const coordinator_;

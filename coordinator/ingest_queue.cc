@@ -17,10 +17,11 @@ IngestQueue::~IngestQueue() {
   thread_.join();
 }
 
-void IngestQueue::Post(std::vector<v1::ReportedEvent> events, std::function<void()> done) {
+void IngestQueue::Post(std::vector<v1::ReportedEvent> events, std::function<void()> done,
+                       BatchMark mark) {
   absl::MutexLock lock(&mu_);
   ++stats_.batches;
-  queue_.push_back({std::move(events), std::move(done)});
+  queue_.push_back({std::move(events), std::move(done), std::move(mark)});
 }
 
 IngestQueue::Stats IngestQueue::stats() {
@@ -42,11 +43,13 @@ void IngestQueue::Loop() {
       ++stats_.ingests;
     }
     std::vector<v1::ReportedEvent> events;
+    std::vector<BatchMark> marks;
     for (Batch& b : batches) {
       events.insert(events.end(), std::make_move_iterator(b.events.begin()),
                     std::make_move_iterator(b.events.end()));
+      if (b.mark.batch_seq > 0) marks.push_back(std::move(b.mark));
     }
-    if (!events.empty()) hub_->Ingest(events);
+    if (!events.empty() || !marks.empty()) hub_->Ingest(events, marks);
     for (Batch& b : batches) b.done();
   }
 }

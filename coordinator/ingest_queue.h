@@ -33,8 +33,10 @@ class IngestQueue {
   IngestQueue& operator=(const IngestQueue&) = delete;
 
   // Queues `events` (in order after those posted before) and runs `done` on the
-  // queue's thread once the hub has them. `done` must not block.
-  void Post(std::vector<v1::ReportedEvent> events, std::function<void()> done);
+  // queue's thread once the hub has them. `done` must not block. `mark` (a numbered
+  // batch; batch_seq 0: none) is stored in the events' transaction.
+  void Post(std::vector<v1::ReportedEvent> events, std::function<void()> done,
+            BatchMark mark = {});
 
   struct Stats {
     int64_t batches = 0;  // Posted.
@@ -46,6 +48,7 @@ class IngestQueue {
   struct Batch {
     std::vector<v1::ReportedEvent> events;
     std::function<void()> done;
+    BatchMark mark;
   };
   void Loop();
 

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/exit_codes.h"
@@ -285,6 +286,29 @@ JobDelta FailAttempt(JobRecord& rec, const std::string& reason, bool retryable, 
   return delta;
 }
 
+bool Preempted(const v1::Attempt& attempt) {
+  return attempt.state() == v1::FAILED && absl::StartsWith(attempt.reason(), kPreemptedPrefix);
+}
+
+JobDelta PreemptAttempt(JobRecord& rec, const std::string& reason, absl::Time now) {
+  JobDelta delta;
+  v1::Attempt* a = ActiveAttempt(rec);
+  if (a == nullptr) return delta;
+  a->set_state(v1::FAILED);
+  a->set_reason(absl::StrCat(kPreemptedPrefix, reason));
+  a->set_end_ms(Millis(now));
+  delta.attempt_rows.push_back(a->number());
+  delta.ended_attempt = a->number();
+  SetState(rec, v1::PENDING,
+           absl::StrCat("moving after attempt ", a->number(), " was preempted: ", reason,
+                        " (not counted against max_restarts)"));
+  rec.gathering = false;
+  delta.job_row = true;
+  DDP_LOG(INFO) << "job " << rec.job.id() << " attempt " << a->number() << " preempted: "
+                << reason;
+  return delta;
+}
+
 JobDelta ApplyReport(JobRecord& rec, const std::string& worker, const v1::TaskStatus& status,
                      absl::Time now) {
   JobDelta delta;
@@ -328,7 +352,9 @@ JobDelta ApplyReport(JobRecord& rec, const std::string& worker, const v1::TaskSt
     if (decider != nullptr && FailedPermanently(*decider)) {
       rec.gathering = false;
       rec.job.set_unschedulable(false);
-      rec.job.set_restarts(std::max(0, rec.job.restarts() - 1));  // It never happened.
+      if (!Preempted(*a)) {  // It never happened (a preemption was not counted).
+        rec.job.set_restarts(std::max(0, rec.job.restarts() - 1));
+      }
       SetState(rec, v1::FAILED, FailureReason(*decider));
       rec.job.set_end_ms(Millis(now));
       delta.job_row = true;

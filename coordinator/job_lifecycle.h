@@ -12,6 +12,7 @@
 //                             permanent failure or no restarts left ▼
 //                                                              FAILED
 //   PENDING / RENDEZVOUS / RUNNING ──(Cancel)──▶ CANCELLED
+//   RENDEZVOUS / RUNNING ──(a worker drained: PreemptAttempt)──▶ PENDING, not counted
 //
 // An attempt fails when a rank exits nonzero (exit code 2, the trainer's permanent
 // error, is never restarted), its worker misses heartbeats for the heartbeat timeout,
@@ -119,6 +120,14 @@ JobDelta RecordRankError(JobRecord& job, int attempt, int rank, const std::strin
 // FAILED. No-op without an active attempt.
 JobDelta FailAttempt(JobRecord& job, const std::string& reason, bool retryable,
                      absl::Time now);
+// Ends the active attempt to move the job elsewhere (an operator drains one of its
+// workers): back to PENDING, resuming from its checkpoint, without counting against
+// max_restarts. The attempt shows as FAILED with `reason`. No-op without an active
+// attempt.
+JobDelta PreemptAttempt(JobRecord& job, const std::string& reason, absl::Time now);
+// Whether `attempt` ended by PreemptAttempt (its stored reason says so).
+inline constexpr char kPreemptedPrefix[] = "preempted: ";
+bool Preempted(const v1::Attempt& attempt);
 // Fails a formed attempt whose trainers are not all up by its start deadline.
 JobDelta TimeOutRendezvous(JobRecord& job, absl::Time now);
 // FAILED_PRECONDITION when already finished.

@@ -1,9 +1,10 @@
 // ddp-coordinator: one per cluster. Flags are parsed here and nowhere else.
 //
-//   ddp-coordinator --listen 0.0.0.0:29400 --state-dir /var/lib/ddp \
-//       --tls-cert coordinator.pem --tls-key coordinator.key --tls-ca ca.pem \
-//       --auth-token-file tokens --health-listen 0.0.0.0:29402 \
+//   ddp-coordinator --listen 0.0.0.0:29400 --state-dir /var/lib/ddp
+//       --tls-cert coordinator.pem --tls-key coordinator.key --tls-ca ca.pem
+//       --auth-token-file tokens --health-listen 0.0.0.0:29402
 //       --metrics-listen 0.0.0.0:29403
+//   (one command line)
 //
 // Without TLS and tokens it serves only loopback addresses (or anything with
 // --insecure). SIGHUP re-reads the token file; certificates are re-read when they

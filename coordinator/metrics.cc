@@ -63,6 +63,11 @@ class ScrapeView final : public prometheus::Collectable {
                                MetricType::Gauge);
     AddGauge(busy, {}, c.workers.busy_workers());
     out.push_back(std::move(busy));
+    MetricFamily cordoned = Family("ddp_cordoned_workers",
+                                   "Registered workers an operator cordoned or is draining.",
+                                   MetricType::Gauge);
+    AddGauge(cordoned, {}, c.workers.cordoned());
+    out.push_back(std::move(cordoned));
     MetricFamily slots =
         Family("ddp_slots", "Trainer slots of alive workers: all, and free for new trainers.",
                MetricType::Gauge);

@@ -43,6 +43,10 @@ CREATE TABLE IF NOT EXISTS ranks(
   address TEXT NOT NULL, pid INTEGER NOT NULL, exited INTEGER NOT NULL,
   exit_code INTEGER NOT NULL, signal INTEGER NOT NULL, error TEXT NOT NULL,
   PRIMARY KEY(job_id, attempt, rank));
+-- The last ReportEvents batch stored per worker incarnation (batch_seq de-duplication
+-- that survives a restart): written in the transaction that stores the batch's events.
+CREATE TABLE IF NOT EXISTS worker_batches(
+  worker TEXT PRIMARY KEY, incarnation TEXT NOT NULL, batch_seq INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS workers(
   name TEXT PRIMARY KEY, incarnation TEXT NOT NULL, address TEXT NOT NULL,
   hostname TEXT NOT NULL, slots INTEGER NOT NULL, gpus INTEGER NOT NULL,
@@ -79,6 +83,11 @@ constexpr AddedColumn kAddedColumns[] = {
     {"workers", "gpu_devices", "TEXT NOT NULL DEFAULT ''"},
     // Who submitted the job (Job.owner).
     {"jobs", "owner", "TEXT NOT NULL DEFAULT ''"},
+    // An operator's maintenance state (Worker.maintenance and what goes with it).
+    {"workers", "maintenance", "INTEGER NOT NULL DEFAULT 0"},
+    {"workers", "drain_policy", "INTEGER NOT NULL DEFAULT 0"},
+    {"workers", "maintenance_since_ms", "INTEGER NOT NULL DEFAULT 0"},
+    {"workers", "maintenance_by", "TEXT NOT NULL DEFAULT ''"},
 };
 
 std::string EncodeGpus(const v1::Worker& w) {
@@ -418,13 +427,29 @@ absl::Status StateStore::Write(const RowBatch& batch) {
     if (!batch.workers.empty()) {
       Stmt s(db_,
              "INSERT OR REPLACE INTO workers(name, incarnation, address, hostname, slots, gpus,"
-             " registered_ms, last_heartbeat_ms, gpu_devices) VALUES(?,?,?,?,?,?,?,?,?)");
+             " registered_ms, last_heartbeat_ms, gpu_devices, maintenance, drain_policy,"
+             " maintenance_since_ms, maintenance_by) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)");
       DDP_RETURN_IF_ERROR(s.ok());
       for (const v1::Worker& w : batch.workers) {
         s.Bind(1, w.name()).Bind(2, w.incarnation()).Bind(3, w.address()).Bind(4, w.hostname());
         s.Bind(5, w.slots()).Bind(6, w.gpus()).Bind(7, w.registered_ms());
         s.Bind(8, w.last_heartbeat_ms()).Bind(9, EncodeGpus(w));
+        s.Bind(10, static_cast<int64_t>(w.maintenance()));
+        s.Bind(11, static_cast<int64_t>(w.drain_policy()));
+        s.Bind(12, w.maintenance_since_ms()).Bind(13, w.maintenance_by());
         DDP_RETURN_IF_ERROR(s.Run());
+      }
+    }
+    if (!batch.removed_workers.empty()) {
+      Stmt d(db_, "DELETE FROM workers WHERE name = ?");
+      DDP_RETURN_IF_ERROR(d.ok());
+      Stmt b(db_, "DELETE FROM worker_batches WHERE worker = ?");
+      DDP_RETURN_IF_ERROR(b.ok());
+      for (const std::string& name : batch.removed_workers) {
+        d.Bind(1, name);
+        DDP_RETURN_IF_ERROR(d.Run());
+        b.Bind(1, name);
+        DDP_RETURN_IF_ERROR(b.Run());
       }
     }
     return absl::OkStatus();
@@ -527,7 +552,8 @@ absl::StatusOr<LoadedState> StateStore::Load() {
   DDP_RETURN_IF_ERROR(r.Done());
   Stmt w(db_,
          "SELECT name, incarnation, address, hostname, slots, gpus, registered_ms,"
-         " last_heartbeat_ms, gpu_devices FROM workers ORDER BY name");
+         " last_heartbeat_ms, gpu_devices, maintenance, drain_policy, maintenance_since_ms,"
+         " maintenance_by FROM workers ORDER BY name");
   DDP_RETURN_IF_ERROR(w.ok());
   while (w.Step()) {
     v1::Worker& wk = out.workers.emplace_back();
@@ -540,8 +566,24 @@ absl::StatusOr<LoadedState> StateStore::Load() {
     wk.set_registered_ms(w.Int(6));
     wk.set_last_heartbeat_ms(w.Int(7));
     DecodeGpus(w.Text(8), &wk);
+    // A value this build does not know (a newer coordinator's) reads as cordoned:
+    // an operator took the node out, so it stays out.
+    const int64_t m = w.Int(9);
+    wk.set_maintenance(v1::WorkerMaintenance_IsValid(static_cast<int>(m))
+                           ? static_cast<v1::WorkerMaintenance>(m)
+                           : v1::WORKER_CORDONED);
+    const int64_t p = w.Int(10);
+    wk.set_drain_policy(v1::DrainPolicy_IsValid(static_cast<int>(p))
+                            ? static_cast<v1::DrainPolicy>(p)
+                            : v1::DRAIN_WAIT);
+    wk.set_maintenance_since_ms(w.Int(11));
+    wk.set_maintenance_by(w.Text(12));
   }
   DDP_RETURN_IF_ERROR(w.Done());
+  Stmt bm(db_, "SELECT worker, incarnation, batch_seq FROM worker_batches ORDER BY worker");
+  DDP_RETURN_IF_ERROR(bm.ok());
+  while (bm.Step()) out.batch_marks.push_back({bm.Text(0), bm.Text(1), bm.Int(2)});
+  DDP_RETURN_IF_ERROR(bm.Done());
   // Output already kept per job, for --max-log-bytes-per-job (one pass over the logs
   // table at start).
   Stmt lb(db_, "SELECT job_id, SUM(LENGTH(CAST(text AS BLOB))) FROM logs GROUP BY job_id");
@@ -558,46 +600,74 @@ absl::Status StateStore::Append(const std::string& job_id,
                                 const std::vector<v1::RankMetrics>& metrics,
                                 const std::vector<v1::EpochSummary>& epochs,
                                 const std::vector<v1::LogLine>& logs) {
-  if (metrics.empty() && epochs.empty() && logs.empty()) return absl::OkStatus();
+  return AppendAll({JobOutput{job_id, metrics, epochs, logs}}, {});
+}
+
+absl::Status StateStore::AppendAll(const std::vector<JobOutput>& outputs,
+                                   const std::vector<BatchMark>& marks) {
+  bool empty = marks.empty();
+  for (const JobOutput& o : outputs) {
+    empty = empty && o.metrics.empty() && o.epochs.empty() && o.logs.empty();
+  }
+  if (empty) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
-  auto count = CountLocked(job_id);
-  if (!count.ok()) return count.status();
+  std::vector<OutputCount*> counts;
+  for (const JobOutput& o : outputs) {
+    auto count = CountLocked(o.job_id);
+    if (!count.ok()) return count.status();
+    counts.push_back(*count);
+  }
   absl::Status st = InTransaction(db_, [&]() -> absl::Status {
     Stmt m(db_, absl::StrCat("INSERT INTO metrics(job_id, ", kMetricColumns,
                              ") VALUES(?,?,?,?,?,?,?,?,?,?,?,?)")
                     .c_str());
     DDP_RETURN_IF_ERROR(m.ok());
-    for (const v1::RankMetrics& x : metrics) {
-      m.Bind(1, job_id).Bind(2, x.attempt()).Bind(3, x.rank()).Bind(4, x.global_step());
-      m.Bind(5, x.epoch()).Bind(6, x.step()).Bind(7, x.steps()).Bind(8, x.loss());
-      m.Bind(9, x.samples_per_s()).Bind(10, x.step_ms()).Bind(11, x.comm_ms());
-      m.Bind(12, x.update_ms());
-      DDP_RETURN_IF_ERROR(m.Run());
-    }
     Stmt e(db_,
            "INSERT OR REPLACE INTO epochs(job_id, attempt, epoch, train_loss, val_loss,"
            " val_accuracy, time_ms) VALUES(?,?,?,?,?,?,?)");
     DDP_RETURN_IF_ERROR(e.ok());
-    for (const v1::EpochSummary& x : epochs) {
-      e.Bind(1, job_id).Bind(2, x.attempt()).Bind(3, x.epoch()).Bind(4, x.train_loss());
-      e.Bind(5, x.val_loss()).Bind(6, x.val_accuracy()).Bind(7, x.time_ms());
-      DDP_RETURN_IF_ERROR(e.Run());
-    }
     Stmt l(db_,
            "INSERT OR REPLACE INTO logs(job_id, seq, attempt, rank, stream, text, time_ms)"
            " VALUES(?,?,?,?,?,?,?)");
     DDP_RETURN_IF_ERROR(l.ok());
-    for (const v1::LogLine& x : logs) {
-      l.Bind(1, job_id).Bind(2, x.seq()).Bind(3, x.attempt()).Bind(4, x.rank());
-      l.Bind(5, x.stream()).Bind(6, x.text()).Bind(7, x.time_ms());
-      DDP_RETURN_IF_ERROR(l.Run());
+    for (const JobOutput& o : outputs) {
+      for (const v1::RankMetrics& x : o.metrics) {
+        m.Bind(1, o.job_id).Bind(2, x.attempt()).Bind(3, x.rank()).Bind(4, x.global_step());
+        m.Bind(5, x.epoch()).Bind(6, x.step()).Bind(7, x.steps()).Bind(8, x.loss());
+        m.Bind(9, x.samples_per_s()).Bind(10, x.step_ms()).Bind(11, x.comm_ms());
+        m.Bind(12, x.update_ms());
+        DDP_RETURN_IF_ERROR(m.Run());
+      }
+      for (const v1::EpochSummary& x : o.epochs) {
+        e.Bind(1, o.job_id).Bind(2, x.attempt()).Bind(3, x.epoch()).Bind(4, x.train_loss());
+        e.Bind(5, x.val_loss()).Bind(6, x.val_accuracy()).Bind(7, x.time_ms());
+        DDP_RETURN_IF_ERROR(e.Run());
+      }
+      for (const v1::LogLine& x : o.logs) {
+        l.Bind(1, o.job_id).Bind(2, x.seq()).Bind(3, x.attempt()).Bind(4, x.rank());
+        l.Bind(5, x.stream()).Bind(6, x.text()).Bind(7, x.time_ms());
+        DDP_RETURN_IF_ERROR(l.Run());
+      }
+    }
+    // A new incarnation starts its numbering again; within one, numbers only grow.
+    Stmt b(db_,
+           "INSERT INTO worker_batches(worker, incarnation, batch_seq) VALUES(?,?,?)"
+           " ON CONFLICT(worker) DO UPDATE SET batch_seq = CASE"
+           " WHEN incarnation = excluded.incarnation THEN MAX(batch_seq, excluded.batch_seq)"
+           " ELSE excluded.batch_seq END, incarnation = excluded.incarnation");
+    DDP_RETURN_IF_ERROR(b.ok());
+    for (const BatchMark& x : marks) {
+      b.Bind(1, x.worker).Bind(2, x.incarnation).Bind(3, x.batch_seq);
+      DDP_RETURN_IF_ERROR(b.Run());
     }
     return absl::OkStatus();
   });
   if (st.ok()) {
-    OutputCount& c = **count;
-    c.metric_rows += static_cast<int64_t>(metrics.size());
-    for (const v1::LogLine& x : logs) c.log_top = std::max(c.log_top, x.seq());
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      OutputCount& c = *counts[i];
+      c.metric_rows += static_cast<int64_t>(outputs[i].metrics.size());
+      for (const v1::LogLine& x : outputs[i].logs) c.log_top = std::max(c.log_top, x.seq());
+    }
   }
   return st;
 }

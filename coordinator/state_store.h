@@ -89,16 +89,40 @@ struct RowBatch {
   std::vector<AttemptRow> attempts;
   std::vector<RankRow> ranks;
   std::vector<v1::Worker> workers;
+  // Workers to delete (RemoveWorker), after the upserts above. A batch never upserts
+  // a worker after deleting it: the StoreWriter drops a staged upsert of a worker it
+  // is asked to delete, and a staged delete of a worker it is asked to upsert.
+  std::vector<std::string> removed_workers;
 
   bool empty() const {
-    return jobs.empty() && attempts.empty() && ranks.empty() && workers.empty();
+    return jobs.empty() && attempts.empty() && ranks.empty() && workers.empty() &&
+           removed_workers.empty();
   }
-  size_t rows() const { return jobs.size() + attempts.size() + ranks.size() + workers.size(); }
+  size_t rows() const {
+    return jobs.size() + attempts.size() + ranks.size() + workers.size() +
+           removed_workers.size();
+  }
+};
+
+// The last ReportEvents batch (batch_seq) stored of a worker's incarnation.
+struct BatchMark {
+  std::string worker;
+  std::string incarnation;
+  int64_t batch_seq = 0;
+};
+
+// One job's trainer output, for AppendAll.
+struct JobOutput {
+  std::string job_id;
+  std::vector<v1::RankMetrics> metrics;
+  std::vector<v1::EpochSummary> epochs;
+  std::vector<v1::LogLine> logs;
 };
 
 struct LoadedState {
   std::vector<StoredJob> jobs;  // In submission order.
   std::vector<v1::Worker> workers;
+  std::vector<BatchMark> batch_marks;  // One per worker that has reported events.
 };
 
 class StateStore {
@@ -125,6 +149,13 @@ class StateStore {
   absl::Status Append(const std::string& job_id, const std::vector<v1::RankMetrics>& metrics,
                       const std::vector<v1::EpochSummary>& epochs,
                       const std::vector<v1::LogLine>& logs);
+  // Appends several jobs' output and records `marks` (the batches it came in), in one
+  // transaction: a batch is stored with its number or not at all, so a batch re-sent
+  // after a crash is recognised by the restarted coordinator (Load's batch_marks).
+  // A mark of the incarnation already stored keeps the higher number; another
+  // incarnation's replaces it. RemoveWorker's deletion takes the worker's mark too.
+  absl::Status AppendAll(const std::vector<JobOutput>& outputs,
+                         const std::vector<BatchMark>& marks);
 
   // Lines with seq > after_seq (of `rank` if set), oldest first, at most `limit`;
   // with tail > 0, only the last `tail` such lines.

@@ -95,7 +95,20 @@ StoreWriter::Ticket StoreWriter::PutRank(const std::string& job_id, int attempt,
 
 StoreWriter::Ticket StoreWriter::PutWorker(const v1::Worker& worker) {
   absl::MutexLock lock(&mu_);
+  // Deletes run after upserts in a commit: an upsert after a delete cancels it.
+  std::vector<std::string>& removed = pending_.rows.removed_workers;
+  removed.erase(std::remove(removed.begin(), removed.end(), worker.name()), removed.end());
   pending_.rows.workers.push_back(worker);
+  return StageLocked(1);
+}
+
+StoreWriter::Ticket StoreWriter::RemoveWorker(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::Worker>& staged = pending_.rows.workers;
+  staged.erase(std::remove_if(staged.begin(), staged.end(),
+                              [&](const v1::Worker& w) { return w.name() == name; }),
+               staged.end());
+  pending_.rows.removed_workers.push_back(name);
   return StageLocked(1);
 }
 
@@ -237,9 +250,26 @@ void StoreWriter::Loop() {
         retry.ranks.insert(retry.ranks.end(), std::make_move_iterator(next.ranks.begin()),
                            std::make_move_iterator(next.ranks.end()));
         next.ranks = std::move(retry.ranks);
+        // Worker rows: a newer delete drops a retried upsert of the name, and a newer
+        // upsert cancels a retried delete (deletes run after upserts in a commit).
+        std::set<std::string> newer_puts, newer_deletes(next.removed_workers.begin(),
+                                                        next.removed_workers.end());
+        for (const v1::Worker& w : next.workers) newer_puts.insert(w.name());
+        retry.workers.erase(std::remove_if(retry.workers.begin(), retry.workers.end(),
+                                           [&](const v1::Worker& w) {
+                                             return newer_deletes.count(w.name()) > 0;
+                                           }),
+                            retry.workers.end());
+        retry.removed_workers.erase(
+            std::remove_if(retry.removed_workers.begin(), retry.removed_workers.end(),
+                           [&](const std::string& n) { return newer_puts.count(n) > 0; }),
+            retry.removed_workers.end());
         retry.workers.insert(retry.workers.end(), std::make_move_iterator(next.workers.begin()),
                              std::make_move_iterator(next.workers.end()));
         next.workers = std::move(retry.workers);
+        retry.removed_workers.insert(retry.removed_workers.end(),
+                                     next.removed_workers.begin(), next.removed_workers.end());
+        next.removed_workers = std::move(retry.removed_workers);
         if (batch.retention) retention = st;
         retry_at = absl::Now() + backoff;
         backoff = std::min(backoff * 2, options_.retry_max);

@@ -76,6 +76,8 @@ class StoreWriter {
   Ticket PutAttempt(const std::string& job_id, const v1::Attempt& attempt);
   Ticket PutRank(const std::string& job_id, int attempt, const v1::RankAssignment& rank);
   Ticket PutWorker(const v1::Worker& worker);
+  // Deletes the worker's row (RemoveWorker), dropping any upsert of it still staged.
+  Ticket RemoveWorker(const std::string& name);
   // Deletes `job_ids` whole and trims every job's output to its bounds, after the
   // rows staged before; `done` gets the outcome on the writer thread. Rows of these
   // jobs still staged are dropped.

@@ -62,6 +62,10 @@ WorkerRegistry::Registration WorkerRegistry::Register(const v1::RegisterRequest&
 void WorkerRegistry::Restore(const v1::Worker& info, absl::Time now, absl::Duration grace) {
   WorkerRecord& w = workers_[info.name()];
   w.info = info;
+  if (info.maintenance() == v1::WORKER_DRAINING &&
+      info.drain_policy() == v1::DRAIN_AT_CHECKPOINT) {
+    draining_at_checkpoint_.insert(info.name());
+  }
   w.last_seen = now;
   w.check_in_by = now + grace;
   w.alive = true;
@@ -198,6 +202,7 @@ void WorkerRegistry::Count(const WorkerRecord::Counted& c, int sign) {
   alive_ += sign * (c.alive ? 1 : 0);
   if (c.alive) alive_slots_ += sign * c.slots;
   busy_ += sign * (c.alive && c.busy ? 1 : 0);
+  cordoned_ += sign * (c.cordoned ? 1 : 0);
   if (c.capable) {
     if ((capable_by_slots_[c.slots] += sign) == 0) capable_by_slots_.erase(c.slots);
     if (c.gpus > 0 && (capable_by_gpus_[c.gpus] += sign) == 0) capable_by_gpus_.erase(c.gpus);
@@ -250,7 +255,8 @@ bool WorkerRegistry::Recount(WorkerRecord& w) {
   }
   WorkerRecord::Counted c;
   c.alive = w.alive;
-  c.capable = w.alive && w.schedulable;
+  c.cordoned = w.info.maintenance() != v1::WORKER_SCHEDULABLE;
+  c.capable = w.alive && !c.cordoned;
   c.quarantined = w.quarantine.until != absl::InfinitePast();
   c.eligible = c.capable && w.confirmed && !c.quarantined;
   c.slots = w.info.slots();
@@ -264,7 +270,7 @@ bool WorkerRegistry::Recount(WorkerRecord& w) {
                                   old.quarantined != c.quarantined ||
                                   old.free != c.free || old.gpus != c.gpus ||
                                   old.free_gpus != c.free_gpus;
-  if (!schedulable_change && old.busy == c.busy) return false;
+  if (!schedulable_change && old.busy == c.busy && old.cordoned == c.cordoned) return false;
   Count(old, -1);
   Count(c, +1);
   w.counted = c;
@@ -307,6 +313,34 @@ std::vector<std::string> WorkerRegistry::LiftQuarantines(absl::Time now) {
     lifted.push_back(name);
   }
   return lifted;
+}
+
+bool WorkerRegistry::SetMaintenance(WorkerRecord& w, v1::WorkerMaintenance maintenance,
+                                    v1::DrainPolicy policy, const std::string& by,
+                                    absl::Time now) {
+  const std::string& name = w.info.name();
+  if (maintenance != w.info.maintenance() ||
+      (maintenance == v1::WORKER_DRAINING && policy != w.info.drain_policy())) {
+    w.info.set_maintenance_since_ms(maintenance == v1::WORKER_SCHEDULABLE ? 0 : Millis(now));
+    w.info.set_maintenance_by(maintenance == v1::WORKER_SCHEDULABLE ? "" : by);
+  }
+  w.info.set_maintenance(maintenance);
+  w.info.set_drain_policy(maintenance == v1::WORKER_DRAINING ? policy : v1::DRAIN_AT_CHECKPOINT);
+  if (maintenance == v1::WORKER_DRAINING && policy == v1::DRAIN_AT_CHECKPOINT) {
+    draining_at_checkpoint_.insert(name);
+  } else {
+    draining_at_checkpoint_.erase(name);
+  }
+  return Recount(w);
+}
+
+void WorkerRegistry::Remove(const std::string& name) {
+  auto it = workers_.find(name);
+  if (it == workers_.end()) return;
+  Count(it->second.counted, -1);
+  quarantine_ends_.erase({it->second.quarantine.until, name});
+  draining_at_checkpoint_.erase(name);
+  workers_.erase(it);  // Its deadline heap entry, if any, is skipped when it comes due.
 }
 
 int WorkerRegistry::CapableNodes(const NodeNeed& need) const {
@@ -355,6 +389,7 @@ v1::WorkerSummary WorkerRegistry::Summary() const {
   s.set_free_slots(static_cast<int32_t>(free_slots_));
   s.set_busy_workers(busy_);
   s.set_lost_events(lost_events_);
+  s.set_cordoned(cordoned_);
   return s;
 }
 

@@ -64,10 +64,9 @@ struct WorkerRecord {
   absl::Time check_in_by = absl::InfinitePast();
   bool alive = true;
   bool confirmed = true;  // False after a coordinator restart until it checks in.
-  // Whether new attempts may be placed here. Always true today; the home of cordon,
-  // drain and quarantine: a worker that is not schedulable keeps its trainers, takes
-  // no new ones and does not count as capacity.
-  bool schedulable = true;
+  // Whether new attempts may be placed here is info.maintenance (an operator's cordon
+  // or drain, WorkerRegistry::SetMaintenance): a worker that is not schedulable keeps
+  // its trainers, takes no new ones and does not count as capacity.
   NodeQuarantine quarantine;  // Set by WorkerRegistry::Quarantine; see there.
   std::vector<int32_t> free_ports;  // From its last heartbeat.
   std::map<TaskKey, v1::TaskStatus> reported;  // Its last heartbeat's tasks.
@@ -99,6 +98,7 @@ struct WorkerRecord {
     int gpus = 0;            // GPUs with UUIDs (what GPU jobs can be given).
     int free_gpus = 0;       // min(free slots, free GPUs): ranks a GPU job can get now.
     bool busy = false;       // Has assigned tasks.
+    bool cordoned = false;   // Cordoned or draining (alive or not).
   };
   Counted counted;
   bool armed = false;  // Has an entry in the deadline heap.
@@ -168,6 +168,16 @@ class WorkerRegistry final : public ClusterView {
   std::vector<std::string> LiftQuarantines(absl::Time now);
   bool Quarantined(const WorkerRecord& worker) const { return worker.counted.quarantined; }
 
+  // An operator's cordon, drain or uncordon (v1::WorkerMaintenance): recorded in the
+  // worker's info (with `policy` while draining, who and when), which the store keeps.
+  // Returns whether what the scheduler reads changed.
+  bool SetMaintenance(WorkerRecord& worker, v1::WorkerMaintenance maintenance,
+                      v1::DrainPolicy policy, const std::string& by, absl::Time now);
+  // Workers draining with DRAIN_AT_CHECKPOINT: whose jobs move after a checkpoint.
+  const std::set<std::string>& draining_at_checkpoint() const { return draining_at_checkpoint_; }
+  // Forgets `name` (RemoveWorker). Its tasks must be unassigned first.
+  void Remove(const std::string& name);
+
   // ClusterView.
   int CapableNodes(const NodeNeed& need) const override;
   int EligibleNodes(const NodeNeed& need) const override;
@@ -194,6 +204,8 @@ class WorkerRegistry final : public ClusterView {
   static int AtLeast(const std::map<int, int>& counts, int n);
 
   std::set<Deadline> quarantine_ends_;  // (until, worker) of quarantined workers.
+  std::set<std::string> draining_at_checkpoint_;
+  int cordoned_ = 0;  // Registered workers cordoned or draining.
   std::map<int, int> capable_by_slots_;  // Slots -> capable workers with that many.
   std::map<int, int> eligible_by_free_;  // Free slots -> eligible workers.
   std::map<int, int> capable_by_gpus_;   // GPUs -> capable workers (with >= 1 GPU).

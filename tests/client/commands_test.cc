@@ -12,6 +12,7 @@
 #include <streambuf>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -238,6 +239,48 @@ TEST_F(CommandsTest, WorkersFollowsEveryPageThenSummarizesOrStopsAtTheLimit) {
   ASSERT_EQ(Workers(brief, 0, /*summary_only=*/true), kCtlOk);
   EXPECT_EQ(summary.text(),
             "2,100 workers: 2,100 alive, 0 lost; 4,200 slots, 4,200 free; 0 busy\n");
+}
+
+TEST_F(CommandsTest, WorkerMaintenanceVerbsSayWhatHappenedAndRefuseWhatCannotBe) {
+  RegisterWorker();
+  const std::string id = SubmitJob();  // Placed on w1.
+  auto run = [&](const std::string& action, const std::string& worker,
+                 v1::DrainPolicy policy = v1::DRAIN_AT_CHECKPOINT, bool json = false) {
+    WatchedStream out, err;
+    CtlContext ctx = MakeContext(address_, json, false, &out, &err);
+    const int code = WorkerMaintenance(ctx, action, worker, policy);
+    return std::make_tuple(code, out.text(), err.text());
+  };
+  auto [code, out, err] = run("cordon", "w1");
+  EXPECT_EQ(code, kCtlOk) << err;
+  EXPECT_EQ(out, absl::StrCat("worker w1 cordoned: it takes no new ranks; its jobs (", id,
+                              ") keep running\n"));
+  std::tie(code, out, err) = run("drain", "w1", v1::DRAIN_WAIT, /*json=*/true);
+  EXPECT_EQ(code, kCtlOk) << err;
+  EXPECT_THAT(out, HasSubstr("\"maintenance\":\"WORKER_DRAINING\""));
+  EXPECT_THAT(out, HasSubstr("\"drain_policy\":\"DRAIN_WAIT\""));
+  std::tie(code, out, err) = run("uncordon", "w1");
+  EXPECT_EQ(code, kCtlOk) << err;
+  EXPECT_EQ(out, "worker w1 uncordoned: it takes new ranks again\n");
+
+  std::tie(code, out, err) = run("cordon", "w9");
+  EXPECT_EQ(code, kCtlFailed);
+  EXPECT_THAT(err, HasSubstr("no worker named 'w9'"));
+  std::tie(code, out, err) = run("rm", "w1");
+  EXPECT_EQ(code, kCtlFailed);
+  EXPECT_THAT(err, HasSubstr("only a lost worker can be removed"));
+  EXPECT_EQ(out, "");
+
+  // The cordon is stored: a restarted coordinator still shows it.
+  std::tie(code, out, err) = run("cordon", "w1");
+  ASSERT_EQ(code, kCtlOk) << err;
+  RestartServer();
+  WatchedStream listing;
+  CtlContext ctx = MakeContext(address_, false, false, &listing, &err_);
+  ASSERT_EQ(Workers(ctx, 0, false), kCtlOk) << err_.text();
+  EXPECT_THAT(listing.text(), ::testing::ContainsRegex("w1 +alive,cordoned "));
+  EXPECT_THAT(listing.text(), HasSubstr("w1 is cordoned since "));
+  EXPECT_THAT(listing.text(), HasSubstr("; 1 cordoned or draining"));
 }
 
 TEST_F(CommandsTest, GetWithHistoryReadsMoreThanGrpcsDefaultFourMegabytes) {

@@ -182,5 +182,60 @@ TEST(RenderTest, AQuarantinedWorkerShowsItsStateAndWhyWithTheTimeLeft) {
                              "attempt 1: workdir /x does not exist\n"));
 }
 
+TEST(RenderTest, WorkersInMaintenanceShowTheirStateWhoAndSince) {
+  const absl::Time now = absl::FromUnixSeconds(1'800'000'000);
+  v1::Worker cordoned;
+  cordoned.set_name("w1");
+  cordoned.set_alive(true);
+  cordoned.set_maintenance(v1::WORKER_CORDONED);
+  cordoned.set_maintenance_since_ms(absl::ToUnixMillis(now));
+  cordoned.set_maintenance_by("alice");
+  v1::Worker draining = cordoned;
+  draining.set_name("w2");
+  draining.set_maintenance(v1::WORKER_DRAINING);
+  draining.clear_maintenance_by();
+  draining.add_jobs("j-1");
+  v1::Worker drained = draining;
+  drained.set_name("w3");
+  drained.set_alive(false);
+  drained.clear_jobs();
+  const std::string out = RenderWorkers({cordoned, draining, drained}, now);
+  EXPECT_THAT(out, testing::ContainsRegex("w1 +alive,cordoned "));
+  EXPECT_THAT(out, testing::ContainsRegex("w2 +alive,draining "));
+  EXPECT_THAT(out, testing::ContainsRegex("w3 +lost,drained "));
+  EXPECT_THAT(out, HasSubstr("w1 is cordoned since 2027-01-15 08:00:00 UTC by alice\n"));
+  EXPECT_THAT(out, HasSubstr("w2 is draining (each job moves after its next checkpoint) since "
+                             "2027-01-15 08:00:00 UTC\n"));
+
+  v1::WorkerSummary summary;
+  summary.set_workers(3);
+  summary.set_cordoned(3);
+  EXPECT_THAT(RenderWorkerSummary(summary), HasSubstr("; 3 cordoned or draining"));
+  summary.set_cordoned(0);
+  EXPECT_THAT(RenderWorkerSummary(summary), testing::Not(HasSubstr("cordoned")));
+}
+
+TEST(RenderTest, MaintenanceRepliesSayWhatHappensToTheJobs) {
+  v1::Worker w;
+  w.set_name("w2");
+  w.set_alive(true);
+  w.add_jobs("j-1");
+  w.add_jobs("j-2");
+  w.set_maintenance(v1::WORKER_CORDONED);
+  EXPECT_EQ(DescribeMaintenance(w),
+            "worker w2 cordoned: it takes no new ranks; its jobs (j-1, j-2) keep running");
+  w.set_maintenance(v1::WORKER_DRAINING);
+  EXPECT_THAT(DescribeMaintenance(w),
+              HasSubstr("its jobs (j-1, j-2) move to other workers after their next checkpoint"));
+  w.set_drain_policy(v1::DRAIN_NOW);
+  EXPECT_THAT(DescribeMaintenance(w), HasSubstr("restart on other workers from their last"));
+  w.set_drain_policy(v1::DRAIN_WAIT);
+  EXPECT_THAT(DescribeMaintenance(w), HasSubstr("run to their end there"));
+  w.clear_jobs();
+  EXPECT_THAT(DescribeMaintenance(w), HasSubstr("worker w2 drained"));
+  w.set_maintenance(v1::WORKER_SCHEDULABLE);
+  EXPECT_EQ(DescribeMaintenance(w), "worker w2 uncordoned: it takes new ranks again");
+}
+
 }  // namespace
 }  // namespace ddp

@@ -67,6 +67,8 @@ TEST(AuthorizerTest, EachMethodAdmitsExactlyTheRolesInItsRow) {
       {Method::kWatchJob, {kAdmin, kUser, kViewer}},
       {Method::kStreamLogs, {kAdmin, kUser, kViewer}},
       {Method::kListWorkers, {kAdmin, kUser, kViewer}},
+      {Method::kCordonWorker, {kAdmin}},       {Method::kDrainWorker, {kAdmin}},
+      {Method::kUncordonWorker, {kAdmin}},     {Method::kRemoveWorker, {kAdmin}},
       {Method::kRegister, {kWorker}},           {Method::kHeartbeat, {kWorker}},
       {Method::kReportEvents, {kWorker}},
   };

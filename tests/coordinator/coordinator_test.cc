@@ -274,7 +274,7 @@ TEST_F(CoordinatorTest, StaleOrUnknownWorkersAreRejected) {
               StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
-TEST_F(CoordinatorTest, AnEventBatchResentAfterItWasAppliedIsStoredOnce) {
+TEST_F(CoordinatorTest, AnEventBatchResentAfterItWasAppliedIsStoredOnceAcrossARestart) {
   Register("w1");
   const std::string id = Submit(JobYaml("", "1"));
   auto report = [&](int64_t batch_seq, const std::string& text) {
@@ -299,10 +299,23 @@ TEST_F(CoordinatorTest, AnEventBatchResentAfterItWasAppliedIsStoredOnce) {
   EXPECT_TRUE(report(2, "second").ok());
   EXPECT_TRUE(report(2, "second").ok());
   EXPECT_THAT(lines(), ElementsAre("first", "second"));
+  // The coordinator crashes after storing batch 2 but before its reply arrived: the
+  // agent re-sends it to the restarted coordinator, which knows the number too.
+  ASSERT_TRUE(coordinator_->Flush().ok());
+  Open();
+  ASSERT_TRUE(coordinator_->Recover().ok());
+  EXPECT_TRUE(report(2, "second").ok());
+  EXPECT_TRUE(report(3, "third").ok());
+  EXPECT_THAT(lines(), ElementsAre("first", "second", "third"));
   // A restarted agent numbers its batches from 1 again.
   Register("w1", 1, "w1-inc2");
   EXPECT_TRUE(report(1, "after restart").ok());
-  EXPECT_THAT(lines(), ElementsAre("first", "second", "after restart"));
+  EXPECT_THAT(lines(), ElementsAre("first", "second", "third", "after restart"));
+  // And that incarnation's numbers are what a restart remembers from now on.
+  Open();
+  ASSERT_TRUE(coordinator_->Recover().ok());
+  EXPECT_TRUE(report(1, "after restart").ok());
+  EXPECT_THAT(lines(), ElementsAre("first", "second", "third", "after restart"));
 }
 
 TEST_F(CoordinatorTest, FinishedJobsKeepNoFeedInMemoryYetShowTheirMetricsAndLogs) {

@@ -206,6 +206,64 @@ TEST(StateStoreTest, ADatabaseWithoutTheOwnerColumnGainsItAndKeepsItsJobs) {
   EXPECT_EQ(loaded->jobs[1].job.owner(), "alice");
 }
 
+TEST(StateStoreTest, ABatchNumberIsStoredWithItsEventsOrNotAtAll) {
+  const std::string dir = testing::MakeTempDir("store-batches");
+  auto store = StateStore::Open(dir);
+  ASSERT_TRUE(store.ok()) << store.status();
+  StateStore& s = **store;
+  auto line = [](int64_t seq) {
+    v1::LogLine l;
+    l.set_seq(seq);
+    l.set_attempt(1);
+    l.set_text(absl::StrCat("line ", seq));
+    return l;
+  };
+  auto marks = [&] {
+    auto loaded = s.Load();
+    EXPECT_TRUE(loaded.ok()) << loaded.status();
+    std::vector<std::string> out;
+    if (!loaded.ok()) return out;
+    for (const BatchMark& m : loaded->batch_marks) {
+      out.push_back(absl::StrCat(m.worker, "/", m.incarnation, "/", m.batch_seq));
+    }
+    return out;
+  };
+  ASSERT_TRUE(s.AppendAll({{"j", {}, {}, {line(1)}}, {"k", {}, {}, {line(1)}}},
+                          {{"w1", "inc1", 1}})
+                  .ok());
+  EXPECT_THAT(marks(), ElementsAre("w1/inc1/1"));
+
+  // A commit that fails takes the number with it.
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir + "/ddp.sqlite").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db,
+                         "CREATE TRIGGER refuse BEFORE INSERT ON logs WHEN NEW.job_id = 'k' BEGIN"
+                         " SELECT RAISE(FAIL, 'database or disk is full'); END;",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  EXPECT_FALSE(s.AppendAll({{"j", {}, {}, {line(2)}}, {"k", {}, {}, {line(2)}}},
+                           {{"w1", "inc1", 2}})
+                   .ok());
+  EXPECT_THAT(marks(), ElementsAre("w1/inc1/1"));
+  auto logs = s.ReadLogs("j", 0, std::nullopt, 100);
+  ASSERT_TRUE(logs.ok());
+  EXPECT_EQ(logs->size(), 1u) << "nor did job j's line of that batch stay";
+  ASSERT_EQ(sqlite3_exec(db, "DROP TRIGGER refuse", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+
+  // Within an incarnation the number only grows; another incarnation starts anew.
+  ASSERT_TRUE(s.AppendAll({{"j", {}, {}, {line(2)}}}, {{"w1", "inc1", 2}}).ok());
+  ASSERT_TRUE(s.AppendAll({}, {{"w1", "inc1", 1}, {"w2", "a", 7}}).ok());
+  EXPECT_THAT(marks(), ElementsAre("w1/inc1/2", "w2/a/7"));
+  ASSERT_TRUE(s.AppendAll({}, {{"w1", "inc2", 1}}).ok());
+  EXPECT_THAT(marks(), ElementsAre("w1/inc2/1", "w2/a/7"));
+  // Removing a worker forgets its number.
+  RowBatch removal;
+  removal.removed_workers.push_back("w2");
+  ASSERT_TRUE(s.Write(removal).ok());
+  EXPECT_THAT(marks(), ElementsAre("w1/inc2/1"));
+}
+
 TEST(StateStoreTest, RetentionBoundsBelowOneAreRejected) {
   const std::string dir = testing::MakeTempDir("store-bounds");
   RetentionOptions retention;

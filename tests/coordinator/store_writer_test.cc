@@ -103,6 +103,59 @@ TEST_F(StoreWriterTest, ManyChangesShareFewCommitsAndTheLastCopyOfARowWins) {
   EXPECT_EQ(loaded.jobs[0].job.attempts(0).ranks(999).pid(), 5999);
 }
 
+v1::Worker Worker(const std::string& name, v1::WorkerMaintenance maintenance) {
+  v1::Worker w;
+  w.set_name(name);
+  w.set_incarnation(name + "-inc");
+  w.set_slots(1);
+  w.set_maintenance(maintenance);
+  w.set_drain_policy(v1::DRAIN_NOW);
+  w.set_maintenance_since_ms(1234);
+  w.set_maintenance_by("alice");
+  return w;
+}
+
+TEST_F(StoreWriterTest, WorkerRowsAndRemovalsLandInTheOrderTheyWereStaged) {
+  // However the writer groups them into commits: the last word on each name wins.
+  writer_->PutWorker(Worker("gone", v1::WORKER_CORDONED));
+  writer_->RemoveWorker("gone");
+  writer_->PutWorker(Worker("back", v1::WORKER_SCHEDULABLE));
+  writer_->RemoveWorker("back");
+  writer_->PutWorker(Worker("back", v1::WORKER_DRAINING));
+  writer_->RemoveWorker("never-stored");
+  ASSERT_TRUE(writer_->Flush().ok());
+  LoadedState loaded = Load();
+  ASSERT_EQ(loaded.workers.size(), 1u);
+  const v1::Worker& w = loaded.workers[0];
+  EXPECT_EQ(w.name(), "back");
+  EXPECT_EQ(w.maintenance(), v1::WORKER_DRAINING);
+  EXPECT_EQ(w.drain_policy(), v1::DRAIN_NOW);
+  EXPECT_EQ(w.maintenance_since_ms(), 1234);
+  EXPECT_EQ(w.maintenance_by(), "alice");
+}
+
+TEST_F(StoreWriterTest, AFailedCommitRetriesWorkerRowsUnlessNewerOnesOverrideThem) {
+  ASSERT_TRUE(writer_->Wait(writer_->PutWorker(Worker("a", v1::WORKER_SCHEDULABLE))).ok());
+  ASSERT_TRUE(writer_->Wait(writer_->PutWorker(Worker("b", v1::WORKER_SCHEDULABLE))).ok());
+  // Every worker write fails until the trigger goes, as on a full disk.
+  RunSql("CREATE TRIGGER refuse BEFORE INSERT ON workers BEGIN"
+         " SELECT RAISE(FAIL, 'database or disk is full'); END;");
+  RunSql("CREATE TRIGGER refuse_delete BEFORE DELETE ON workers BEGIN"
+         " SELECT RAISE(FAIL, 'database or disk is full'); END;");
+  writer_->RemoveWorker("a");
+  const StoreWriter::Ticket failed = writer_->PutWorker(Worker("b", v1::WORKER_CORDONED));
+  EXPECT_FALSE(writer_->Wait(failed).ok());
+  // Newer word while the failed rows wait: `a` comes back, `b` goes.
+  writer_->PutWorker(Worker("a", v1::WORKER_CORDONED));
+  writer_->RemoveWorker("b");
+  RunSql("DROP TRIGGER refuse; DROP TRIGGER refuse_delete;");
+  ASSERT_TRUE(writer_->Flush().ok());
+  LoadedState loaded = Load();
+  ASSERT_EQ(loaded.workers.size(), 1u);
+  EXPECT_EQ(loaded.workers[0].name(), "a");
+  EXPECT_EQ(loaded.workers[0].maintenance(), v1::WORKER_CORDONED);
+}
+
 TEST_F(StoreWriterTest, AJobRowCarriesNoAttempts) {
   v1::Job job = Job("j");
   job.add_attempts()->set_number(1);

@@ -194,6 +194,16 @@ TEST_F(SecureClusterTest, EachIdentityMayCallOnlyWhatItsRoleAllows) {
   EXPECT_EQ(cluster_->CtlAs("viewer", {"get", id}).exit_code, 0);
   CtlResult cancel = cluster_->Ctl({"cancel", id});
   EXPECT_EQ(cancel.exit_code, 0) << cancel.err;
+
+  // Node maintenance is the admin's: a user may not cordon; the admin may, and it is
+  // recorded under the admin's name.
+  CtlResult user_cordon = cluster_->Ctl({"workers", "cordon", "w1"});
+  EXPECT_EQ(user_cordon.exit_code, 1);
+  EXPECT_THAT(user_cordon.err, HasSubstr("may not call CordonWorker: it needs role admin"));
+  CtlResult admin_cordon = cluster_->CtlAs("admin", {"workers", "cordon", "w1", "-o", "json"});
+  EXPECT_EQ(admin_cordon.exit_code, 0) << admin_cordon.err;
+  EXPECT_THAT(admin_cordon.out, HasSubstr("\"maintenance_by\":\"admin\""));
+  EXPECT_EQ(cluster_->CtlAs("admin", {"workers", "uncordon", "w1"}).exit_code, 0);
 }
 
 TEST_F(SecureClusterTest, AUserCancelsOnlyItsOwnJobsAndSeesOnlyItsOwnSecrets) {
