@@ -450,11 +450,32 @@ std::vector<std::string> WorkerVersionWarnings(const std::vector<v1::Worker>& wo
                                                const std::string& coordinator_version) {
   std::vector<std::string> out;
   if (coordinator_version.empty()) return out;  // An older coordinator: nothing to compare.
+  // One line per version, naming a few of its workers: 10,000 agents of another build
+  // are one warning, not 10,000.
+  std::map<std::string, std::vector<std::string>> by_version;
   for (const v1::Worker& w : workers) {
     if (w.version().empty() || w.version() == coordinator_version) continue;
-    out.push_back(absl::StrCat("warning: worker ", w.name(), " runs ddp ", w.version(),
-                               ", the coordinator ", coordinator_version,
-                               ": upgrade them to one version"));
+    by_version[w.version()].push_back(w.name());
+  }
+  constexpr size_t kNamed = 5;
+  for (const auto& [version, names] : by_version) {
+    std::string who;
+    if (names.size() == 1) {
+      who = absl::StrCat("worker ", names[0], " runs");
+    } else {
+      const std::vector<std::string> some(names.begin(),
+                                          names.begin() + std::min(kNamed, names.size()));
+      who = absl::StrCat(WithThousands(static_cast<double>(names.size())), " workers (",
+                         absl::StrJoin(some, ", "),
+                         names.size() > kNamed
+                             ? absl::StrCat(" and ",
+                                            WithThousands(static_cast<double>(names.size() - kNamed)),
+                                            " more")
+                             : "",
+                         ") run");
+    }
+    out.push_back(absl::StrCat("warning: ", who, " ddp ", version, ", the coordinator ",
+                               coordinator_version, ": upgrade them to one version"));
   }
   return out;
 }

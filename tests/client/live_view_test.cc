@@ -166,9 +166,12 @@ TEST(HelpTest, EveryVerbHasAnExampleAndItsFlags) {
     const std::string help = VerbHelp(v);
     EXPECT_THAT(help, HasSubstr(absl::StrCat("usage: ddpctl ", v.name))) << v.name;
     EXPECT_THAT(help, HasSubstr(absl::StrCat("example:\n  ", v.example))) << v.name;
-    if (v.needs_coordinator) EXPECT_THAT(help, HasSubstr("--coordinator")) << v.name;
+    if (v.needs_coordinator) {
+      EXPECT_THAT(help, HasSubstr("--coordinator")) << v.name;
+    }
   }
   EXPECT_THAT(VerbHelp(*FindVerb("logs")), HasSubstr("--collapse"));
+  EXPECT_THAT(VerbHelp(*FindVerb("workers")), HasSubstr("drain NAME"));
   EXPECT_THAT(GeneralUsage(), HasSubstr("completion bash|zsh"));
 }
 
@@ -211,6 +214,9 @@ TEST(CompletionTest, BashScriptParsesAndCompletesVerbsFlagsAndValues) {
   EXPECT_EQ(Complete(path, "ddpctl logs JOB --co", 3), "--coordinator --collapse\n");
   EXPECT_EQ(Complete(path, "ddpctl get JOB -o \"\"", 4), "table json\n");
   EXPECT_EQ(Complete(path, "ddpctl completion \"\"", 2), "bash zsh\n");
+  EXPECT_EQ(Complete(path, "ddpctl workers \"\"", 2), "cordon uncordon drain rm\n");
+  EXPECT_EQ(Complete(path, "ddpctl workers dr", 2), "drain\n");
+  EXPECT_EQ(Complete(path, "ddpctl workers drain --n", 3), "--now\n");
   // A flag that takes a value offers nothing (not more flags) for the value.
   EXPECT_EQ(Complete(path, "ddpctl logs JOB --rank \"\"", 4), "\n");
   std::filesystem::remove_all(dir);
@@ -247,6 +253,16 @@ TEST(VersionTest, WorkersShowTheirVersionAndThoseThatDifferAreWarnedAbout) {
   ASSERT_EQ(warnings.size(), 1u);
   EXPECT_THAT(warnings[0], HasSubstr("worker b runs ddp 0.0.9"));
   EXPECT_THAT(WorkerVersionWarnings(workers, ""), IsEmpty());
+  // Many workers of one other build: one line, naming a few.
+  std::vector<v1::Worker> fleet(1200);
+  for (size_t i = 0; i < fleet.size(); ++i) {
+    fleet[i].set_name(absl::StrCat("n", i));
+    fleet[i].set_version("0.0.8");
+  }
+  auto grouped = WorkerVersionWarnings(fleet, VersionString());
+  ASSERT_EQ(grouped.size(), 1u);
+  EXPECT_THAT(grouped[0], HasSubstr("warning: 1,200 workers (n0, n1, n2, n3, n4 and 1,195 more) "
+                                    "run ddp 0.0.8, the coordinator "));
   EXPECT_THAT(VersionString(), HasSubstr(kVersion));
 }
 
