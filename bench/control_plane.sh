@@ -13,11 +13,13 @@
 #
 # Environment: RUNS (3), AGENTS for idle and unschedulable (10000), CONNECTIONS they
 # share (0: one each), COORDINATOR (build/bin/ddp-coordinator), TAG (prefixes the
-# result files), PORT (29811).
+# result files), PORT (29811), INTERVAL (the coordinator's --heartbeat-interval, which
+# the agents follow: 1s).
 #
 # Scenarios:
 #   idle           AGENTS (10,000) agents, nothing to run; `ddpctl workers` timed meanwhile
-#   unschedulable  the same with a job queued that needs one node more than there are
+#   unschedulable  the same with a job queued that no node can hold (2 ranks per node on
+#                  1-slot agents)
 #   job1024        a job on 1,024 nodes submitted first, agents join, fake trainers run
 #                  10 s reporting a step per rank every second, exit 0
 #   job2048        a job on 2,048 nodes, fake trainers for 20 s (a step every 5 s)
@@ -40,8 +42,10 @@ coordinator_pid=""
 state=""
 start_coordinator() {
   state="$(mktemp -d /tmp/ddp-bench-state.XXXXXX)"
+  # 1 Hz heartbeats, as the issue measures (the default interval is 500 ms); the
+  # default 2.5 s timeout, so two missed heartbeats in a row declare a worker lost.
   "$coordinator" --listen "127.0.0.1:$port" --state-dir "$state" \
-    > "$state/coordinator.log" 2>&1 &
+    --heartbeat-interval "${INTERVAL:-1s}" > "$state/coordinator.log" 2>&1 &
   coordinator_pid=$!
   for _ in $(seq 100); do
     "$bin/ddpctl" list --coordinator "127.0.0.1:$port" > /dev/null 2>&1 && return
@@ -102,8 +106,11 @@ run_scenario() {
       echo "ddpctl workers (ms, 11 runs): $(tr '\n' ' ' < "$times")"
       ;;
     unschedulable)
+      # A job of 2 ranks per node on 1-slot agents: no node can hold it, so it heads
+      # the queue as unschedulable (a job needing more nodes than there are agents is
+      # refused at submit past 4,096 nodes).
       loadgen "$json" --agents "$agents" --connections "$connections" \
-        --job-nodes $((agents + 1)) --warmup 30s --duration 60s --job-timeout 0s
+        --job-nodes 2 --job-slots 2 --warmup 30s --duration 60s --job-timeout 0s
       "$bin/ddpctl" list --coordinator "127.0.0.1:$port" | head -3
       ;;
     job1024)

@@ -3,8 +3,8 @@
 //
 //   # 10,000 idle agents at 1 Hz, one TCP connection each, 60 s measured:
 //   ddp-loadgen --agents 10000 --duration 60s --coordinator-pid $(pidof ddp-coordinator)
-//   # ... with a job queued that needs more nodes than there are:
-//   ddp-loadgen --agents 10000 --job-nodes 10001 --duration 60s --coordinator-pid ...
+//   # ... with a job queued that no node can hold (2 ranks per node, 1-slot agents):
+//   ddp-loadgen --agents 10000 --job-nodes 2 --job-slots 2 --duration 60s --coordinator-pid ...
 //   # a job on 1,024 simulated nodes with fake trainers, submitted before they join:
 //   ddp-loadgen --agents 1024 --job-nodes 1024 --submit-first --fake-trainers
 //       --train-time 10s --step-every 1s
@@ -43,6 +43,7 @@ struct Options {
   absl::Duration duration = absl::Seconds(60);
   int64_t coordinator_pid = 0;
   int job_nodes = 0;
+  int job_slots = 0;  // The job's nproc_per_node (0: the agents' --slots).
   bool submit_first = false;
   absl::Duration job_timeout = absl::Minutes(10);
   absl::Duration poll = absl::Milliseconds(20);
@@ -195,7 +196,7 @@ int Run(const Options& o) {
   std::cout << "ddp-loadgen: " << o.sim.agents << " agents over " << connections
             << " connection(s) to " << o.sim.coordinator << std::endl;
   if (o.job_nodes > 0 && o.submit_first) {
-    if (absl::Status st = probe.Submit(o.job_nodes, o.sim.slots); !st.ok()) {
+    if (absl::Status st = probe.Submit(o.job_nodes, o.job_slots > 0 ? o.job_slots : o.sim.slots); !st.ok()) {
       std::cerr << "ddp-loadgen: " << st.message() << "\n";
       return 1;
     }
@@ -210,7 +211,7 @@ int Run(const Options& o) {
   std::cout << "registered " << o.sim.agents << " agents in " << Seconds(last_join - reg_start)
             << " s; heartbeat interval " << absl::FormatDuration(sim.interval()) << std::endl;
   if (o.job_nodes > 0 && !o.submit_first) {
-    if (absl::Status st = probe.Submit(o.job_nodes, o.sim.slots); !st.ok()) {
+    if (absl::Status st = probe.Submit(o.job_nodes, o.job_slots > 0 ? o.job_slots : o.sim.slots); !st.ok()) {
       std::cerr << "ddp-loadgen: " << st.message() << "\n";
       return 1;
     }
@@ -360,6 +361,8 @@ int main(int argc, char** argv) {
   flags.Int("coordinator-pid", &o.coordinator_pid,
             "measure this process's CPU (utime+stime) and RSS from /proc");
   flags.Int("job-nodes", &o.job_nodes, "submit a job needing this many nodes (0: none)");
+  flags.Int("job-slots", &o.job_slots,
+            "the job's ranks per node (0: the agents' --slots; more: a job no node can hold)");
   flags.Bool("submit-first", &o.submit_first, "submit the job before the agents register");
   flags.Duration("job-timeout", &o.job_timeout, "how long to wait for the job to end");
   flags.Duration("poll", &o.poll, "how often the job is polled until it runs");
