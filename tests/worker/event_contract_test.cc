@@ -56,13 +56,19 @@ class ProtoChecker {
     EXPECT_EQ(got, v) << name;
   }
   void operator()(const char* name, const double& v, const char*) {
-    if (const auto* f = Field(name)) EXPECT_EQ(R()->GetDouble(e_, f), v) << name;
+    if (const auto* f = Field(name)) {
+      EXPECT_EQ(R()->GetDouble(e_, f), v) << name;
+    }
   }
   void operator()(const char* name, const bool& v, const char*) {
-    if (const auto* f = Field(name)) EXPECT_EQ(R()->GetBool(e_, f), v) << name;
+    if (const auto* f = Field(name)) {
+      EXPECT_EQ(R()->GetBool(e_, f), v) << name;
+    }
   }
   void operator()(const char* name, const std::string& v, const char*) {
-    if (const auto* f = Field(name)) EXPECT_EQ(R()->GetString(e_, f), v) << name;
+    if (const auto* f = Field(name)) {
+      EXPECT_EQ(R()->GetString(e_, f), v) << name;
+    }
   }
   void operator()(const char* name, const std::optional<double>& v, const char*) {
     const auto* f = Field(name);
