@@ -270,8 +270,9 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Rank 0 of `job`'s active attempt reported a checkpoint: if a worker of the
   // attempt drains at a checkpoint, the job moves now, resuming from it.
-  void MoveAfterCheckpointLocked(JobRecord& job, int64_t global_step, TouchList& touched)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // (Not the checkpoint taken at the job's end.)
+  void MoveAfterCheckpointLocked(JobRecord& job, const v1::TrainerEvent& checkpoint,
+                                 TouchList& touched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<v1::HeartbeatResponse> HeartbeatLocked(const v1::HeartbeatRequest& request,
                                                         TouchList& touched,
                                                         StoreWriter::Ticket* commit_first)

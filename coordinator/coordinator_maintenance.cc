@@ -146,10 +146,17 @@ void Coordinator::DrainNowLocked(WorkerRecord& w, TouchList& touched) {
   }
 }
 
-void Coordinator::MoveAfterCheckpointLocked(JobRecord& rec, int64_t global_step,
+void Coordinator::MoveAfterCheckpointLocked(JobRecord& rec, const v1::TrainerEvent& checkpoint,
                                             TouchList& touched) {
   const v1::Attempt* a = ActiveAttempt(rec);
   if (a == nullptr || !ResumesFromPeriodicCheckpoints(rec.spec)) return;
+  // The checkpoint taken as the job finishes: nothing would be left to train elsewhere.
+  const TrainSpec& train = rec.spec.train;
+  const int64_t global_step = checkpoint.global_step();
+  if (checkpoint.epoch() >= train.epochs ||
+      (train.max_steps > 0 && global_step >= train.max_steps)) {
+    return;
+  }
   const TaskKey key{rec.job.id(), a->number()};
   for (const std::string& name : registry_.draining_at_checkpoint()) {
     const WorkerRecord* w = registry_.Find(name);

@@ -372,7 +372,7 @@ void Coordinator::ReportEvents(const v1::ReportEventsRequest& req, ReportDone do
           if (rec->stall.armed()) watched_.insert(rec->job.id());
         }
         if (type == "checkpoint" && !registry_.draining_at_checkpoint().empty()) {
-          MoveAfterCheckpointLocked(*rec, ev.event().global_step(), touched);
+          MoveAfterCheckpointLocked(*rec, ev.event(), touched);
         }
       }
       // A trainer's `error` event explains its exit: keep it in the rank table.

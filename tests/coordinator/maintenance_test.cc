@@ -79,7 +79,7 @@ class MaintenanceTest : public testing::CoordinatorHarness {
 
   // Rank 0 of `id`'s current attempt, on `worker`, reports an event of `type`.
   void Report(const std::string& worker, const std::string& id, const std::string& type,
-              int64_t global_step) {
+              int64_t global_step, int64_t epoch = 0) {
     const v1::Job job = Get(id);
     v1::ReportEventsRequest req;
     req.set_worker(worker);
@@ -91,6 +91,7 @@ class MaintenanceTest : public testing::CoordinatorHarness {
     e->mutable_event()->set_type(type);
     e->mutable_event()->set_rank(0);
     e->mutable_event()->set_global_step(global_step);
+    e->mutable_event()->set_epoch(epoch);
     ASSERT_TRUE(coordinator_->ReportEvents(req).ok());
   }
 };
@@ -174,6 +175,10 @@ TEST_F(MaintenanceTest, ADrainMovesAJobAfterItsNextCheckpointWithoutSpendingARes
   EXPECT_EQ(Get(id).state(), v1::RUNNING) << "it waits for a checkpoint";
   Report(from, id, "step", 3);
   EXPECT_EQ(Get(id).state(), v1::RUNNING) << "a step is no checkpoint";
+  // The checkpoint a job takes as it finishes (its position: past the last epoch) is
+  // no reason to move: nothing would be left to train.
+  Report(from, id, "checkpoint", 9, /*epoch=*/1);
+  EXPECT_EQ(Get(id).attempts_size(), 1) << "the final checkpoint moved the job";
 
   Report(from, id, "checkpoint", 5);
   const v1::Job moved = Get(id);
