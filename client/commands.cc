@@ -101,6 +101,11 @@ int ReportError(CtlContext& ctx, const absl::Status& status, const std::string& 
   const absl::Status st(status.code(), SanitizeText(status.message()));
   switch (st.code()) {
     case absl::StatusCode::kUnavailable:
+      // The coordinator answered, but its state directory would not take the change.
+      if (absl::StrContains(st.message(), "the coordinator could not store")) {
+        err << "ddpctl: " << st.message() << "\n";
+        return kCtlFailed;
+      }
       if (ctx.tls && (absl::StrContains(st.message(), "SSL") ||
                       absl::StrContains(st.message(), "andshake") ||
                       absl::StrContains(st.message(), "certificate"))) {

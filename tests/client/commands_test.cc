@@ -4,6 +4,7 @@
 
 #include <grpcpp/client_context.h>
 #include <grpcpp/create_channel.h>
+#include <sqlite3.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -270,6 +271,28 @@ TEST_F(CommandsTest, WorkerMaintenanceVerbsSayWhatHappenedAndRefuseWhatCannotBe)
   EXPECT_EQ(code, kCtlFailed);
   EXPECT_THAT(err, HasSubstr("only a lost worker can be removed"));
   EXPECT_EQ(out, "");
+
+  // A coordinator whose state directory refuses the write says so; ddpctl does not
+  // mistake that for a coordinator that is not there.
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open((state_dir_ + "/ddp.sqlite").c_str(), &db), SQLITE_OK);
+    sqlite3_busy_timeout(db, 10000);
+    auto exec = [&](const char* sql) {
+      char* error = nullptr;
+      EXPECT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, &error), SQLITE_OK) << error;
+      sqlite3_free(error);
+    };
+    exec("CREATE TRIGGER refuse BEFORE INSERT ON workers BEGIN"
+         " SELECT RAISE(FAIL, 'database or disk is full'); END;");
+    std::tie(code, out, err) = run("cordon", "w1");
+    EXPECT_EQ(code, kCtlFailed);
+    EXPECT_THAT(err, HasSubstr("ddpctl: worker w1 is cordoned, but the coordinator could not "
+                               "store that yet"));
+    EXPECT_THAT(err, ::testing::Not(HasSubstr("no coordinator at")));
+    exec("DROP TRIGGER refuse");
+    sqlite3_close(db);
+  }
 
   // The cordon is stored: a restarted coordinator still shows it.
   std::tie(code, out, err) = run("cordon", "w1");
