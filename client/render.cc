@@ -1,5 +1,7 @@
 #include "client/render.h"
 
+#include <string.h>
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -45,7 +47,11 @@ std::string Elapsed(const v1::Job& job, absl::Time now) {
 
 std::string RankState(const v1::RankAssignment& r) {
   if (!r.exited()) return r.pid() ? "running" : "starting";
-  if (r.signal()) return absl::StrCat("signal ", r.signal());
+  if (r.signal()) {
+    const char* name = sigabbrev_np(r.signal());
+    return name ? absl::StrCat("signal ", r.signal(), " (SIG", name, ")")
+                : absl::StrCat("signal ", r.signal());
+  }
   return absl::StrCat("exit ", r.exit_code());
 }
 

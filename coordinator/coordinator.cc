@@ -253,6 +253,18 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const v1::SubmitJobRequest& request,
         source, ": rdzv.timeout_s: must be greater than the coordinator's heartbeat timeout (",
         Seconds(options_.heartbeat_timeout), "): timeouts are ordered heartbeat < rendezvous"));
   }
+  if (spec->is_command() && limits_.command_jobs == UsageLimits::CommandJobs::kOff) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        source, ": command: this coordinator runs no command jobs (--command-jobs=off); use "
+        "the built-in trainer (model, data, train) or ask its operator"));
+  }
+  if (spec->is_command() && limits_.command_jobs == UsageLimits::CommandJobs::kAdmins &&
+      !caller.admin) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        source, ": command: on this coordinator only role admin may submit a job that runs "
+        "its own program (--command-jobs=admins); ", caller.name.empty() ? "you" : caller.name,
+        " may submit built-in trainer jobs"));
+  }
   std::string workdir = !request.workdir().empty() ? request.workdir() : spec->workdir;
   if (!workdir.empty() && workdir[0] != '/') {
     return absl::InvalidArgumentError(

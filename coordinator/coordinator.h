@@ -106,6 +106,12 @@ struct UsageLimits {
   // --max-log-bytes-per-job: output text accepted per job (lines over 64 KiB are cut
   // first). Counted from the stored lines at recovery.
   int64_t log_bytes_per_job = 128 << 20;
+  // --command-jobs: who may submit a job that runs its own program (`command:`),
+  // which runs as the workers' user (docs/security.md): any caller that may submit
+  // (users: an open coordinator's anonymous caller too), admins only, or no one.
+  // Workers bound what such a job may start with --allow-exec.
+  enum class CommandJobs { kUsers, kAdmins, kOff };
+  CommandJobs command_jobs = CommandJobs::kUsers;
 };
 
 // Who calls JobService, as the Authorizer established it (auth.h). The default is

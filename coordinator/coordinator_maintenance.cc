@@ -26,6 +26,9 @@ const char* MaintenanceVerb(v1::WorkerMaintenance m) {
 // Whether `spec` takes checkpoints before its end that a restart resumes from: only
 // then is there a "next checkpoint" to move the job at.
 bool ResumesFromPeriodicCheckpoints(const JobSpec& spec) {
+  // A user's program keeps its own checkpoints and says when it wrote one (a
+  // `checkpoint` event line); one that never does runs to its end where it is.
+  if (spec.is_command()) return true;
   const CheckpointSpec& c = spec.checkpoint;
   return !c.dir.empty() && (c.every_steps > 0 || c.every_epochs > 0) &&
          c.resume != ResumePolicy::kNo;
@@ -126,7 +129,9 @@ void Coordinator::DrainNowLocked(WorkerRecord& w, TouchList& touched) {
     std::string reason;
     if (policy == v1::DRAIN_NOW) {
       reason = absl::StrCat("worker ", w.info.name(), " is draining now: restarting elsewhere",
-                            rec->spec.checkpoint.dir.empty() ||
+                            rec->spec.is_command() ? " (the program resumes from its own "
+                                                     "checkpoints, if it keeps any)"
+                            : rec->spec.checkpoint.dir.empty() ||
                                     rec->spec.checkpoint.resume == ResumePolicy::kNo
                                 ? " from the start (it resumes from no checkpoint)"
                                 : " from the last checkpoint");
@@ -153,8 +158,9 @@ void Coordinator::MoveAfterCheckpointLocked(JobRecord& rec, const v1::TrainerEve
   // The checkpoint taken as the job finishes: nothing would be left to train elsewhere.
   const TrainSpec& train = rec.spec.train;
   const int64_t global_step = checkpoint.global_step();
-  if (checkpoint.epoch() >= train.epochs ||
-      (train.max_steps > 0 && global_step >= train.max_steps)) {
+  // (A program's epochs are its own: any checkpoint it reports is one to move at.)
+  if (!rec.spec.is_command() && (checkpoint.epoch() >= train.epochs ||
+                                 (train.max_steps > 0 && global_step >= train.max_steps))) {
     return;
   }
   const TaskKey key{rec.job.id(), a->number()};

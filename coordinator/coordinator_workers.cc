@@ -6,7 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "common/exit_codes.h"
+#include "common/contract/exit_codes.h"
 #include "common/logging.h"
 #include "common/version.h"
 #include "coordinator/coordinator.h"
@@ -251,6 +251,10 @@ v1::HeartbeatResponse Coordinator::DesiredLocked(WorkerRecord& worker,
     task->set_world_size(a.world_size());
     task->set_master_addr(a.master_addr());
     task->set_master_port(a.master_port());
+    // Ranks are in node order, so the last rank's node index counts the nodes.
+    task->set_group_world_size(a.ranks().empty() ? 1 : a.ranks(a.ranks_size() - 1).group_rank() + 1);
+    task->set_restart_count(rec->job.restarts());
+    task->set_rdzv_id(rec->job.rdzv_id());
     for (const auto& [k, v] : rec->spec.env) (*task->mutable_env())[k] = v;
     *commit_first = std::max<StoreWriter::Ticket>(*commit_first, rec->formed_ticket);
     if (!worker.reported.count(key)) {
@@ -268,10 +272,14 @@ void Coordinator::NoteNodeFaultsLocked(WorkerRecord& worker, const v1::TaskStatu
     reason = absl::StrCat("could not start trainers of ", status.job_id(), " attempt ",
                           status.attempt(), ": ", status.error());
   }
+  // Exit code 3 blames the node only when ddp-trainer says it: a user's program
+  // (a command job) may exit 3 for its own reasons.
+  const JobRecord* rec = FindLocked(status.job_id());
+  const bool trainer_codes = rec != nullptr && !rec->spec.is_command();
   for (const v1::LocalRankStatus& r : status.ranks()) {
     if (!r.exited() || r.signal() != 0) continue;
     if (r.exit_code() == 0) registry_.NodeWorked(worker);
-    if (r.exit_code() == kExitNodeFault && reason.empty()) {
+    if (trainer_codes && r.exit_code() == kExitNodeFault && reason.empty()) {
       reason = absl::StrCat("rank ", r.rank(), " of ", status.job_id(), " attempt ",
                             status.attempt(), " exited with code ", kExitNodeFault,
                             " (node fault)");

@@ -10,7 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/exit_codes.h"
+#include "common/contract/exit_codes.h"
 #include "common/logging.h"
 
 namespace ddp {
@@ -18,38 +18,51 @@ namespace {
 
 int64_t Millis(absl::Time t) { return absl::ToUnixMillis(t); }
 
-std::string DescribeExit(const v1::RankAssignment& r) {
+// How a rank's exit is read: the built-in trainer's codes (common/contract/
+// exit_codes.h: 2 is permanent, the rest retryable), or torchrun's for a user's
+// program (a command job), where any nonzero exit or signal is worth a restart while
+// max_restarts allows: a program's codes mean nothing to us.
+struct ExitRules {
+  bool command = false;
+};
+
+ExitRules RulesOf(const JobRecord& rec) { return {rec.spec.is_command()}; }
+
+std::string DescribeExit(const v1::RankAssignment& r, ExitRules rules) {
   if (r.signal() != 0) {
     const char* name = sigabbrev_np(r.signal());
     return absl::StrCat("was killed by SIG", name ? name : std::to_string(r.signal()));
   }
   return absl::StrCat("exited with code ", r.exit_code(),
-                      r.exit_code() == kExitPermanent ? " (permanent error)" : "");
+                      !rules.command && r.exit_code() == kExitPermanent ? " (permanent error)"
+                                                                        : "");
 }
 
 bool Failed(const v1::RankAssignment& r) {
   return r.exited() && (r.exit_code() != 0 || r.signal() != 0);
 }
 
-bool FailedPermanently(const v1::RankAssignment& r) {
-  return Failed(r) && r.signal() == 0 && !IsRetryableExit(r.exit_code());
+bool FailedPermanently(const v1::RankAssignment& r, ExitRules rules) {
+  return !rules.command && Failed(r) && r.signal() == 0 && !IsRetryableExit(r.exit_code());
 }
 
 // The failed rank that decides an attempt's fate: a permanent failure anywhere (a
 // restart cannot cure it, whichever rank failed first), else the first in rank order.
-const v1::RankAssignment* DecidingFailure(const v1::Attempt& a) {
+const v1::RankAssignment* DecidingFailure(const v1::Attempt& a, ExitRules rules) {
   const v1::RankAssignment* decider = nullptr;
   for (const v1::RankAssignment& r : a.ranks()) {
     if (!Failed(r)) continue;
-    if (decider == nullptr || (FailedPermanently(r) && !FailedPermanently(*decider))) {
+    if (decider == nullptr ||
+        (FailedPermanently(r, rules) && !FailedPermanently(*decider, rules))) {
       decider = &r;
     }
   }
   return decider;
 }
 
-std::string FailureReason(const v1::RankAssignment& r) {
-  std::string reason = absl::StrCat("rank ", r.rank(), " on ", r.worker(), " ", DescribeExit(r));
+std::string FailureReason(const v1::RankAssignment& r, ExitRules rules) {
+  std::string reason =
+      absl::StrCat("rank ", r.rank(), " on ", r.worker(), " ", DescribeExit(r, rules));
   if (!r.error().empty()) absl::StrAppend(&reason, ": ", r.error());
   return reason;
 }
@@ -143,7 +156,7 @@ JobRecord NewJob(std::string id, int64_t seq, JobSpec spec, std::string rdzv_id,
   job.set_max_nodes(rec.spec.nodes.max);
   job.set_nproc_per_node(rec.spec.nproc_per_node);
   job.set_max_restarts(rec.spec.max_restarts);
-  job.set_epochs(rec.spec.train.epochs);
+  job.set_epochs(rec.spec.is_command() ? 0 : rec.spec.train.epochs);  // 0: unknown
   job.set_submit_ms(Millis(now));
   return rec;
 }
@@ -348,14 +361,14 @@ JobDelta ApplyReport(JobRecord& rec, const std::string& worker, const v1::TaskSt
         ActiveAttempt(rec) != nullptr) {
       return delta;  // Shows the stopped trainers' exits, nothing more.
     }
-    const v1::RankAssignment* decider = DecidingFailure(*a);
-    if (decider != nullptr && FailedPermanently(*decider)) {
+    const v1::RankAssignment* decider = DecidingFailure(*a, RulesOf(rec));
+    if (decider != nullptr && FailedPermanently(*decider, RulesOf(rec))) {
       rec.gathering = false;
       rec.job.set_unschedulable(false);
       if (!Preempted(*a)) {  // It never happened (a preemption was not counted).
         rec.job.set_restarts(std::max(0, rec.job.restarts() - 1));
       }
-      SetState(rec, v1::FAILED, FailureReason(*decider));
+      SetState(rec, v1::FAILED, FailureReason(*decider, RulesOf(rec)));
       rec.job.set_end_ms(Millis(now));
       delta.job_row = true;
       delta.finished = true;
@@ -366,8 +379,10 @@ JobDelta ApplyReport(JobRecord& rec, const std::string& worker, const v1::TaskSt
   }
   // A failed rank fails the attempt; a permanent failure decides whether to restart.
   if (rec.ranks_failed > 0) {
-    const v1::RankAssignment* r = DecidingFailure(*a);
-    delta.Merge(FailAttempt(rec, FailureReason(*r), /*retryable=*/!FailedPermanently(*r), now));
+    const ExitRules rules = RulesOf(rec);
+    const v1::RankAssignment* r = DecidingFailure(*a, rules);
+    delta.Merge(FailAttempt(rec, FailureReason(*r, rules),
+                            /*retryable=*/!FailedPermanently(*r, rules), now));
     return delta;
   }
   const int64_t now_ms = Millis(now);

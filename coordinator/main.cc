@@ -73,6 +73,10 @@ int main(int argc, char** argv) {
             "jobs one token name may have waiting in the queue");
   flags.Int("max-log-bytes-per-job", &opts.usage.log_bytes_per_job,
             "output bytes kept per job; what a job prints past it is dropped");
+  std::string command_jobs = "users";
+  flags.String("command-jobs", &command_jobs,
+               "who may submit jobs that run their own program (command:): users (anyone who "
+               "may submit), admins, or off");
   flags.Int("max-streams", &opts.streams.total, "watch and log streams open at once, in all");
   flags.Int("max-streams-per-caller", &opts.streams.per_caller,
             "watch and log streams one token name may have open at once");
@@ -91,6 +95,17 @@ int main(int argc, char** argv) {
     return 2;
   }
   opts.retention = {max_metric_rows, max_log_lines, retain_jobs};
+  if (command_jobs == "users") {
+    opts.usage.command_jobs = ddp::UsageLimits::CommandJobs::kUsers;
+  } else if (command_jobs == "admins") {
+    opts.usage.command_jobs = ddp::UsageLimits::CommandJobs::kAdmins;
+  } else if (command_jobs == "off") {
+    opts.usage.command_jobs = ddp::UsageLimits::CommandJobs::kOff;
+  } else {
+    std::cerr << "ddp-coordinator: --command-jobs: must be users, admins or off (got '"
+              << command_jobs << "')\n" << flags.Usage();
+    return 2;
+  }
   // Bad flag values, like unknown flags, exit 2 before anything starts.
   if (absl::Status st = ddp::ValidateServerOptions(opts); !st.ok()) {
     std::cerr << "ddp-coordinator: " << st.message() << "\n" << flags.Usage();

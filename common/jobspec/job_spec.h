@@ -150,6 +150,9 @@ struct MetricsSpec {
   bool trace_buckets = false;  // Emit a `trace` event per step (reducer timeline).
 };
 
+// A job runs either the built-in trainer (model, data, train, checkpoint, metrics)
+// or the user's own program (`command`: an argv, run once per rank with torchrun's
+// environment; docs/command-jobs.md). Exactly one of the two.
 struct JobSpec {
   std::string name;
   std::string rdzv_id;  // Empty: the job id.
@@ -159,6 +162,13 @@ struct JobSpec {
   int max_restarts = 0;
   std::string workdir;  // Trainers' working directory; relative paths resolve here.
   std::map<std::string, std::string> env;  // Extra environment for the trainers.
+  // Non-empty: a command job. argv[0] is an absolute path, a path relative to the
+  // workdir (it holds a '/'), or a name looked up in the worker's PATH. The sections
+  // of the built-in trainer below then keep their defaults, except
+  // train.stall_timeout_s (the top-level `stall_timeout_s` of a command job) and
+  // train.collective_timeout_s (kCommandCollectiveTimeoutS).
+  std::vector<std::string> command;
+  bool is_command() const { return !command.empty(); }
   ModelSpec model;
   DataSpec data;
   TrainSpec train;
@@ -192,6 +202,10 @@ inline constexpr double kMaxCollectiveTimeoutS = 7 * 24 * 3600.0;
 inline constexpr double kMaxRdzvTimeoutS = 24 * 3600.0;
 inline constexpr double kMaxLastCallS = 3600.0;
 inline constexpr double kMaxOptimizerValue = 1e6;        // lr, weight_decay, eps.
+inline constexpr size_t kMaxCommandArgs = 1024;          // command: argv entries.
+// A command job's collective timeout, for ordering the stall watchdog's: PyTorch's
+// default process-group timeout (30 minutes), which the program may change.
+inline constexpr double kCommandCollectiveTimeoutS = 1800.0;
 
 // Parses and validates YAML text. `source` names it in messages ("job.yaml").
 // On error returns INVALID_ARGUMENT whose message has one line per problem, each

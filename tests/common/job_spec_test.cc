@@ -1,5 +1,6 @@
 #include "common/jobspec/job_spec.h"
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/status_matchers.h"
@@ -223,12 +224,84 @@ TEST(JobSpecTest, RequiresExactlyOneModel) {
 }
 
 TEST(JobSpecTest, MissingRequiredSectionsAreNamed) {
-  auto spec = ParseJobSpec("name: d\n");
+  auto spec = ParseJobSpec("name: d\nmodel: {mlp: {}}\n");
   ASSERT_FALSE(spec.ok());
   const std::string msg(spec.status().message());
-  EXPECT_THAT(msg, HasSubstr("model: is required"));
   EXPECT_THAT(msg, HasSubstr("data: is required"));
   EXPECT_THAT(msg, HasSubstr("train: is required"));
+}
+
+TEST(JobSpecTest, AJobThatRunsNothingSaysWhatToGive) {
+  EXPECT_THAT(ParseJobSpec("name: d\nnodes: 2\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("job.yaml:1: command: the job runs nothing"),
+                             HasSubstr("command: [program, args...]"),
+                             HasSubstr("model, data and train"))));
+}
+
+TEST(JobSpecTest, ParsesACommandJob) {
+  DDP_ASSERT_OK_AND_ASSIGN(
+      JobSpec spec, ParseJobSpec("name: script\nnodes: 1:3\nnproc_per_node: auto\n"
+                                 "max_restarts: 2\nenv: {NCCL_DEBUG: WARN}\n"
+                                 "command: [python3, train.py, --epochs, 10, --lr, 1e-3]\n"
+                                 "stall_timeout_s: 60\nrdzv: {last_call_s: 2}\n"));
+  EXPECT_TRUE(spec.is_command());
+  EXPECT_EQ(spec.command, (std::vector<std::string>{"python3", "train.py", "--epochs", "10",
+                                                    "--lr", "1e-3"}));
+  EXPECT_EQ(spec.nodes.min, 1);
+  EXPECT_EQ(spec.nodes.max, 3);
+  EXPECT_EQ(spec.nproc_per_node, 0);
+  EXPECT_EQ(spec.max_restarts, 2);
+  EXPECT_EQ(spec.env.at("NCCL_DEBUG"), "WARN");
+  EXPECT_DOUBLE_EQ(spec.train.stall_timeout_s, 60);
+  EXPECT_DOUBLE_EQ(spec.train.collective_timeout_s, kCommandCollectiveTimeoutS);
+  EXPECT_DOUBLE_EQ(spec.rdzv.last_call_s, 2);
+}
+
+TEST(JobSpecTest, ACommandAndTheBuiltInTrainerTogetherAreRefusedAtTheirLines) {
+  auto spec = ParseJobSpec("name: d\ncommand: [python3, t.py]\nmodel: {mlp: {}}\n"
+                           "data: {synthetic: {}}\ntrain: {batch_size: 4}\n");
+  ASSERT_FALSE(spec.ok());
+  const std::string msg(spec.status().message());
+  EXPECT_THAT(msg, HasSubstr("job.yaml:3: model: a job runs either its own program (command) "
+                             "or the built-in trainer"));
+  EXPECT_THAT(msg, HasSubstr("job.yaml:4: data:"));
+  EXPECT_THAT(msg, HasSubstr("job.yaml:5: train:"));
+  EXPECT_THAT(ParseJobSpec("name: d\ncommand: [a]\ncheckpoint: {dir: c}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("a program writes its own checkpoints")));
+}
+
+TEST(JobSpecTest, BadCommandsNameTheEntry) {
+  EXPECT_THAT(ParseJobSpec("name: d\ncommand: []\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("job.yaml:2: command: must not be empty")));
+  EXPECT_THAT(ParseJobSpec("name: d\ncommand: python3 train.py\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("command: expected a list such as [python3, train.py")));
+  EXPECT_THAT(ParseJobSpec("name: d\ncommand: [python3, {a: 1}]\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("command[1]: expected a string")));
+  EXPECT_THAT(ParseJobSpec("name: d\ncommand: ['', x]\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("command[0]: the program must not be empty")));
+  EXPECT_THAT(ParseJobSpec("name: d\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n"
+                           "train: {batch_size: 4}\nstall_timeout_s: 5\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("stall_timeout_s: is a command job's field")));
+}
+
+TEST(JobSpecTest, TorchElasticVariablesCannotBeOverriddenEither) {
+  for (const char* name : {"GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME",
+                           "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID",
+                           "TORCHELASTIC_USE_AGENT_STORE", "DDP_JOB_ID"}) {
+    EXPECT_THAT(ParseJobSpec(absl::StrCat("name: d\nenv: {", name, ": x}\ncommand: [a]\n")),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr(absl::StrCat("env.", name, ": is set by ddp"))))
+        << name;
+  }
+  // OMP_NUM_THREADS is the job's to choose (torchrun's default is only a default).
+  EXPECT_TRUE(ParseJobSpec("name: d\nenv: {OMP_NUM_THREADS: '4'}\ncommand: [a]\n").ok());
 }
 
 TEST(JobSpecTest, CnnNeedsImageData) {

@@ -42,6 +42,15 @@ MATCHER(IsOk, "is OK") {
   return s.ok();
 }
 
+// A StatusOr<T> that is OK and whose value matches `value_matcher`.
+MATCHER_P(IsOkAndHolds, value_matcher, "is OK and holds a matching value") {
+  if (!arg.ok()) {
+    *result_listener << "whose status is " << arg.status();
+    return false;
+  }
+  return ::testing::ExplainMatchResult(value_matcher, *arg, result_listener);
+}
+
 }  // namespace ddp::testing
 
 #define DDP_ASSERT_OK_AND_ASSIGN(lhs, expr)                                    \

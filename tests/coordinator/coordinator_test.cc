@@ -12,7 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
-#include "common/exit_codes.h"
+#include "common/contract/exit_codes.h"
 #include "coordinator/event_hub.h"
 #include "coordinator/state_store.h"
 #include "gmock/gmock.h"

@@ -82,6 +82,16 @@ JobRecord Running() {
   ApplyReport(j, W(2), Report(2, 102), kT0);
   return j;
 }
+// The same job running a user's program (a command job): torchrun's exit rules.
+JobRecord CommandRunning() {
+  JobSpec spec = Spec(2, 2, 1);
+  spec.command = {"python3", "train.py"};
+  JobRecord j = NewJob("job-1", 1, spec, "job-1", "name: demo\n", "/work", kT0);
+  FormAttempt(j, Nodes(2), 40001, kT0, kStart);
+  ApplyReport(j, W(1), Report(1, 101), kT0);
+  ApplyReport(j, W(2), Report(2, 102), kT0);
+  return j;
+}
 JobRecord NoRestartsLeft() {
   JobRecord j = Running();
   j.job.set_restarts(1);
@@ -184,6 +194,19 @@ const Transition kTransitions[] = {
     {"RunningFailsForGoodOnAPermanentExit", Running,
      [](JobRecord& j) { return ApplyReport(j, W(2), Report(2, 102, true, 2), kT0); },
      v1::FAILED, "rank 1 on w2 exited with code 2 (permanent error)", 0, true, 1},
+    {"ACommandJobsExitCode2IsJustAFailureWorthARestart", CommandRunning,
+     [](JobRecord& j) { return ApplyReport(j, W(2), Report(2, 102, true, 2), kT0); },
+     v1::PENDING, "restarting (1 of 1) after attempt 1 failed: rank 1 on w2 exited with code 2",
+     1, false, 1},
+    {"ACommandJobRestartsAfterASignal", CommandRunning,
+     [](JobRecord& j) { return ApplyReport(j, W(1), Report(1, 101, true, 0, 15), kT0); },
+     v1::PENDING, "rank 0 on w1 was killed by SIGTERM", 1, false, 1},
+    {"ACommandJobSucceedsWhenEveryRankExitsZero", CommandRunning,
+     [](JobRecord& j) {
+       ApplyReport(j, W(1), Report(1, 101, true, 0), kT0);
+       return ApplyReport(j, W(2), Report(2, 102, true, 0), kT0);
+     },
+     v1::SUCCEEDED, "all 2 ranks exited 0", 0, true, 1},
     {"RunningFailsWhenNoRestartsAreLeft", NoRestartsLeft,
      [](JobRecord& j) { return ApplyReport(j, W(1), Report(1, 101, true, 1), kT0); },
      v1::FAILED, "(no restarts left of 1)", 1, true, 1},

@@ -2,7 +2,7 @@
 // which blame the node. No LibTorch: the allocator messages are LibTorch's own text.
 #include "worker/trainer/failure.h"
 
-#include "common/exit_codes.h"
+#include "common/contract/exit_codes.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -1,5 +1,5 @@
 // Every event line real ddp-trainer processes write matches the contract
-// (worker/trainer/events.h) exactly as the agent checks it: no unknown, missing or
+// (common/contract/events.h) exactly as the agent checks it: no unknown, missing or
 // mistyped field, and every event type turns up.
 #include <map>
 #include <set>

@@ -1,7 +1,7 @@
 // How real ddp-trainer processes classify their failures: permanent ones (exit 2)
 // end the job, a node's fault (exit 3) lets it run elsewhere.
 #include "absl/strings/str_cat.h"
-#include "common/exit_codes.h"
+#include "common/contract/exit_codes.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/status_matchers.h"

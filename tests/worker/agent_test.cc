@@ -221,11 +221,14 @@ class AgentTest : public ::testing::Test {
     thread_ = std::thread([this] { result_ = agent_->Run(); });
   }
 
+  static constexpr char kFakeSpec[] =
+      "name: fake\nmodel: {mlp: {}}\ndata: {synthetic: {}}\ntrain: {batch_size: 4}\n";
   v1::Task Task(const std::string& job = "job-a") {
     v1::Task t;
     t.set_job_id(job);
     t.set_attempt(1);
-    t.set_spec_yaml("name: fake\n");
+    // A valid built-in trainer job (the agent reads its kind); the fake trainer ignores it.
+    t.set_spec_yaml(kFakeSpec);
     t.set_workdir(dir_);
     t.add_ranks(2);
     t.add_ranks(3);
@@ -340,7 +343,7 @@ TEST_F(AgentTest, RunsEachLocalRankWithTorchrunEnvironmentAndRelaysItsOutput) {
                         "NODE=w1 SPEC=",
                         spec, " CWD=", dir_)));
   EXPECT_THAT(logs, ::testing::Contains("2 stderr oops"));
-  EXPECT_EQ(testing::ReadFile(spec), "name: fake\n");
+  EXPECT_EQ(testing::ReadFile(spec), kFakeSpec);
 }
 
 TEST_F(AgentTest, ATrainersErrorEventIsReportedBeforeItsExit) {

@@ -1,4 +1,4 @@
-// The trainer event contract: worker/trainer/events.h defines each event type once;
+// The trainer event contract: common/contract/events.h defines each event type once;
 // the trainer's writer, the agent's parser, v1::TrainerEvent and docs/trainer.md must
 // all agree with it, and a line that does not is reported, not silently accepted.
 #include <cmath>
@@ -10,7 +10,7 @@
 #include "google/protobuf/descriptor.h"
 #include "gtest/gtest.h"
 #include "worker/agent/trainer_event_parser.h"
-#include "worker/trainer/events.h"
+#include "common/contract/events.h"
 
 namespace ddp {
 namespace {
@@ -169,7 +169,7 @@ TEST(EventContractTest, TheDocsEventsTableIsGeneratedFromTheDefinitions) {
   ASSERT_NE(b, std::string::npos) << "docs/trainer.md lost its events table marker";
   ASSERT_NE(e, std::string::npos);
   EXPECT_EQ(doc.substr(b + begin.size(), e - b - begin.size()), EventsMarkdownTable())
-      << "docs/trainer.md's events table differs from worker/trainer/events.h; paste "
+      << "docs/trainer.md's events table differs from common/contract/events.h; paste "
          "this between the markers:\n"
       << EventsMarkdownTable();
 }

@@ -76,6 +76,9 @@ TEST_F(NvmlTest, AFailingDriverIsUnavailableWithNvmlsMessage) {
 
 // A task's trainers, with a fake ddp-trainer that records what CUDA_VISIBLE_DEVICES it
 // was given.
+// A built-in trainer job: the fake trainer below ignores it, the agent reads its kind.
+constexpr char kSpec[] = "name: j\nmodel: {mlp: {}}\ndata: {synthetic: {}}\ntrain: {batch_size: 4}\n";
+
 class TaskGpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -100,6 +103,7 @@ class TaskGpuTest : public ::testing::Test {
     task.set_world_size(task.ranks_size());
     task.set_master_addr("127.0.0.1");
     task.set_master_port(1);
+    task.set_spec_yaml(kSpec);
     TrainerTaskOptions o;
     o.trainer_path = trainer_;
     o.work_dir = dir_ + "/work";
@@ -155,6 +159,7 @@ TEST_F(TaskGpuTest, AGpuListThatDoesNotMatchTheRanksIsRefused) {
   task.add_ranks(0);
   task.add_ranks(1);
   task.add_gpu_uuids("GPU-0a1b");
+  task.set_spec_yaml(kSpec);
   TrainerTaskOptions o;
   o.trainer_path = trainer_;
   o.work_dir = dir_ + "/work";

@@ -66,6 +66,7 @@ Agent::Stats Agent::stats() const {
   s.start_failures = start_failures_;
   s.heartbeat_failures = heartbeat_failures_;
   s.events_dropped = buffer_.dropped_total();
+  s.malformed_event_lines = pump_->malformed_event_lines();
   return s;
 }
 
@@ -181,6 +182,8 @@ void Agent::Reconcile(const v1::HeartbeatResponse& desired) {
     o.allowed_roots = options_.allowed_roots;
     o.base_env = options_.trainer_env;
     o.node_has_gpus = !options_.gpus.empty();
+    o.exec = options_.exec;
+    o.python_path = options_.python_path;
     auto task = TrainerTask::Start(t, o, pump_.get());
     ++tasks_started_;
     if (t.attempt() > 1) ++restarted_tasks_;

@@ -56,6 +56,8 @@ struct AgentOptions {
   absl::Duration stop_grace = absl::Seconds(10);
   std::vector<std::string> allowed_roots;        // Canonical --allow-root dirs.
   std::map<std::string, std::string> trainer_env;  // What trainers inherit (TrainerBaseEnv).
+  ExecPolicy exec;          // --allow-exec: the programs command jobs may start.
+  std::string python_path;  // The directory of ddp_report.py, for command jobs' PYTHONPATH.
   // Our retries while the coordinator is unreachable back off from 100 ms up to this
   // (with jitter); part of kReconnectBound.
   absl::Duration max_backoff = absl::Seconds(1);
@@ -92,6 +94,7 @@ class Agent {
     int64_t start_failures = 0;    // Tasks that could not start.
     int64_t events_dropped = 0;    // Output lines and events the outbox had to drop.
     int64_t heartbeat_failures = 0;
+    int64_t malformed_event_lines = 0;  // From users' programs (never fatal).
   };
   Stats stats() const;
 

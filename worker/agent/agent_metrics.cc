@@ -47,6 +47,9 @@ class AgentMetrics final : public prometheus::Collectable {
             MetricType::Counter, s.events_dropped),
         One("ddp_worker_heartbeat_failures_total", "Heartbeats that failed.",
             MetricType::Counter, s.heartbeat_failures),
+        One("ddp_worker_malformed_event_lines_total",
+            "Lines on DDP_EVENTS_FD from users' programs that were not events (ignored).",
+            MetricType::Counter, s.malformed_event_lines),
     };
   }
 

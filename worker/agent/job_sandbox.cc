@@ -18,26 +18,10 @@ bool Within(const fs::path& p, const fs::path& root) {
   return root_end == root.end();
 }
 
-}  // namespace
-
-absl::StatusOr<std::vector<std::string>> CanonicalRoots(const std::vector<std::string>& roots) {
-  std::vector<std::string> out;
-  for (const std::string& r : roots) {
-    std::error_code ec;
-    fs::path canonical = fs::canonical(r, ec);
-    if (ec || !fs::is_directory(canonical)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--allow-root ", r, ": not an existing directory"));
-    }
-    out.push_back(canonical.string());
-  }
-  return out;
-}
-
-absl::Status CheckJobPaths(const JobSpec& spec, const std::string& cwd, const std::string& job_id,
-                           const std::string& own_dir, const std::vector<std::string>& roots) {
-  if (roots.empty()) return absl::OkStatus();
-  std::vector<std::pair<std::string, std::string>> paths = {{"workdir", cwd}};
+// The built-in trainer's paths: data files, the TorchScript model, checkpoints.
+void AddTrainerPaths(const JobSpec& spec, const std::string& job_id,
+                     std::vector<std::pair<std::string, std::string>>* out) {
+  auto& paths = *out;
   switch (spec.data.kind) {
     case DataSpec::Kind::kCsv:
       paths.push_back({"data.csv.path", spec.data.csv.path});
@@ -60,6 +44,31 @@ absl::Status CheckJobPaths(const JobSpec& spec, const std::string& cwd, const st
     paths.push_back(
         {"checkpoint.dir", absl::StrReplaceAll(spec.checkpoint.dir, {{"{job_id}", job_id}})});
   }
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> CanonicalRoots(const std::vector<std::string>& roots) {
+  std::vector<std::string> out;
+  for (const std::string& r : roots) {
+    std::error_code ec;
+    fs::path canonical = fs::canonical(r, ec);
+    if (ec || !fs::is_directory(canonical)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--allow-root ", r, ": not an existing directory"));
+    }
+    out.push_back(canonical.string());
+  }
+  return out;
+}
+
+absl::Status CheckJobPaths(const JobSpec& spec, const std::string& cwd, const std::string& job_id,
+                           const std::string& own_dir, const std::vector<std::string>& roots) {
+  if (roots.empty()) return absl::OkStatus();
+  std::vector<std::pair<std::string, std::string>> paths = {{"workdir", cwd}};
+  // A command job names only its workdir and program (launch_plan.h checks the
+  // program against --allow-exec); what the program opens is its own affair.
+  if (!spec.is_command()) AddTrainerPaths(spec, job_id, &paths);
   std::error_code ec;
   const fs::path own = fs::weakly_canonical(own_dir, ec);
   for (const auto& [field, path] : paths) {

@@ -22,6 +22,7 @@
 #include <iostream>
 #include <thread>
 
+#include "absl/strings/str_join.h"
 #include "common/auth/tokens.h"
 #include "common/flags.h"
 #include "common/logging.h"
@@ -109,6 +110,48 @@ std::string DefaultTrainerPath(const char* argv0) {
   return (dir / "ddp-trainer").string();
 }
 
+// The directory of ddp_report.py: share/ddp/python beside the bin/ directory this
+// binary is in (the install tree and the build tree are laid out alike).
+std::string DefaultPythonPath(const char* argv0) {
+  const std::filesystem::path dir =
+      std::filesystem::path(DefaultTrainerPath(argv0)).parent_path().parent_path() / "share" /
+      "ddp" / "python";
+  std::error_code ec;
+  return std::filesystem::is_directory(dir, ec) ? dir.lexically_normal().string() : "";
+}
+
+// --allow-exec entries: absolute paths (lexically normal, and their canonical form
+// too), '*' for any program, 'none' for none.
+absl::StatusOr<ddp::ExecPolicy> ExecPolicyFromFlags(const std::vector<std::string>& entries,
+                                                    bool secured) {
+  ddp::ExecPolicy policy;
+  if (entries.empty()) {
+    policy.allow_all = !secured;
+    return policy;
+  }
+  for (const std::string& e : entries) {
+    if (e == "*") {
+      policy.allow_all = true;
+      continue;
+    }
+    if (e == "none") continue;
+    if (e.empty() || e[0] != '/') {
+      return absl::InvalidArgumentError("--allow-exec " + e +
+                                        ": give an absolute path (a program or a directory), "
+                                        "'*' or 'none'");
+    }
+    const std::string normal = std::filesystem::path(e).lexically_normal().string();
+    policy.allowed.push_back(normal);
+    std::error_code ec;
+    const std::string canonical = std::filesystem::canonical(normal, ec).string();
+    if (ec) {
+      return absl::InvalidArgumentError("--allow-exec " + e + ": " + ec.message());
+    }
+    if (canonical != normal) policy.allowed.push_back(canonical);
+  }
+  return policy;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -158,6 +201,15 @@ int main(int argc, char** argv) {
   flags.String("token-file", &token_file, "file holding a `worker` token for --name");
   flags.StringList("allow-root", &allow_roots,
                    "directory jobs may use (workdir, data, model, checkpoints); default: any");
+  std::vector<std::string> allow_exec;
+  flags.StringList("allow-exec", &allow_exec,
+                   "program, or directory of programs, that command jobs may start (repeatable; "
+                   "'*': any, 'none': none); default: any on a plaintext loopback worker, none "
+                   "on a secured one");
+  std::string python_path;
+  flags.String("python-path", &python_path,
+               "directory appended to command jobs' PYTHONPATH (default: ../share/ddp/python "
+               "next to this binary, where ddp_report.py is installed)");
   flags.StringList("pass-env", &pass_env,
                    "agent variable (NAME or PREFIX*) trainers inherit beyond the defaults");
   auto positional = flags.Parse(argc, argv);
@@ -201,6 +253,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   opts.allowed_roots = *roots;
+  auto exec = ExecPolicyFromFlags(allow_exec, /*secured=*/!security.ca_file.empty() ||
+                                                  !security.token.empty() ||
+                                                  !ddp::IsLoopbackHost(target->host));
+  if (!exec.ok()) {
+    std::cerr << "ddp-worker: " << exec.status().message() << "\n";
+    return 2;
+  }
+  opts.exec = *exec;
+  opts.python_path = python_path.empty() ? DefaultPythonPath(argv[0]) : python_path;
   opts.trainer_env = ddp::TrainerBaseEnv(environ, pass_env);
   std::unique_ptr<ddp::GpuInventory> gpus = ddp::DiscoverGpus();
   opts.gpus = gpus->Devices();
@@ -249,6 +310,14 @@ int main(int argc, char** argv) {
                 << opts.work_dir;
   if (opts.allowed_roots.empty()) {
     DDP_LOG(WARNING) << "no --allow-root: jobs may read and write any path this user can";
+  }
+  if (opts.exec.allow_all) {
+    DDP_LOG(WARNING) << "command jobs may start any program as this user (no --allow-exec"
+                     << (allow_exec.empty() ? " on a plaintext loopback worker" : " '*'") << ")";
+  } else {
+    DDP_LOG(INFO) << "command jobs may start: "
+                  << (opts.exec.allowed.empty() ? std::string("nothing (no --allow-exec)")
+                                                : absl::StrJoin(opts.exec.allowed, ", "));
   }
 
   ddp::Agent agent(opts, ddp::MakeGrpcCoordinatorClient(*channel), ddp::RealClock());

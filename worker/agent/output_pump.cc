@@ -36,7 +36,8 @@ OutputPump::~OutputPump() {
   ::close(wake_[1]);
 }
 
-void OutputPump::Add(const OutputSource& source, int events_fd, int stdout_fd, int stderr_fd) {
+void OutputPump::Add(const OutputSource& source, int events_fd, int stdout_fd, int stderr_fd,
+                     EventCheck check) {
   {
     absl::MutexLock lock(&mu_);
     for (auto [fd, kind] : {std::pair{events_fd, Kind::kEvents},
@@ -44,7 +45,8 @@ void OutputPump::Add(const OutputSource& source, int events_fd, int stdout_fd, i
                             std::pair{stderr_fd, Kind::kStderr}}) {
       if (fd < 0) continue;
       const size_t max_line = kind == Kind::kEvents ? kMaxEventLineBytes : kMaxLineBytes;
-      streams_.push_back(std::make_unique<Stream>(Stream{source, kind, fd, LineCutter(max_line)}));
+      streams_.push_back(
+          std::make_unique<Stream>(Stream{source, kind, fd, LineCutter(max_line), check}));
       ++open_[source];
     }
   }
@@ -75,15 +77,78 @@ void OutputPump::Forget(const OutputSource& source) {
   if (it != open_.end() && it->second == 0) open_.erase(it);
 }
 
-void OutputPump::Emit(const Stream& s, std::string_view line, int64_t cut_bytes) {
+v1::ReportedEvent OutputPump::LogEvent(const Stream& s, const char* stream, std::string text) {
   v1::ReportedEvent ev;
   ev.set_job_id(s.source.job_id);
   ev.set_attempt(s.source.attempt);
   ev.set_rank(s.source.rank);
   ev.set_time_ms(absl::ToUnixMillis(clock_->Now()));
+  v1::LogLine* log = ev.mutable_log();
+  log->set_stream(stream);
+  log->set_rank(s.source.rank);
+  log->set_attempt(s.source.attempt);
+  log->set_text(std::move(text));
+  return ev;
+}
+
+void OutputPump::Push(v1::ReportedEvent ev) {
+  // What JSON escapes may have made of the text (a lone surrogate, \u0000...). Log
+  // lines are valid already, and the job id came from a parsed message.
+  if (ev.has_event()) RepairUtf8(ev.mutable_event());
+  out_->Push(std::move(ev));
+  if (on_push_) on_push_();
+}
+
+void OutputPump::Malformed(Stream& s, const std::string& text, const std::string& why) {
+  ++malformed_total_;
+  if (s.malformed++ > 0) return;
+  constexpr size_t kShown = 200;
+  std::string shown = text.substr(0, kShown);
+  MakeValidUtf8(&shown);
+  Push(LogEvent(s, "stderr",
+                absl::StrCat("[ddp-worker] a line on DDP_EVENTS_FD is not an event (", why,
+                             "; docs/events.md has the format): ", shown,
+                             text.size() > kShown ? "..." : "",
+                             " (further ones are counted, not shown)")));
+}
+
+void OutputPump::Closing(Stream& s) {
+  if (s.kind != Kind::kEvents || s.check != EventCheck::kLenient || s.malformed < 2) return;
+  Push(LogEvent(s, "stderr",
+                absl::StrCat("[ddp-worker] ", s.malformed,
+                             " lines on DDP_EVENTS_FD in all were not events and were ignored")));
+}
+
+void OutputPump::Emit(Stream& s, std::string_view line, int64_t cut_bytes) {
   // Repaired before parsing: the JSON parser may reject or keep invalid bytes.
   std::string text(line);
   MakeValidUtf8(&text);
+  if (s.kind == Kind::kEvents && s.check == EventCheck::kLenient) {
+    if (cut_bytes > 0) {
+      return Malformed(s, text, absl::StrCat("longer than ", kMaxEventLineBytes, " bytes"));
+    }
+    v1::ReportedEvent ev;
+    ev.set_job_id(s.source.job_id);
+    ev.set_attempt(s.source.attempt);
+    ev.set_rank(s.source.rank);
+    ev.set_time_ms(absl::ToUnixMillis(clock_->Now()));
+    std::string why;
+    switch (ParseProgramEvent(text, s.source.rank, absl::ToDoubleSeconds(clock_->Now() - absl::UnixEpoch()),
+                              ev.mutable_event(), &why)) {
+      case ProgramLine::kEvent:
+        return Push(std::move(ev));
+      case ProgramLine::kDropped:
+        return;
+      case ProgramLine::kMalformed:
+        return Malformed(s, text, why);
+    }
+    return;
+  }
+  v1::ReportedEvent ev;
+  ev.set_job_id(s.source.job_id);
+  ev.set_attempt(s.source.attempt);
+  ev.set_rank(s.source.rank);
+  ev.set_time_ms(absl::ToUnixMillis(clock_->Now()));
   bool relay = true;
   if (s.kind == Kind::kEvents && cut_bytes == 0) {
     v1::TrainerEvent event;
@@ -99,20 +164,12 @@ void OutputPump::Emit(const Stream& s, std::string_view line, int64_t cut_bytes)
       *ev.mutable_event() = std::move(event);
     }
   }
+  if (!relay) return;
   if (!ev.has_event()) {
     if (cut_bytes > 0) absl::StrAppend(&text, " [ddp-worker: line cut, ", cut_bytes, " more bytes]");
-    v1::LogLine* log = ev.mutable_log();
-    log->set_stream(s.kind == Kind::kStderr ? "stderr" : "stdout");
-    log->set_rank(s.source.rank);
-    log->set_attempt(s.source.attempt);
-    log->set_text(std::move(text));
+    return Push(LogEvent(s, s.kind == Kind::kStderr ? "stderr" : "stdout", std::move(text)));
   }
-  if (!relay) return;
-  // What JSON escapes may have made of the text (a lone surrogate, \u0000...). Log
-  // lines are valid already, and the job id came from a parsed message.
-  if (ev.has_event()) RepairUtf8(ev.mutable_event());
-  out_->Push(std::move(ev));
-  if (on_push_) on_push_();
+  Push(std::move(ev));
 }
 
 void OutputPump::Loop() {
@@ -157,6 +214,7 @@ void OutputPump::Loop() {
                       [&](std::string_view l, int64_t cut) { Emit(*s, l, cut); });
       } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
         s->lines.Flush([&](std::string_view l, int64_t cut) { Emit(*s, l, cut); });
+        Closing(*s);
         closed.push_back(s);
       }
     }

@@ -10,6 +10,7 @@
 #ifndef DDP_WORKER_AGENT_OUTPUT_PUMP_H_
 #define DDP_WORKER_AGENT_OUTPUT_PUMP_H_
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -42,6 +43,12 @@ struct OutputSource {
 inline constexpr size_t kMaxLineBytes = 16 << 10;
 inline constexpr size_t kMaxEventLineBytes = 64 << 10;
 
+// How a rank's event lines are read: ddp-trainer's strictly (contract problems are
+// logged; a line that is not an event is output), a user program's leniently
+// (ParseProgramEvent: a malformed line is counted and the first one shown in the job's
+// log, never fatal).
+enum class EventCheck { kStrict, kLenient };
+
 class OutputPump {
  public:
   // `on_push` runs after each push into `out` (the reporter's wake-up), on the
@@ -52,7 +59,10 @@ class OutputPump {
   OutputPump& operator=(const OutputPump&) = delete;
 
   // Takes ownership of the descriptors (-1 for none).
-  void Add(const OutputSource& source, int events_fd, int stdout_fd, int stderr_fd);
+  void Add(const OutputSource& source, int events_fd, int stdout_fd, int stderr_fd,
+           EventCheck check = EventCheck::kStrict);
+  // Malformed event lines from users' programs, in all (the agent's metrics).
+  int64_t malformed_event_lines() const { return malformed_total_.load(); }
   // True once every pipe of `source` has been read to its end.
   bool Drained(const OutputSource& source);
   // True while some pipe of `source` holds bytes the pump has not read yet: the pump
@@ -68,9 +78,17 @@ class OutputPump {
     Kind kind;
     int fd;
     LineCutter lines;
+    EventCheck check = EventCheck::kStrict;
+    int64_t malformed = 0;  // Lenient event streams: lines that were not events.
   };
   void Loop();
-  void Emit(const Stream& stream, std::string_view line, int64_t cut_bytes);
+  void Emit(Stream& stream, std::string_view line, int64_t cut_bytes);
+  // A lenient stream's line that is not an event: counted; the first is shown.
+  void Malformed(Stream& stream, const std::string& text, const std::string& why);
+  // The stream is at its end: a lenient one with malformed lines says how many.
+  void Closing(Stream& stream);
+  void Push(v1::ReportedEvent ev);
+  v1::ReportedEvent LogEvent(const Stream& s, const char* stream, std::string text);
 
   EventBuffer* const out_;
   Clock* const clock_;
@@ -83,6 +101,7 @@ class OutputPump {
   int64_t poll_errors_ = 0;  // Loop thread only.
   // Contract problems already logged (each kind once), loop thread only.
   std::set<std::string> logged_problems_;
+  std::atomic<int64_t> malformed_total_{0};
   std::thread thread_;
 };
 

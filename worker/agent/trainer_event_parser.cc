@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/json_util.h"
-#include "worker/trainer/events.h"
+#include "common/contract/events.h"
 
 namespace ddp {
 namespace {
@@ -19,8 +19,10 @@ using google::protobuf::Value;
 // Reads a definition's fields out of a JSON object, noting every mismatch.
 class StructReader {
  public:
-  StructReader(const Struct& in, std::string where, std::vector<std::string>* problems)
-      : in_(in), where_(std::move(where)), problems_(problems) {}
+  // `lenient`: missing fields are not problems (a user's program sends what it knows).
+  StructReader(const Struct& in, std::string where, std::vector<std::string>* problems,
+               bool lenient = false)
+      : in_(in), where_(std::move(where)), problems_(problems), lenient_(lenient) {}
 
   void operator()(const char* name, int64_t& v, const char*) {
     const Value* x = Find(name);
@@ -66,7 +68,7 @@ class StructReader {
     if (x == nullptr || x->has_null_value()) return;
     if (!x->has_struct_value()) return Problem(name, "is not an object or null");
     v.emplace();
-    StructReader nested(x->struct_value(), absl::StrCat(where_, ".", name), problems_);
+    StructReader nested(x->struct_value(), absl::StrCat(where_, ".", name), problems_, lenient_);
     S::Fields(*v, nested);
     nested.ReportUnknown({});
   }
@@ -78,7 +80,8 @@ class StructReader {
     for (const Value& item : x->list_value().values()) {
       if (!item.has_struct_value()) return Problem(name, "holds something that is not an object");
       v.emplace_back();
-      StructReader nested(item.struct_value(), absl::StrCat(where_, ".", name, "[]"), problems_);
+      StructReader nested(item.struct_value(), absl::StrCat(where_, ".", name, "[]"), problems_,
+                          lenient_);
       S::Fields(v.back(), nested);
       nested.ReportUnknown({});
     }
@@ -98,7 +101,7 @@ class StructReader {
     seen_.insert(name);
     auto it = in_.fields().find(name);
     if (it == in_.fields().end()) {
-      problems_->push_back(absl::StrCat(where_, ": missing field '", name, "'"));
+      if (!lenient_) problems_->push_back(absl::StrCat(where_, ": missing field '", name, "'"));
       return nullptr;
     }
     return &it->second;
@@ -110,6 +113,7 @@ class StructReader {
   const Struct& in_;
   const std::string where_;
   std::vector<std::string>* problems_;
+  const bool lenient_;
   std::set<std::string> seen_;
 };
 
@@ -233,6 +237,55 @@ bool ParseTrainerEvent(const std::string& line, v1::TrainerEvent* event,
   Struct json;
   if (!google::protobuf::util::JsonStringToMessage(line, &json).ok()) return false;
   return ParseTrainerEvent(json, event, problems);
+}
+
+ProgramLine ParseProgramEvent(const std::string& line, int rank, double now,
+                              v1::TrainerEvent* event, std::string* why) {
+  auto malformed = [&](std::string reason) {
+    if (why != nullptr) *why = std::move(reason);
+    return ProgramLine::kMalformed;
+  };
+  if (line.empty() || line[0] != '{') return malformed("not a JSON object");
+  Struct json;
+  if (!google::protobuf::util::JsonStringToMessage(line, &json).ok()) {
+    return malformed("not valid JSON");
+  }
+  auto type = json.fields().find("type");
+  if (type == json.fields().end() || !type->second.has_string_value() ||
+      type->second.string_value().empty()) {
+    return malformed("no \"type\" string");
+  }
+  event->Clear();
+  event->set_type(type->second.string_value());
+  // Whatever the program says, the rank is the one the worker started it as.
+  event->set_rank(rank);
+  auto time = json.fields().find("time");
+  event->set_time(time != json.fields().end() && time->second.has_number_value()
+                      ? time->second.number_value()
+                      : now);
+  if (event->type() == "trace" || event->type() == "buckets") return ProgramLine::kDropped;
+  bool known = false;
+  std::vector<std::string> problems;
+  ForEachEventType([&](auto definition) {
+    using E = decltype(definition);
+    if (known || event->type() != E::kType) return;
+    known = true;
+    StructReader reader(json, E::kType, &problems, /*lenient=*/true);
+    E::Fields(definition, reader);
+    std::vector<std::string> mismatches;
+    std::set<std::string> written;
+    E::Fields(definition, ProtoWriter(event, &mismatches, &written));
+  });
+  if (!known) {
+    return malformed(absl::StrCat("unknown type '", event->type(),
+                                  "' (step, epoch, checkpoint, error or done)"));
+  }
+  if (!problems.empty()) return malformed(problems.front());
+  if (event->type() == "step") {
+    auto loss = json.fields().find("loss");
+    if (loss == json.fields().end()) return malformed("a step line needs \"loss\"");
+  }
+  return ProgramLine::kEvent;
 }
 
 std::vector<std::string> TrainerEventProtoMismatches() {

@@ -1,4 +1,4 @@
-// The agent's side of the trainer event contract (worker/trainer/events.h): parses
+// The agent's side of the event contract (common/contract/events.h): parses
 // one line from a trainer's event pipe, checks it against the definition of its type
 // field by field, and maps it into v1::TrainerEvent by field name.
 //
@@ -26,6 +26,17 @@ bool ParseTrainerEvent(const std::string& line, v1::TrainerEvent* event,
 // The same for an already parsed JSON object.
 bool ParseTrainerEvent(const google::protobuf::Struct& json, v1::TrainerEvent* event,
                        std::vector<std::string>* problems = nullptr);
+
+// A user's program (a command job) writes event lines too (docs/events.md), and they
+// are read leniently: every field but `type` is optional (a `step` needs `loss`),
+// unknown fields are ignored, `rank` is the one the worker started the process as
+// (whatever the line says) and `time` defaults to `now`. A line that is not a JSON
+// object with a known `type`, or whose known fields have the wrong types, is
+// kMalformed (`why` says how); `trace` and `buckets` lines are kDropped (they stay
+// local, as the trainer's do).
+enum class ProgramLine { kEvent, kDropped, kMalformed };
+ProgramLine ParseProgramEvent(const std::string& line, int rank, double now,
+                              v1::TrainerEvent* event, std::string* why);
 
 // Fields of v1::TrainerEvent, other than the envelope, that no event type defines
 // or that an event type defines with a type the proto cannot hold: each is

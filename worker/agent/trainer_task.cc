@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/contract/launch_env.h"
 #include "common/jobspec/job_spec.h"
 #include "common/logging.h"
 #include "worker/agent/job_sandbox.h"
@@ -17,15 +18,6 @@ namespace {
 // them) before its exit is reported anyway. A pump that is merely behind (bytes wait
 // in the pipe) is waited for, however long: the exit's `error` event is in there.
 constexpr absl::Duration kDrainTimeout = absl::Seconds(2);
-
-absl::Status CheckTaskPaths(const v1::Task& task, const std::string& cwd,
-                            const TrainerTaskOptions& options) {
-  if (options.allowed_roots.empty()) return absl::OkStatus();
-  auto spec = ParseJobSpec(task.spec_yaml(), "job.yaml");
-  if (!spec.ok()) return spec.status();
-  const std::string own = (std::filesystem::path(options.work_dir) / task.job_id()).string();
-  return CheckJobPaths(*spec, cwd, task.job_id(), own, options.allowed_roots);
-}
 
 }  // namespace
 
@@ -63,10 +55,10 @@ std::unique_ptr<TrainerTask> TrainerTask::Start(const v1::Task& task,
     t->error_ = absl::StrCat("cannot create ", dir.string(), ": ", ec.message());
     return t;
   }
-  std::ofstream spec(spec_path, std::ios::trunc);
-  spec << task.spec_yaml();
-  spec.close();
-  if (!spec) {  // Not opened, or a short write (disk full): the trainer would misread it.
+  std::ofstream file(spec_path, std::ios::trunc);
+  file << task.spec_yaml();
+  file.close();
+  if (!file) {  // Not opened, or a short write (disk full): the trainer would misread it.
     t->error_ = absl::StrCat("cannot write ", spec_path, " (disk full? permissions?)");
     return t;
   }
@@ -77,11 +69,35 @@ std::unique_ptr<TrainerTask> TrainerTask::Start(const v1::Task& task,
                              "the job resolve there; submit from a directory every node has)");
     return t;
   }
-  // Before any trainer starts: the job's paths must lie in the allowed roots. A path
-  // outside them is the job's doing, not this node's: permanent.
-  if (absl::Status st = CheckTaskPaths(task, cwd, options); !st.ok()) {
+  // Before any rank starts: the job's paths must lie in the allowed roots, and its
+  // program must be there and allowed. Failures here are the job's doing, not this
+  // node's: permanent.
+  auto spec = ParseJobSpec(task.spec_yaml(), "job.yaml");
+  if (!spec.ok()) {
+    t->node_fault_ = false;
+    t->error_ = std::string(spec.status().message());
+    return t;
+  }
+  t->command_ = spec->is_command();
+  const std::string own = (fs::path(options.work_dir) / task.job_id()).string();
+  if (absl::Status st = CheckJobPaths(*spec, cwd, task.job_id(), own, options.allowed_roots);
+      !st.ok()) {
     t->node_fault_ = false;
     t->error_ = std::string(st.message());
+    return t;
+  }
+  LaunchOptions lo;
+  lo.trainer_path = options.trainer_path;
+  lo.spec_path = spec_path;
+  lo.cwd = cwd;
+  auto path_var = options.base_env.find("PATH");
+  lo.path_var = path_var == options.base_env.end() ? "" : path_var->second;
+  lo.worker = options.node;
+  lo.exec = options.exec;
+  auto plan = PlanLaunch(*spec, lo);
+  if (!plan.ok()) {
+    t->node_fault_ = false;
+    t->error_ = absl::StrCat(plan.status().message(), " (on worker ", options.node, ")");
     return t;
   }
   const int local_world = task.ranks_size();
@@ -91,39 +107,28 @@ std::unique_ptr<TrainerTask> TrainerTask::Start(const v1::Task& task,
                              " local rank(s): a coordinator bug");
     return t;
   }
+  RankEnvOptions eo;
+  eo.base_env = options.base_env;
+  eo.node = options.node;
+  eo.threads_per_rank = options.threads_per_rank;
+  eo.node_has_gpus = options.node_has_gpus;
+  eo.python_path = options.python_path;
   for (int local = 0; local < local_world; ++local) {
     SpawnOptions o;
-    o.argv = {options.trainer_path, "--spec", spec_path};
+    o.argv = plan->argv;
     o.cwd = cwd;
     o.inherit_env = false;  // An explicit environment: see job_sandbox.h.
-    o.env = options.base_env;
-    o.env["OMP_NUM_THREADS"] = std::to_string(options.threads_per_rank);
-    o.env["OPENBLAS_NUM_THREADS"] = std::to_string(options.threads_per_rank);
-    for (const auto& [k, v] : task.env()) o.env[k] = v;  // The job's own choices win.
-    o.env["RANK"] = std::to_string(task.ranks(local));
-    o.env["LOCAL_RANK"] = std::to_string(local);
-    o.env["WORLD_SIZE"] = std::to_string(task.world_size());
-    o.env["LOCAL_WORLD_SIZE"] = std::to_string(local_world);
-    o.env["GROUP_RANK"] = std::to_string(task.group_rank());
-    o.env["MASTER_ADDR"] = task.master_addr();
-    o.env["MASTER_PORT"] = std::to_string(task.master_port());
-    o.env["DDP_EVENTS_FD"] = "3";
-    o.env["DDP_JOB_ID"] = task.job_id();
-    o.env["DDP_ATTEMPT"] = std::to_string(task.attempt());
-    if (!options.node.empty()) o.env["DDP_NODE"] = options.node;
-    // Exactly the rank's own GPU (by UUID, stable across reboots and PCI order), which
-    // it then sees as cuda:0; none for a CPU rank on a GPU node. Set after the job's
-    // env: a job cannot reach a GPU it was not given.
-    if (task.gpu_uuids_size() > 0) {
-      o.env["CUDA_VISIBLE_DEVICES"] = task.gpu_uuids(local);
-    } else if (options.node_has_gpus) {
-      o.env["CUDA_VISIBLE_DEVICES"] = "";
-    }
-    o.events_fd = 3;
+    o.env = RankEnvironment(task, local, *spec, plan->command, eo);
+    o.events_fd = env::kEventsFdNumber;
     o.capture_stdout = true;
     o.capture_stderr = true;
     auto proc = Subprocess::Spawn(o);
     if (!proc.ok()) {
+      // A user's program that cannot be executed (a bad #! line) is the job's fault;
+      // fork and pipe failures (INTERNAL) and a missing ddp-trainer are this node's.
+      if (plan->command && proc.status().code() != absl::StatusCode::kInternal) {
+        t->node_fault_ = false;
+      }
       t->error_ = std::string(proc.status().message());
       t->Stop(absl::Now());
       return t;
@@ -132,11 +137,12 @@ std::unique_ptr<TrainerTask> TrainerTask::Start(const v1::Task& task,
     r.rank = task.ranks(local);
     r.pid = (*proc)->pid();
     pump->Add(t->SourceOf(r), (*proc)->ReleaseEvents(), (*proc)->ReleaseStdout(),
-              (*proc)->ReleaseStderr());
+              (*proc)->ReleaseStderr(), plan->command ? EventCheck::kLenient : EventCheck::kStrict);
     r.proc = std::move(*proc);
     t->ranks_.push_back(std::move(r));
   }
-  DDP_LOG(INFO) << "started " << local_world << " trainer(s) for " << task.job_id()
+  DDP_LOG(INFO) << "started " << local_world << (plan->command ? " process(es) of " : " trainer(s) for ")
+                << task.job_id()
                 << " attempt " << task.attempt() << " (ranks " << task.ranks(0) << ".."
                 << task.ranks(local_world - 1) << " of " << task.world_size() << ")";
   return t;

@@ -1,5 +1,6 @@
-// The trainers of one attempt on this node: one ddp-trainer process per local rank,
-// started with torchrun's environment, supervised until they exit.
+// The rank processes of one attempt on this node: one per local rank, ddp-trainer or
+// the job's own program (launch_plan.h), started with torchrun's environment and
+// supervised until they exit.
 //
 // Lifecycle: Start() spawns every local rank (each in its own process group, with
 // PR_SET_PDEATHSIG so it dies with the agent) -> Poll() reaps exits -> Stop() sends
@@ -21,6 +22,7 @@
 #include "absl/time/time.h"
 #include "common/process.h"
 #include "ddp/v1/worker_service.pb.h"
+#include "worker/agent/launch_plan.h"
 #include "worker/agent/output_pump.h"
 
 namespace ddp {
@@ -38,6 +40,10 @@ struct TrainerTaskOptions {
   // The node has GPUs: a rank without one of its own (a CPU task) is hidden from all
   // of them with CUDA_VISIBLE_DEVICES="", so it cannot touch another job's GPU.
   bool node_has_gpus = false;
+  // --allow-exec: what command jobs may start (launch_plan.h).
+  ExecPolicy exec;
+  // Appended to command jobs' PYTHONPATH: the directory of ddp_report.py.
+  std::string python_path;
 };
 
 // Whether process `pid` is stopped (SIGSTOP, a debugger: state T or t in
@@ -54,6 +60,8 @@ class TrainerTask {
   ~TrainerTask();  // Kills whatever still runs.
 
   const v1::Task& task() const { return task_; }
+  // The job runs its own program (a command job).
+  bool command() const { return command_; }
   const std::string& error() const { return error_; }
   bool node_fault() const { return node_fault_; }
   // Reaps exited ranks and escalates a stop to SIGKILL after the grace period.
@@ -99,6 +107,7 @@ class TrainerTask {
   std::vector<Rank> ranks_;
   std::string error_;
   bool node_fault_ = false;
+  bool command_ = false;
   std::optional<absl::Time> kill_at_;
   bool killed_ = false;
 };

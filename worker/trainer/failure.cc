@@ -11,7 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/exit_codes.h"
+#include "common/contract/exit_codes.h"
 
 namespace ddp {
 namespace {

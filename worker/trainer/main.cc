@@ -12,12 +12,12 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
-#include "common/exit_codes.h"
+#include "common/contract/exit_codes.h"
 #include "common/flags.h"
 #include "common/jobspec/job_spec.h"
 #include "common/logging.h"
 #include "common/version.h"
-#include "worker/trainer/events.h"
+#include "common/contract/events.h"
 #include "worker/trainer/torchrun_env.h"
 #include "worker/trainer/trainer.h"
 
@@ -72,6 +72,13 @@ int main(int argc, char** argv) {
 
   auto spec = ddp::LoadJobSpecFile(spec_path);
   if (!spec.ok()) return Fail(&events, spec.status(), ddp::FailureKind::kPermanent);
+  if (spec->is_command()) {
+    return Fail(&events,
+                absl::InvalidArgumentError(spec_path + " runs a command (`command:`), not the "
+                                           "built-in trainer: submit it to a cluster, whose "
+                                           "workers start the command itself"),
+                ddp::FailureKind::kPermanent);
+  }
   if (check_only) return ddp::kExitOk;
 
   ddp::Trainer trainer(*std::move(spec), *env, &events);

@@ -5,6 +5,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/contract/launch_env.h"
 #include "common/net.h"
 
 namespace ddp {
@@ -33,9 +34,9 @@ absl::StatusOr<int> IntVar(const Getenv& getenv, const char* name, int min,
 
 absl::StatusOr<TorchrunEnv> ReadTorchrunEnv(const Getenv& getenv) {
   TorchrunEnv env;
-  auto rank = IntVar(getenv, "RANK", 0, std::nullopt);
+  auto rank = IntVar(getenv, env::kRank, 0, std::nullopt);
   if (!rank.ok()) return rank.status();
-  auto world = IntVar(getenv, "WORLD_SIZE", 1, std::nullopt);
+  auto world = IntVar(getenv, env::kWorldSize, 1, std::nullopt);
   if (!world.ok()) return world.status();
   env.rank = *rank;
   env.world_size = *world;
@@ -43,11 +44,11 @@ absl::StatusOr<TorchrunEnv> ReadTorchrunEnv(const Getenv& getenv) {
     return absl::InvalidArgumentError(
         absl::StrCat("RANK=", env.rank, " is out of range for WORLD_SIZE=", env.world_size));
   }
-  auto local_rank = IntVar(getenv, "LOCAL_RANK", 0, env.rank);
+  auto local_rank = IntVar(getenv, env::kLocalRank, 0, env.rank);
   if (!local_rank.ok()) return local_rank.status();
-  auto local_world = IntVar(getenv, "LOCAL_WORLD_SIZE", 1, env.world_size);
+  auto local_world = IntVar(getenv, env::kLocalWorldSize, 1, env.world_size);
   if (!local_world.ok()) return local_world.status();
-  auto group_rank = IntVar(getenv, "GROUP_RANK", 0, 0);
+  auto group_rank = IntVar(getenv, env::kGroupRank, 0, 0);
   if (!group_rank.ok()) return group_rank.status();
   env.local_rank = *local_rank;
   env.local_world_size = *local_world;
@@ -57,30 +58,30 @@ absl::StatusOr<TorchrunEnv> ReadTorchrunEnv(const Getenv& getenv) {
                                                    " is out of range for LOCAL_WORLD_SIZE=",
                                                    env.local_world_size));
   }
-  std::optional<std::string> addr = getenv("MASTER_ADDR");
+  std::optional<std::string> addr = getenv(env::kMasterAddr);
   if (!addr.has_value() || addr->empty()) {
     return absl::InvalidArgumentError(
         "MASTER_ADDR is not set: it names the host of rank 0's TCPStore");
   }
   env.master_addr = *addr;
-  auto port = IntVar(getenv, "MASTER_PORT", 1, std::nullopt);
+  auto port = IntVar(getenv, env::kMasterPort, 1, std::nullopt);
   if (!port.ok()) return port.status();
   if (*port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("MASTER_PORT: ", *port, " is not a port"));
   }
   env.master_port = *port;
-  auto events_fd = IntVar(getenv, "DDP_EVENTS_FD", 0, -1);
+  auto events_fd = IntVar(getenv, env::kEventsFd, 0, -1);
   if (!events_fd.ok()) return events_fd.status();
   env.events_fd = *events_fd;
   env.gloo_socket_ifname = getenv("GLOO_SOCKET_IFNAME").value_or("");
-  auto omp = IntVar(getenv, "OMP_NUM_THREADS", 1, 0);
+  auto omp = IntVar(getenv, env::kOmpNumThreads, 1, 0);
   if (!omp.ok()) return omp.status();
   env.omp_num_threads = *omp;
-  if (auto id = getenv("DDP_JOB_ID"); id.has_value() && !id->empty()) env.job_id = *id;
-  auto attempt = IntVar(getenv, "DDP_ATTEMPT", 0, 0);
+  if (auto id = getenv(env::kJobId); id.has_value() && !id->empty()) env.job_id = *id;
+  auto attempt = IntVar(getenv, env::kAttempt, 0, 0);
   if (!attempt.ok()) return attempt.status();
   env.attempt = *attempt;
-  if (auto node = getenv("DDP_NODE"); node.has_value() && !node->empty()) {
+  if (auto node = getenv(env::kNode); node.has_value() && !node->empty()) {
     env.node = *node;
   } else {
     env.node = LocalHostname();

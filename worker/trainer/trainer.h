@@ -17,7 +17,7 @@
 
 #include "absl/status/status.h"
 #include "common/jobspec/job_spec.h"
-#include "worker/trainer/events.h"
+#include "common/contract/events.h"
 #include "worker/trainer/failure.h"
 #include "worker/trainer/torchrun_env.h"
 

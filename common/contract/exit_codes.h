@@ -1,7 +1,7 @@
 // Exit codes of ddp-trainer, shared by the worker agent and the coordinator, which
 // decide from them whether a failed attempt is worth restarting.
-#ifndef DDP_COMMON_EXIT_CODES_H_
-#define DDP_COMMON_EXIT_CODES_H_
+#ifndef DDP_COMMON_CONTRACT_EXIT_CODES_H_
+#define DDP_COMMON_CONTRACT_EXIT_CODES_H_
 
 namespace ddp {
 
@@ -22,4 +22,4 @@ inline bool IsRetryableExit(int code) { return code != kExitOk && code != kExitP
 
 }  // namespace ddp
 
-#endif  // DDP_COMMON_EXIT_CODES_H_
+#endif  // DDP_COMMON_CONTRACT_EXIT_CODES_H_

@@ -1,4 +1,4 @@
-#include "worker/trainer/events.h"
+#include "common/contract/events.h"
 
 #include <errno.h>
 #include <unistd.h>

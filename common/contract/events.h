@@ -16,8 +16,8 @@
 // A field is one of: int64_t, double (NaN is written as null), bool, std::string,
 // std::optional<double> (null when absent), std::optional<S> or std::vector<S> of a
 // struct S that has Fields() itself. No LibTorch and no protobuf here.
-#ifndef DDP_WORKER_TRAINER_EVENTS_H_
-#define DDP_WORKER_TRAINER_EVENTS_H_
+#ifndef DDP_COMMON_CONTRACT_EVENTS_H_
+#define DDP_COMMON_CONTRACT_EVENTS_H_
 
 #include <cstdint>
 #include <mutex>
@@ -332,4 +332,4 @@ class EventSink {
 
 }  // namespace ddp
 
-#endif  // DDP_WORKER_TRAINER_EVENTS_H_
+#endif  // DDP_COMMON_CONTRACT_EVENTS_H_
