@@ -7,7 +7,8 @@
 //   ddpctl workers [--limit N] [--summary] ddpctl plot JOB [-o FILE.svg|FILE.png|json]
 //   ddpctl workers cordon|uncordon|drain|rm NAME [--wait|--now]
 //   ddpctl completion bash|zsh
-// Every verb that talks to the coordinator takes --coordinator HOST:PORT (default:
+// Every verb that talks to the coordinator takes, before or after the verb (as kubectl
+// and git take theirs), --coordinator HOST:PORT (default:
 // $DDP_COORDINATOR, then 127.0.0.1:29400) -o table|json, and for a secured
 // coordinator --tls-ca FILE (default $DDP_TLS_CA) and --token-file FILE (or $DDP_TOKEN).
 #include <unistd.h>
@@ -23,19 +24,57 @@
 #include "common/flags.h"
 #include "common/version.h"
 
+namespace {
+
+// The global flags that take a value: accepted before the verb as after it (as kubectl
+// and git accept theirs), so `ddpctl --coordinator H:P list` works.
+bool IsGlobalValueFlag(const std::string& a) {
+  return a == "--coordinator" || a == "-o" || a == "--output" || a == "--tls-ca" ||
+         a == "--token-file";
+}
+bool IsGlobalFlagWithValue(const std::string& a) {
+  for (const char* prefix : {"--coordinator=", "-o=", "--output=", "--tls-ca=", "--token-file="}) {
+    if (a.rfind(prefix, 0) == 0) return true;
+  }
+  return false;
+}
+
+// Splits argv into the verb and the rest (flags in their order, wherever they were):
+// the verb is the first word that is neither a global flag nor its value. Empty if
+// there is none.
+std::string TakeVerb(int argc, char** argv, std::vector<std::string>* rest) {
+  std::string verb;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (!verb.empty()) {
+      rest->push_back(a);
+    } else if (IsGlobalValueFlag(a) && i + 1 < argc) {
+      rest->push_back(a);
+      rest->push_back(argv[++i]);
+    } else if (IsGlobalFlagWithValue(a)) {
+      rest->push_back(a);
+    } else {
+      verb = a;
+    }
+  }
+  return verb;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   if (ddp::VersionRequested(argc, argv)) {
     std::cout << ddp::VersionLine("ddpctl") << "\n";
     return ddp::kCtlOk;
   }
-  if (argc < 2 || std::string(argv[1]) == "help" || std::string(argv[1]) == "--help" ||
-      std::string(argv[1]) == "-h") {
+  std::vector<std::string> args;
+  const std::string verb = TakeVerb(argc, argv, &args);
+  if (verb.empty() || verb == "help" || verb == "--help" || verb == "-h") {
     // `ddpctl help VERB` is `ddpctl VERB --help`.
-    const ddp::Verb* v = argc > 2 ? ddp::FindVerb(argv[2]) : nullptr;
+    const ddp::Verb* v = !args.empty() ? ddp::FindVerb(args.back()) : nullptr;
     std::cout << (v ? ddp::VerbHelp(*v) : ddp::GeneralUsage());
-    return argc < 2 ? ddp::kCtlUsage : ddp::kCtlOk;
+    return verb.empty() ? ddp::kCtlUsage : ddp::kCtlOk;
   }
-  const std::string verb = argv[1];
   const ddp::Verb* spec = ddp::FindVerb(verb);
   if (spec == nullptr) {
     std::cerr << "ddpctl: unknown verb '" << verb << "'\n\n" << ddp::GeneralUsage();
@@ -49,7 +88,6 @@ int main(int argc, char** argv) {
   if (verb == "workers") f.limit = 0;  // All of them.
   ddp::FlagSet flags("ddpctl " + verb, spec->summary);
   ddp::DeclareFlags(verb, flags, &f);
-  std::vector<std::string> args(argv + 2, argv + argc);
   auto positional = flags.Parse(args);
   if (flags.help_requested()) {
     std::cout << ddp::VerbHelp(*spec);

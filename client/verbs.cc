@@ -114,10 +114,10 @@ std::string GeneralUsage() {
     absl::StrAppendFormat(&out, "  %-20s %s\n", left, v.summary);
   }
   absl::StrAppend(&out,
-                  "\nEvery verb that talks to the coordinator takes --coordinator HOST:PORT\n"
-                  "(default: $DDP_COORDINATOR, then 127.0.0.1:29400) and -o table|json; a secured\n"
-                  "coordinator needs its CA (--tls-ca FILE or $DDP_TLS_CA) and a token\n"
-                  "(--token-file FILE, or the token itself in $DDP_TOKEN).\n"
+                  "\nEvery verb that talks to the coordinator takes, before or after the verb,\n"
+                  "--coordinator HOST:PORT (default: $DDP_COORDINATOR, then 127.0.0.1:29400) and\n"
+                  "-o table|json; a secured coordinator needs its CA (--tls-ca FILE or\n"
+                  "$DDP_TLS_CA) and a token (--token-file FILE, or the token itself in $DDP_TOKEN).\n"
                   "`ddpctl VERB --help` shows a verb's flags and an example; `ddpctl --version`\n"
                   "the build.\n");
   return out;

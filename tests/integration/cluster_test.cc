@@ -234,6 +234,15 @@ TEST_F(ClusterTest, BadRequestsGetClearErrorsAndStoreNothing) {
   EXPECT_EQ(nowhere.exit_code, 1);
   EXPECT_THAT(nowhere.err,
               HasSubstr("no coordinator at 127.0.0.1:1: is ddp-coordinator running?"));
+  // Global flags go before the verb as well as after it.
+  CtlResult before = testing::RunCapture(
+      {testing::BinDir() + "/ddpctl", "--coordinator", "127.0.0.1:1", "list"}, absl::Seconds(30));
+  EXPECT_EQ(before.exit_code, 1) << before.err;
+  EXPECT_THAT(before.err, HasSubstr("no coordinator at 127.0.0.1:1"));
+  CtlResult json_first = cluster_->Ctl({"-o", "json", "list"});
+  EXPECT_EQ(json_first.exit_code, 0) << json_first.err;
+  EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(json_first.out, &jobs).ok())
+      << json_first.out;
   EXPECT_EQ(cluster_->Ctl({"cancel", live}).exit_code, 0);
 }
 
