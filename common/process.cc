@@ -43,6 +43,7 @@ ExitStatus FromWaitStatus(int status) {
 // Everything the child needs is prepared before fork(): after it, only
 // async-signal-safe calls are allowed.
 struct ChildPlan {
+  std::string program;  // What execve runs.
   std::vector<std::string> argv_storage;
   std::vector<std::string> env_storage;
   std::vector<char*> argv;
@@ -52,6 +53,7 @@ struct ChildPlan {
 ChildPlan MakePlan(const SpawnOptions& o) {
   ChildPlan plan;
   plan.argv_storage = o.argv;
+  plan.program = o.program.empty() ? o.argv[0] : o.program;
   std::map<std::string, std::string> env;
   if (o.inherit_env) {
     for (char** e = environ; *e != nullptr; ++e) {
@@ -131,7 +133,7 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(const SpawnOptions
       (void)!::write(exec_pipe[1], &e, sizeof(e));
       ::_exit(127);
     }
-    ::execve(plan.argv[0], plan.argv.data(), plan.envp.data());
+    ::execve(plan.program.c_str(), plan.argv.data(), plan.envp.data());
     int e = errno;
     (void)!::write(exec_pipe[1], &e, sizeof(e));
     ::_exit(127);
@@ -158,7 +160,9 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(const SpawnOptions
                                     std::strerror(child_errno));
     if (child_errno == ENOENT || child_errno == ENOTDIR) return absl::NotFoundError(what);
     if (child_errno == EACCES) return absl::PermissionDeniedError(what);
-    return absl::InternalError(what);
+    // The program itself cannot be run (ENOEXEC: no #! line, another architecture;
+    // ELOOP, E2BIG...): not a failure of this process's resources.
+    return absl::FailedPreconditionError(what);
   }
 
   std::unique_ptr<Subprocess> p(new Subprocess());

@@ -26,7 +26,10 @@
 namespace ddp {
 
 struct SpawnOptions {
-  std::vector<std::string> argv;  // argv[0] is the program path.
+  std::vector<std::string> argv;  // argv[0] is the program path, unless `program` is set.
+  // The file to execute, when it is not argv[0] (argv[0] is then only the name the
+  // program sees).
+  std::string program;
   // The child's environment: the parent's (when inherit_env) with these set on top.
   bool inherit_env = true;
   std::map<std::string, std::string> env;
@@ -53,8 +56,9 @@ struct ExitStatus {
 
 class Subprocess {
  public:
-  // Errors: INVALID_ARGUMENT for an empty argv, NOT_FOUND / PERMISSION_DENIED when
-  // the program cannot be executed, INTERNAL when fork/pipe fail.
+  // Errors: INVALID_ARGUMENT for an empty argv, NOT_FOUND / PERMISSION_DENIED /
+  // FAILED_PRECONDITION (not an executable format, ...) when the program cannot be
+  // executed, INTERNAL when fork/pipe fail.
   static absl::StatusOr<std::unique_ptr<Subprocess>> Spawn(const SpawnOptions& options);
 
   ~Subprocess();

@@ -73,7 +73,9 @@ void Coordinator::CheckStallsLocked(absl::Time now, TouchList& touched) {
     const std::string reason = absl::StrFormat(
         "rank %d on %s stalled: no progress for %.1fs (stall timeout %s%s)%s", stall->rank,
         worker, absl::ToDoubleSeconds(stall->silent), absl::FormatDuration(timeout),
-        rec->spec.train.stall_timeout_s > 0 ? ", train.stall_timeout_s" : ", learned",
+        rec->spec.train.stall_timeout_s <= 0 ? ", learned"
+        : rec->spec.is_command()             ? ", stall_timeout_s"
+                                             : ", train.stall_timeout_s",
         stall->stopped ? "; its process is stopped (SIGSTOP or a debugger)" : "");
     DDP_LOG(WARNING) << "job " << rec->job.id() << ": " << reason;
     ApplyLocked(*rec, FailAttempt(*rec, reason, /*retryable=*/true, now), touched);

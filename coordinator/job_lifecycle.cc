@@ -255,7 +255,7 @@ JobDelta FormAttempt(JobRecord& rec, const std::vector<NodeOffer>& nodes, int po
   rec.job.set_unschedulable(false);
   rec.start_deadline = now + start_timeout;
   rec.start_timeout = start_timeout;
-  rec.stall = StallWatch();
+  rec.stall = StallWatch(/*reporting_ranks_only=*/rec.spec.is_command());
   SetState(rec, v1::RENDEZVOUS,
            absl::StrCat("attempt ", a->number(), ": starting ", a->world_size(), " trainers on ",
                         ListSome(names)));

@@ -23,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/flags.h"
 #include "common/logging.h"
+#include "common/net.h"
 #include "common/version.h"
 #include "coordinator/server.h"
 
@@ -73,10 +74,11 @@ int main(int argc, char** argv) {
             "jobs one token name may have waiting in the queue");
   flags.Int("max-log-bytes-per-job", &opts.usage.log_bytes_per_job,
             "output bytes kept per job; what a job prints past it is dropped");
-  std::string command_jobs = "users";
+  std::string command_jobs;
   flags.String("command-jobs", &command_jobs,
                "who may submit jobs that run their own program (command:): users (anyone who "
-               "may submit), admins, or off");
+               "may submit), admins, or off (default: users; off with --insecure on a "
+               "non-loopback address)");
   flags.Int("max-streams", &opts.streams.total, "watch and log streams open at once, in all");
   flags.Int("max-streams-per-caller", &opts.streams.per_caller,
             "watch and log streams one token name may have open at once");
@@ -95,6 +97,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   opts.retention = {max_metric_rows, max_log_lines, retain_jobs};
+  if (command_jobs.empty()) {
+    // Anyone who reaches an --insecure coordinator may submit: running programs on the
+    // workers is then for the operator to switch on knowingly.
+    auto listen = ddp::ParseHostPort(opts.listen);
+    command_jobs = opts.insecure && listen.ok() && !ddp::IsLoopbackHost(listen->host) ? "off"
+                                                                                      : "users";
+  }
   if (command_jobs == "users") {
     opts.usage.command_jobs = ddp::UsageLimits::CommandJobs::kUsers;
   } else if (command_jobs == "admins") {

@@ -15,10 +15,13 @@ void StallWatch::Progress(int rank, int world, bool step, absl::Time now) {
     if (!step) return;
     // Armed: from now on every rank has the timeout to report (again).
     last_.assign(static_cast<size_t>(world), now);
+    if (reporting_ranks_only_) steps_.assign(static_cast<size_t>(world), 0);
     Size(world);
-    return;
   }
   if (rank >= static_cast<int>(last_.size())) return;
+  if (reporting_ranks_only_ && step && steps_[static_cast<size_t>(rank)] < 2) {
+    ++steps_[static_cast<size_t>(rank)];
+  }
   absl::Time& last = last_[static_cast<size_t>(rank)];
   if (last == absl::InfiniteFuture()) return;  // Done.
   longest_gap_ = std::max(longest_gap_, now - last);
@@ -47,6 +50,7 @@ std::optional<StallWatch::Stall> StallWatch::Find(absl::Time now, absl::Duration
   if (last_.empty()) return std::nullopt;
   std::optional<Stall> oldest, stopped;
   for (size_t r = 0; r < last_.size(); ++r) {
+    if (reporting_ranks_only_ && steps_[r] < 2) continue;
     const absl::Duration silent = now - last_[r];
     if (silent < timeout) continue;
     const bool is_stopped = r < stopped_.size() && stopped_[r];

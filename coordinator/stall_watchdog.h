@@ -16,6 +16,11 @@
 // train.collective_timeout_s, so that the watchdog, which knows whom to blame,
 // always fires before the trainers' collective timeout blames a healthy peer.
 //
+// A user's program (a command job) reports as it likes: maybe from rank 0 only, maybe
+// once per epoch. So for a command job a rank is watched only from its second `step`
+// line on (it reports, and one gap between its reports has been seen); a rank that
+// never reports is never blamed.
+//
 // Owned by the attempt's JobRecord; reset when an attempt forms. Not persisted: a
 // restarted coordinator re-arms it with the next step events.
 #ifndef DDP_COORDINATOR_STALL_WATCHDOG_H_
@@ -32,6 +37,10 @@ class StallWatch {
  public:
   static constexpr absl::Duration kFloor = absl::Seconds(30);
   static constexpr int kGapsPerTimeout = 10;
+
+  StallWatch() = default;
+  // `reporting_ranks_only`: a command job's watch (see the file comment).
+  explicit StallWatch(bool reporting_ranks_only) : reporting_ranks_only_(reporting_ranks_only) {}
 
   // A progress event from `rank` of a `world`-rank attempt (`step`: a step event,
   // which arms the watch; other events count only once it is armed).
@@ -60,6 +69,8 @@ class StallWatch {
   std::vector<absl::Time> last_;  // By rank; empty until armed.
   std::vector<bool> stopped_;     // By rank.
   absl::Duration longest_gap_ = absl::ZeroDuration();
+  bool reporting_ranks_only_ = false;
+  std::vector<int> steps_;  // By rank, with reporting_ranks_only_: step lines seen (to 2).
 };
 
 }  // namespace ddp

@@ -6,8 +6,9 @@
     report.checkpoint(path="checkpoints/last.pt", epoch=epoch)
 
 ddp-worker starts each rank of a command job with DDP_EVENTS_FD naming an inherited
-pipe. Every call writes one JSON object and a newline to it, with one os.write, so lines
-from several threads or DataLoader workers never interleave:
+pipe. Every call writes one JSON object and a newline to it, under a lock, so lines from
+the threads of one process never interleave; across processes (DataLoader workers that
+report too) a line is written whole only up to PIPE_BUF (4096 bytes), as for any pipe:
 
     {"type": "step", "loss": 0.42, "epoch": 0, "step": 3, "steps": 28, "time": 1718000000.5}
 
@@ -32,6 +33,7 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 
 __all__ = ["enabled", "step", "epoch", "checkpoint"]
@@ -43,6 +45,7 @@ _MAX_LINE = 64 * 1024
 _UNSET = object()
 _STDOUT = "stdout"
 _sink = _UNSET  # A descriptor, _STDOUT, or None (off); resolved at the first call.
+_lock = threading.Lock()  # One line at a time from this process's threads.
 
 
 def _resolve():
@@ -118,17 +121,18 @@ def _emit(kind, fields):
         return
     if len(data) > _MAX_LINE:
         return
-    try:
-        if sink is _STDOUT:
-            sys.stdout.write(data.decode("utf-8"))
-            sys.stdout.flush()
-            return
-        while data:  # One write: a pipe takes it whole unless a signal cuts it short.
-            data = data[os.write(sink, data):]
-    except BlockingIOError:
-        pass  # A full non-blocking pipe: this line is dropped, training does not wait.
-    except (OSError, ValueError):
-        _sink = None  # EPIPE, a closed descriptor or stdout: stop reporting, keep training.
+    with _lock:
+        try:
+            if sink is _STDOUT:
+                sys.stdout.write(data.decode("utf-8"))
+                sys.stdout.flush()
+                return
+            while data:  # One write: a pipe takes it whole unless a signal cuts it short.
+                data = data[os.write(sink, data):]
+        except BlockingIOError:
+            pass  # A full non-blocking pipe: this line is dropped, training does not wait.
+        except (OSError, ValueError):
+            _sink = None  # EPIPE, a closed descriptor or stdout: stop reporting, keep training.
 
 
 def step(loss, **fields):

@@ -36,6 +36,24 @@ TEST(StallWatchTest, ARankSilentPastTheTimeoutIsNamedWithHowLongItWasSilent) {
   EXPECT_FALSE(stall->stopped);
 }
 
+TEST(StallWatchTest, ACommandJobsRankIsWatchedOnlyFromItsSecondStepLine) {
+  StallWatch w(/*reporting_ranks_only=*/true);
+  // Rank 0 reports, rank 1 never does (a program that logs on rank 0 only).
+  for (double t = 0; t <= 100; t += 1) w.Progress(0, 2, true, At(t));
+  EXPECT_FALSE(w.Find(At(100), absl::Seconds(5)).has_value()) << "rank 1 never reported";
+  // Rank 1's first line: one report, no gap seen yet, not watched.
+  w.Progress(1, 2, true, At(101));
+  w.Progress(0, 2, true, At(101));
+  EXPECT_FALSE(w.Find(At(200), absl::Seconds(5)).has_value() &&
+               w.Find(At(200), absl::Seconds(5))->rank == 1);
+  w.Progress(1, 2, true, At(201));
+  for (double t = 102; t <= 260; t += 1) w.Progress(0, 2, true, At(t));
+  auto stall = w.Find(At(260), absl::Seconds(30));
+  ASSERT_TRUE(stall.has_value());
+  EXPECT_EQ(stall->rank, 1) << "watched from its second line on";
+  EXPECT_EQ(stall->silent, absl::Seconds(59));
+}
+
 TEST(StallWatchTest, WhenEveryRankIsSilentTheStoppedOneIsBlamedNotTheOneWaitingLongest) {
   StallWatch w;
   w.Progress(0, 2, true, At(0));

@@ -294,6 +294,17 @@ TEST_F(CommandJobTest, BadCommandsAreRefusedWithTheirReasonAndHarmNothingElse) {
   EXPECT_EQ(job.state(), v1::FAILED);
   EXPECT_THAT(job.reason(), HasSubstr("'no-such-program-xyz' is not in the worker's PATH"));
 
+  // A file that cannot be executed (no #! line): the job's fault, not the node's.
+  const std::string plain = allowed + "/no-shebang.sh";
+  testing::WriteFile(plain, "echo hi\n");
+  ::chmod(plain.c_str(), 0755);
+  const std::string noexec = SubmitOk(
+      *cluster_, Job("noexec", absl::StrCat("nodes: 1\nmax_restarts: 2\ncommand: [", plain, "]\n")));
+  job = Finish(noexec);
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_THAT(job.reason(), HasSubstr("Exec format error"));
+  EXPECT_EQ(job.restarts(), 0);
+
   // Garbage on the events descriptor: shown once in the log, counted, never fatal;
   // the good line after it is shown live.
   const std::string script = allowed + "/report.sh";

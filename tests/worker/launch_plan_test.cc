@@ -27,6 +27,7 @@ class LaunchPlanTest : public ::testing::Test {
     dir_ = fs::canonical(testing::MakeTempDir("launch")).string();
     Executable(dir_ + "/bin/train");
     Executable(dir_ + "/work/scripts/run.sh");
+    Executable(dir_ + "/bin-other/x");
     testing::WriteFile(dir_ + "/work/data.csv", "1,2\n");  // Not executable.
     fs::create_directories(dir_ + "/bin/subdir");
     fs::create_symlink(dir_ + "/bin/train", dir_ + "/work/train-link");
@@ -77,10 +78,13 @@ TEST_F(LaunchPlanTest, NonExecutablesAndDirectoriesAreRefused) {
 TEST_F(LaunchPlanTest, AllowExecAdmitsListedFilesAndDirectoriesOnly) {
   ExecPolicy policy;
   policy.allowed = {dir_ + "/bin", "/usr/bin/env"};
-  EXPECT_TRUE(CheckExecAllowed(dir_ + "/bin/train", policy, "w1").ok());
-  EXPECT_TRUE(CheckExecAllowed("/usr/bin/env", policy, "w1").ok());
-  // A symlink is admitted by where it leads.
-  EXPECT_TRUE(CheckExecAllowed(dir_ + "/work/train-link", policy, "w1").ok());
+  EXPECT_THAT(CheckExecAllowed(dir_ + "/bin/train", policy, "w1"),
+              IsOkAndHolds(dir_ + "/bin/train"));
+  EXPECT_THAT(CheckExecAllowed("/usr/bin/env", policy, "w1"), IsOkAndHolds("/usr/bin/env"));
+  // A symlink is admitted by where it leads, and that file is what runs: swapping the
+  // link after the check changes nothing.
+  EXPECT_THAT(CheckExecAllowed(dir_ + "/work/train-link", policy, "w1"),
+              IsOkAndHolds(dir_ + "/bin/train"));
   // A prefix that is not a directory boundary admits nothing.
   EXPECT_THAT(CheckExecAllowed(dir_ + "/bin-other/x", policy, "w1"),
               StatusIs(absl::StatusCode::kPermissionDenied,
@@ -98,7 +102,8 @@ TEST_F(LaunchPlanTest, AnEmptyAllowListAdmitsNothingAndSaysWhichFlag) {
                              HasSubstr("ddp-worker --allow-exec " + dir_ + "/bin/train"))));
   ExecPolicy any;
   any.allow_all = true;
-  EXPECT_TRUE(CheckExecAllowed(dir_ + "/work/scripts/run.sh", any, "w2").ok());
+  EXPECT_THAT(CheckExecAllowed(dir_ + "/work/scripts/run.sh", any, "w2"),
+              IsOkAndHolds(dir_ + "/work/scripts/run.sh"));
 }
 
 TEST_F(LaunchPlanTest, TheBuiltInTrainerIsTheCommandDdpTrainerSpec) {
@@ -123,6 +128,17 @@ TEST_F(LaunchPlanTest, ACommandRunsItsResolvedProgramWithItsArguments) {
   DDP_ASSERT_OK_AND_ASSIGN(LaunchPlan plan, PlanLaunch(spec, o));
   EXPECT_TRUE(plan.command);
   EXPECT_EQ(plan.argv, (std::vector<std::string>{dir_ + "/bin/train", "--epochs", "10"}));
+  EXPECT_EQ(plan.executable, dir_ + "/bin/train");
+  // Through a symlink under a restrictive policy: the link's target runs, under the
+  // name the job gave.
+  spec.command = {"./train-link"};
+  o.exec.allowed = {dir_ + "/bin"};
+  o.exec.allow_all = false;
+  DDP_ASSERT_OK_AND_ASSIGN(plan, PlanLaunch(spec, o));
+  EXPECT_EQ(plan.argv[0], dir_ + "/work/train-link");
+  EXPECT_EQ(plan.executable, dir_ + "/bin/train");
+  o.exec.allowed.clear();
+  spec.command = {"train", "--epochs", "10"};
   o.exec.allow_all = false;
   EXPECT_THAT(PlanLaunch(spec, o), StatusIs(absl::StatusCode::kPermissionDenied,
                                             HasSubstr("--allow-exec")));

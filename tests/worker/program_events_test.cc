@@ -80,6 +80,25 @@ TEST(ProgramEventTest, MalformedLinesSayWhy) {
   EXPECT_THAT(why, HasSubstr("field 'epoch' is not an integer"));
 }
 
+TEST(ProgramEventTest, OnlyTheTypesAProgramMaySendAreRead) {
+  v1::TrainerEvent e;
+  std::string why;
+  // `start` describes ddp-trainer's own set-up: not a program's to claim.
+  EXPECT_EQ(Parse(R"({"type": "start", "world_size": 64})", &e, &why), ProgramLine::kMalformed);
+  EXPECT_THAT(why, HasSubstr("unknown type 'start'"));
+  // A program's error explains a failure worth a restart unless it says otherwise.
+  ASSERT_EQ(Parse(R"({"type": "error", "message": "out of memory"})", &e), ProgramLine::kEvent);
+  EXPECT_EQ(e.message(), "out of memory");
+  EXPECT_TRUE(e.retryable());
+  ASSERT_EQ(Parse(R"({"type": "error", "message": "bad config", "retryable": false})", &e),
+            ProgramLine::kEvent);
+  EXPECT_FALSE(e.retryable());
+  // Numbers an int64 cannot hold are refused, not converted.
+  EXPECT_EQ(Parse(R"({"type": "step", "loss": 1, "epoch": 1e300})", &e, &why),
+            ProgramLine::kMalformed);
+  EXPECT_THAT(why, HasSubstr("field 'epoch' is not an integer"));
+}
+
 TEST(ProgramEventTest, VerboseTypesStayLocal) {
   v1::TrainerEvent e;
   EXPECT_EQ(Parse(R"({"type": "trace", "entries": []})", &e), ProgramLine::kDropped);

@@ -67,16 +67,20 @@ absl::StatusOr<std::string> ResolveProgram(const std::string& name, const std::s
       "), or install it on every node"));
 }
 
-absl::Status CheckExecAllowed(const std::string& program, const ExecPolicy& policy,
-                              const std::string& worker) {
-  if (policy.allow_all) return absl::OkStatus();
+absl::StatusOr<std::string> CheckExecAllowed(const std::string& program,
+                                             const ExecPolicy& policy, const std::string& worker) {
+  if (policy.allow_all) return program;
   std::error_code ec;
   const std::string canonical = fs::canonical(program, ec).string();
+  if (ec) {
+    return absl::PermissionDeniedError(absl::StrCat("command[0]: cannot resolve ", program, " (",
+                                                    ec.message(), ") to check it against --allow-exec"));
+  }
   for (const std::string& entry : policy.allowed) {
-    if (Within(program, entry) || (!ec && Within(canonical, entry))) return absl::OkStatus();
+    if (Within(canonical, entry)) return canonical;
   }
   const std::string shown =
-      !ec && canonical != program ? absl::StrCat(program, " (", canonical, ")") : program;
+      canonical != program ? absl::StrCat(program, " (", canonical, ")") : program;
   if (policy.allowed.empty()) {
     return absl::PermissionDeniedError(absl::StrCat(
         "command[0]: worker ", worker, " starts no programs of command jobs (no --allow-exec): "
@@ -91,16 +95,17 @@ absl::StatusOr<LaunchPlan> PlanLaunch(const JobSpec& spec, const LaunchOptions& 
   LaunchPlan plan;
   if (!spec.is_command()) {
     plan.argv = {options.trainer_path, "--spec", options.spec_path};
+    plan.executable = options.trainer_path;
     return plan;
   }
   plan.command = true;
   auto program = ResolveProgram(spec.command[0], options.cwd, options.path_var);
   if (!program.ok()) return program.status();
-  if (absl::Status st = CheckExecAllowed(*program, options.exec, options.worker); !st.ok()) {
-    return st;
-  }
+  auto executable = CheckExecAllowed(*program, options.exec, options.worker);
+  if (!executable.ok()) return executable.status();
   plan.argv = spec.command;
   plan.argv[0] = *program;
+  plan.executable = *executable;
   return plan;
 }
 

@@ -29,9 +29,11 @@ namespace ddp {
 
 // --allow-exec: the programs command jobs may start. `allow_all`: any (a plaintext
 // loopback worker's default); otherwise only a listed file, or a file under a listed
-// directory, matched by the program's path as resolved and by its canonical path
-// (symlinks followed), so `--allow-exec /usr/bin/python3` admits `python3` although
-// it links to python3.11. An empty list admits nothing (a secured worker's default).
+// directory, matched by the program's canonical path (symlinks followed), which is then
+// the file executed: a job cannot swap a symlink between the check and the exec. The
+// list holds each entry's canonical form too (ddp-worker's flag parsing), so
+// `--allow-exec /usr/bin/python3` admits `python3`, which links to python3.11. An
+// empty list admits nothing (a secured worker's default).
 struct ExecPolicy {
   bool allow_all = false;
   std::vector<std::string> allowed;  // Absolute, lexically normal paths.
@@ -44,14 +46,17 @@ struct ExecPolicy {
 absl::StatusOr<std::string> ResolveProgram(const std::string& name, const std::string& cwd,
                                            const std::string& path_var);
 
-// OK if `policy` admits `program` (an absolute path). PERMISSION_DENIED naming the
-// program, what it resolves to, and the flag that would admit it.
-absl::Status CheckExecAllowed(const std::string& program, const ExecPolicy& policy,
-                              const std::string& worker);
+// The file to execute for `program` (an absolute path) if `policy` admits it: its
+// canonical path under a restrictive policy, `program` itself under allow_all.
+// PERMISSION_DENIED naming the program, what it resolves to, and the flag that would
+// admit it.
+absl::StatusOr<std::string> CheckExecAllowed(const std::string& program,
+                                             const ExecPolicy& policy, const std::string& worker);
 
 struct LaunchPlan {
   bool command = false;            // A user's program (lenient events, torchrun exits).
-  std::vector<std::string> argv;   // argv[0]: the resolved program.
+  std::vector<std::string> argv;   // argv[0]: the resolved program, as the program sees it.
+  std::string executable;          // The file to execute (see ExecPolicy).
 };
 
 struct LaunchOptions {

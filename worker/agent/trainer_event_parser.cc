@@ -27,7 +27,9 @@ class StructReader {
   void operator()(const char* name, int64_t& v, const char*) {
     const Value* x = Find(name);
     if (x == nullptr) return;
-    if (!x->has_number_value() || x->number_value() != std::trunc(x->number_value())) {
+    // Within int64 (2^63 itself is out): a larger number would not convert.
+    if (!x->has_number_value() || x->number_value() != std::trunc(x->number_value()) ||
+        std::fabs(x->number_value()) >= 9223372036854775808.0) {
       Problem(name, "is not an integer");
       return;
     }
@@ -264,6 +266,12 @@ ProgramLine ParseProgramEvent(const std::string& line, int rank, double now,
                       ? time->second.number_value()
                       : now);
   if (event->type() == "trace" || event->type() == "buckets") return ProgramLine::kDropped;
+  static const auto* kProgramTypes =
+      new std::set<std::string>{"step", "epoch", "checkpoint", "error", "done"};
+  if (!kProgramTypes->count(event->type())) {
+    return malformed(absl::StrCat("unknown type '", event->type(),
+                                  "' (step, epoch, checkpoint, error or done)"));
+  }
   bool known = false;
   std::vector<std::string> problems;
   ForEachEventType([&](auto definition) {
@@ -276,11 +284,9 @@ ProgramLine ParseProgramEvent(const std::string& line, int rank, double now,
     std::set<std::string> written;
     E::Fields(definition, ProtoWriter(event, &mismatches, &written));
   });
-  if (!known) {
-    return malformed(absl::StrCat("unknown type '", event->type(),
-                                  "' (step, epoch, checkpoint, error or done)"));
-  }
   if (!problems.empty()) return malformed(problems.front());
+  // A program's failure is worth a restart unless it says otherwise (torchrun's rule).
+  if (event->type() == "error" && !json.fields().count("retryable")) event->set_retryable(true);
   if (event->type() == "step") {
     auto loss = json.fields().find("loss");
     if (loss == json.fields().end()) return malformed("a step line needs \"loss\"");

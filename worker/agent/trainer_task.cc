@@ -97,7 +97,7 @@ std::unique_ptr<TrainerTask> TrainerTask::Start(const v1::Task& task,
   auto plan = PlanLaunch(*spec, lo);
   if (!plan.ok()) {
     t->node_fault_ = false;
-    t->error_ = absl::StrCat(plan.status().message(), " (on worker ", options.node, ")");
+    t->error_ = std::string(plan.status().message());
     return t;
   }
   const int local_world = task.ranks_size();
@@ -116,6 +116,7 @@ std::unique_ptr<TrainerTask> TrainerTask::Start(const v1::Task& task,
   for (int local = 0; local < local_world; ++local) {
     SpawnOptions o;
     o.argv = plan->argv;
+    o.program = plan->executable;
     o.cwd = cwd;
     o.inherit_env = false;  // An explicit environment: see job_sandbox.h.
     o.env = RankEnvironment(task, local, *spec, plan->command, eo);
