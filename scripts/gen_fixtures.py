@@ -6,6 +6,8 @@
 - sampler_grid.txt: torch.utils.data.DistributedSampler's indices over a grid of
   (n, world, rank, seed, epoch, shuffle, drop_last), one case per line:
       n world rank seed epoch shuffle drop_last : i0 i1 ...
+- lr_schedules.json: torch.optim.lr_scheduler's learning rates, step by step, for a
+  set of train.lr_schedule configurations.
 - norm_frozen_model.pt: the TorchScript model of torchscript_norm_accum.yaml
   (scripts/make_torchscript_model.py --variant norm-frozen).
 - <job>.losses.json: PyTorch DDP's per-rank, per-step losses and per-epoch
@@ -57,8 +59,41 @@ def torchscript_models():
                     "--variant", "norm-frozen"], check=True)
 
 
+def lr_schedules():
+    """lr_schedules.json: torch.optim.lr_scheduler's learning rates, step by step, for
+    train.lr_schedule configurations (the reference script's make_scheduler)."""
+    import json
+    sys.path.insert(0, HERE)
+    from pytorch_ddp_reference import make_scheduler
+    cases = [
+        {"name": "step", "step_size": 3, "gamma": 0.5},
+        {"name": "step", "warmup": 4, "warmup_start_factor": 0.25, "step_size": 2, "gamma": 0.1},
+        {"name": "cosine", "t_max": 12, "eta_min": 0.001},
+        {"name": "cosine", "warmup": 5, "warmup_start_factor": 0.1, "eta_min": 0.0},
+        {"name": "linear", "t_max": 8, "end_factor": 0.0},
+        {"name": "linear", "warmup": 3, "warmup_start_factor": 0.5, "end_factor": 0.2},
+        {"name": "constant", "warmup": 4, "warmup_start_factor": 0.1},
+    ]
+    total, base = 20, 0.3
+    out = []
+    for case in cases:
+        p = torch.nn.Parameter(torch.zeros(1))
+        optimizer = torch.optim.SGD([p], lr=base)
+        scheduler = make_scheduler(case, optimizer, total)
+        lrs = []
+        for _ in range(total + 5):  # Past the end too: cosine's period, linear's floor.
+            lrs.append(optimizer.param_groups[0]["lr"])
+            optimizer.step()
+            scheduler.step()
+        out.append({"schedule": case, "base_lr": base, "total": total, "lrs": lrs})
+    with open(os.path.join(FIXTURES, "lr_schedules.json"), "w") as f:
+        json.dump({"torch": torch.__version__, "cases": out}, f, indent=1)
+    print(f"lr_schedules.json: {len(out)} schedules")
+
+
 def ddp_losses():
-    for job in ["cancer_adam", "synthetic_sgd_accum", "fmnist_cnn", "torchscript_norm_accum"]:
+    for job in ["cancer_adam", "synthetic_sgd_accum", "fmnist_cnn", "torchscript_norm_accum",
+                "synthetic_clip_cosine", "cancer_step_epoch"]:
         spec = os.path.join(FIXTURES, job + ".yaml")
         out = os.path.join(FIXTURES, job + ".losses.json")
         subprocess.run([sys.executable, os.path.join(HERE, "pytorch_ddp_reference.py"),
@@ -70,4 +105,5 @@ def ddp_losses():
 if __name__ == "__main__":
     sampler_grid()
     torchscript_models()
+    lr_schedules()
     ddp_losses()

@@ -179,6 +179,29 @@ def make_optimizer(opt, params):
                weight_decay=opt.get("weight_decay", 0 if name == "adam" else 1e-2))
 
 
+def make_scheduler(spec, optimizer, total):
+    """train.lr_schedule as torch.optim.lr_scheduler's own classes (docs/job-spec.md)."""
+    from torch.optim import lr_scheduler as sch
+    if not spec:
+        return None
+    name, warmup = spec["name"], spec.get("warmup", 0)
+    t_max = spec.get("t_max", 0) or max(1, total - warmup)
+    if name == "step":
+        main = sch.StepLR(optimizer, step_size=spec.get("step_size", 1), gamma=spec.get("gamma", 0.1))
+    elif name == "cosine":
+        main = sch.CosineAnnealingLR(optimizer, T_max=t_max, eta_min=spec.get("eta_min", 0.0))
+    elif name == "linear":
+        main = sch.LinearLR(optimizer, start_factor=1.0, end_factor=spec.get("end_factor", 0.0),
+                            total_iters=t_max)
+    else:
+        main = sch.ConstantLR(optimizer, factor=1.0, total_iters=0)
+    if not warmup:
+        return main
+    first = sch.LinearLR(optimizer, start_factor=spec.get("warmup_start_factor", 0.1),
+                         end_factor=1.0, total_iters=warmup)
+    return sch.SequentialLR(optimizer, [first, main], milestones=[warmup])
+
+
 def loss_fn(kind, out, y, reduction="mean"):
     import torch.nn.functional as F
     if kind == "cross_entropy":
@@ -245,6 +268,14 @@ def child(args):
                         drop_last=train["drop_last"])
     accum = train["grad_accum_steps"]
     max_steps = args.max_steps or train["max_steps"]
+    clip = train.get("clip_grad_norm", 0)
+    schedule = train.get("lr_schedule")
+    by_epoch = bool(schedule) and schedule.get("interval", "step") == "epoch"
+    steps_per_epoch = math.ceil(len(loader) / accum)
+    intervals = train["epochs"] if by_epoch else train["epochs"] * steps_per_epoch
+    if max_steps and not by_epoch:
+        intervals = min(intervals, max_steps)
+    scheduler = make_scheduler(schedule, optimizer, intervals)
     losses, epochs, samples, global_step, validate_s = [], [], 0, 0, 0.0
     dist.barrier()
     start = time.perf_counter()
@@ -269,12 +300,18 @@ def child(args):
                     (loss if len(group) == 1 else loss / len(group)).backward()
                 total += loss.item()
                 samples += bx.shape[0]
+            if clip:
+                torch.nn.utils.clip_grad_norm_(ddp.parameters(), clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            if scheduler is not None and not by_epoch:
+                scheduler.step()
             losses.append([epoch, step, total / len(group)])
             global_step += 1
             if max_steps and global_step >= max_steps:
                 break
+        if scheduler is not None and by_epoch:
+            scheduler.step()
         if val is not None and len(val[0]) > 0:
             t0 = time.perf_counter()
             val_loss, val_accuracy = validate(ddp, val, rank, world, train["batch_size"],

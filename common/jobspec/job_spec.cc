@@ -411,6 +411,87 @@ void ParseData(Reader& r, const YAML::Node& root, JobSpec* spec) {
   Seed(r, data, "data", &d.seed);
 }
 
+void ParseLrSchedule(Reader& r, const YAML::Node& train, TrainSpec* t) {
+  const YAML::Node n = r.Sub(train, "lr_schedule");
+  if (!n) return;
+  const std::string path = "train.lr_schedule";
+  if (!r.Map(n, path,
+             {"name", "interval", "warmup", "warmup_start_factor", "step_size", "gamma", "t_max",
+              "eta_min", "end_factor"})) {
+    return;
+  }
+  LrScheduleSpec& s = t->lr_schedule;
+  std::string name;
+  if (r.String(n, "name", path, &name, /*required=*/true)) {
+    if (name == "constant") {
+      s.kind = LrScheduleSpec::Kind::kConstant;
+    } else if (name == "step") {
+      s.kind = LrScheduleSpec::Kind::kStep;
+    } else if (name == "cosine") {
+      s.kind = LrScheduleSpec::Kind::kCosine;
+    } else if (name == "linear") {
+      s.kind = LrScheduleSpec::Kind::kLinear;
+    } else {
+      r.Error(n["name"], path + ".name",
+              absl::StrCat("must be step, cosine, linear or constant (got '", name, "')"));
+    }
+  }
+  std::string interval;
+  if (r.String(n, "interval", path, &interval)) {
+    if (interval == "step") {
+      s.interval = LrScheduleSpec::Interval::kStep;
+    } else if (interval == "epoch") {
+      s.interval = LrScheduleSpec::Interval::kEpoch;
+    } else {
+      r.Error(n["interval"], path + ".interval",
+              absl::StrCat("must be step (every optimizer step) or epoch (got '", interval, "')"));
+    }
+  }
+  if (r.Int(n, "warmup", path, &s.warmup)) {
+    NonNegative(r, n, "warmup", path, s.warmup);
+    AtMost(r, n, "warmup", path, s.warmup, kMaxSteps);
+  }
+  if (r.Double(n, "warmup_start_factor", path, &s.warmup_start_factor) &&
+      (s.warmup_start_factor <= 0 || s.warmup_start_factor > 1)) {
+    r.Error(n["warmup_start_factor"], path + ".warmup_start_factor",
+            absl::StrCat("must be in (0, 1] (got ", s.warmup_start_factor, ")"));
+  }
+  // Each knob belongs to one schedule: naming it for another is a mistake to report.
+  auto only_for = [&](const char* key, LrScheduleSpec::Kind kind, const char* which) {
+    if (n[key] && s.kind != kind) {
+      r.Error(n[key], absl::StrCat(path, ".", key), absl::StrCat("applies to name: ", which, " only"));
+      return false;
+    }
+    return true;
+  };
+  if (only_for("step_size", LrScheduleSpec::Kind::kStep, "step") &&
+      r.Int(n, "step_size", path, &s.step_size)) {
+    Positive(r, n, "step_size", path, s.step_size);
+    AtMost(r, n, "step_size", path, s.step_size, kMaxSteps);
+  }
+  if (only_for("gamma", LrScheduleSpec::Kind::kStep, "step") && r.Double(n, "gamma", path, &s.gamma)) {
+    Positive(r, n, "gamma", path, s.gamma);
+    AtMost(r, n, "gamma", path, s.gamma, 1.0);
+  }
+  if (only_for("eta_min", LrScheduleSpec::Kind::kCosine, "cosine") &&
+      r.Double(n, "eta_min", path, &s.eta_min)) {
+    NonNegative(r, n, "eta_min", path, s.eta_min);
+    AtMost(r, n, "eta_min", path, s.eta_min, kMaxOptimizerValue);
+  }
+  if (only_for("end_factor", LrScheduleSpec::Kind::kLinear, "linear") &&
+      r.Double(n, "end_factor", path, &s.end_factor) && (s.end_factor < 0 || s.end_factor > 1)) {
+    r.Error(n["end_factor"], path + ".end_factor",
+            absl::StrCat("must be in [0, 1] (got ", s.end_factor, ")"));
+  }
+  if (n["t_max"] && s.kind != LrScheduleSpec::Kind::kCosine &&
+      s.kind != LrScheduleSpec::Kind::kLinear) {
+    r.Error(n["t_max"], path + ".t_max", "applies to name: cosine and linear only");
+  } else if (r.Int(n, "t_max", path, &s.t_max)) {
+    NonNegative(r, n, "t_max", path, s.t_max);
+    AtMost(r, n, "t_max", path, s.t_max, kMaxSteps);
+  }
+}
+
 void ParseOptimizer(Reader& r, const YAML::Node& train, TrainSpec* t) {
   const YAML::Node n = r.Sub(train, "optimizer");
   if (!n) return;  // Adam, lr 1e-3.
@@ -489,7 +570,7 @@ void ParseTrain(Reader& r, const YAML::Node& root, JobSpec* spec) {
              {"epochs", "batch_size", "drop_last", "shuffle", "optimizer", "loss",
               "bucket_cap_mb", "first_bucket_cap_mb", "grad_accum_steps", "seed", "collective_timeout_s",
               "stall_timeout_s", "threads",
-              "max_steps", "precision", "intra_node_comm"})) {
+              "max_steps", "precision", "intra_node_comm", "clip_grad_norm", "lr_schedule"})) {
     return;
   }
   TrainSpec& t = spec->train;
@@ -504,6 +585,11 @@ void ParseTrain(Reader& r, const YAML::Node& root, JobSpec* spec) {
   r.Bool(n, "drop_last", "train", &t.drop_last);
   r.Bool(n, "shuffle", "train", &t.shuffle);
   ParseOptimizer(r, n, &t);
+  ParseLrSchedule(r, n, &t);
+  if (r.Double(n, "clip_grad_norm", "train", &t.clip_grad_norm)) {
+    NonNegative(r, n, "clip_grad_norm", "train", t.clip_grad_norm);
+    AtMost(r, n, "clip_grad_norm", "train", t.clip_grad_norm, kMaxOptimizerValue);
+  }
   std::string loss;
   if (r.String(n, "loss", "train", &loss)) {
     if (loss == "cross_entropy") {
@@ -725,6 +811,16 @@ const char* IntraNodeCommName(IntraNodeComm c) {
     case IntraNodeComm::kAuto: return "auto";
     case IntraNodeComm::kShm: return "shm";
     case IntraNodeComm::kGloo: return "gloo";
+  }
+  return "?";
+}
+
+const char* LrScheduleName(LrScheduleSpec::Kind k) {
+  switch (k) {
+    case LrScheduleSpec::Kind::kConstant: return "constant";
+    case LrScheduleSpec::Kind::kStep: return "step";
+    case LrScheduleSpec::Kind::kCosine: return "cosine";
+    case LrScheduleSpec::Kind::kLinear: return "linear";
   }
   return "?";
 }

@@ -103,6 +103,29 @@ struct OptimizerSpec {
   bool amsgrad = false;
 };
 
+// train.lr_schedule: the learning rate as torch.optim.lr_scheduler computes it,
+// stepped every optimizer step or every epoch (`interval`), from the optimizer's lr:
+//   step:    StepLR(step_size, gamma)
+//   cosine:  CosineAnnealingLR(T_max = t_max, eta_min)
+//   linear:  LinearLR(start_factor=1, end_factor, total_iters = t_max)
+// after `warmup` intervals of LinearLR(warmup_start_factor, 1, total_iters = warmup),
+// joined as SequentialLR([warm-up, main], milestones=[warmup]) joins them. t_max 0:
+// the intervals left after the warm-up (epochs x steps per epoch, or epochs, capped by
+// train.max_steps). The closed forms are in worker/trainer/lr_schedule.h.
+struct LrScheduleSpec {
+  enum class Kind { kConstant, kStep, kCosine, kLinear };
+  enum class Interval { kStep, kEpoch };
+  Kind kind = Kind::kConstant;
+  Interval interval = Interval::kStep;
+  int64_t warmup = 0;
+  double warmup_start_factor = 0.1;
+  int64_t step_size = 1;  // step
+  double gamma = 0.1;     // step
+  int64_t t_max = 0;      // cosine, linear; 0: the rest of training
+  double eta_min = 0.0;   // cosine
+  double end_factor = 0.0;  // linear
+};
+
 struct TrainSpec {
   int64_t epochs = 1;
   int64_t batch_size = 0;  // Per rank; required.
@@ -116,6 +139,10 @@ struct TrainSpec {
   double first_bucket_cap_mb = 1.0;
   int64_t grad_accum_steps = 1;
   int64_t seed = 0;
+  // torch.nn.utils.clip_grad_norm_(max_norm, L2) after the all-reduce, before the
+  // optimizer step; 0: no clipping.
+  double clip_grad_norm = 0.0;
+  LrScheduleSpec lr_schedule;
   double collective_timeout_s = 300.0;
   // The coordinator's stall watchdog: a running rank that reports no progress for
   // this long fails the attempt, naming it. 0: chosen from the step reports seen
@@ -222,6 +249,7 @@ const char* BackendName(Backend b);
 const char* LossName(LossKind l);
 const char* OptimizerName(OptimizerKind o);
 const char* IntraNodeCommName(IntraNodeComm c);
+const char* LrScheduleName(LrScheduleSpec::Kind k);
 // "2" or "1:4".
 std::string NodeRangeString(const NodeRange& r);
 

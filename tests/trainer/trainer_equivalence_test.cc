@@ -261,7 +261,8 @@ TEST_P(MatchesPyTorchDdpTest, PerStepLossesAndValidationMatchWithin1e5) {
 INSTANTIATE_TEST_SUITE_P(
     Fixtures, MatchesPyTorchDdpTest,
     ::testing::Combine(::testing::Values("cancer_adam", "synthetic_sgd_accum", "fmnist_cnn",
-                                         "torchscript_norm_accum"),
+                                         "torchscript_norm_accum", "synthetic_clip_cosine",
+                                         "cancer_step_epoch"),
                        ::testing::Values("shm", "gloo")),
     [](const auto& info) {
       return std::get<0>(info.param) + "_" + std::get<1>(info.param);

@@ -101,6 +101,7 @@ std::vector<char> EncodeCheckpoint(const TrainingState& s) {
   d.insert("epoch_loss_sum", s.epoch_loss_sum);
   d.insert("epoch_steps", s.epoch_steps);
   if (s.rng_state.defined()) d.insert("rng_state", s.rng_state);
+  if (!s.lr_scheduler.isNone()) d.insert("lr_scheduler", s.lr_scheduler);
   return torch::pickle_save(d);
 }
 

@@ -76,6 +76,10 @@ struct TrainingState {
   int64_t epoch_steps = 0;
   std::vector<NamedTensor> model;  // Parameters, then buffers; on the CPU.
   c10::IValue optimizer;           // torch.optim's state_dict layout.
+  // With train.lr_schedule: {"name", "interval", "last_epoch" (the scheduler's count),
+  // "base_lrs", "_last_lr"}, as torch.optim.lr_scheduler names them. Informative: a
+  // resume recomputes the lr from the position. None otherwise (and not written).
+  c10::IValue lr_scheduler;
   at::Tensor rng_state;            // Undefined when the file has none.
 };
 

@@ -91,7 +91,9 @@ c10::IValue OptimizerStateDict(const OptimizerSpec& spec, torch::optim::Optimize
                                const std::vector<at::Tensor>& params) {
   GenericDict state(c10::IntType::get(), c10::AnyType::get());
   GenericDict group = StringDict();
-  group.insert("lr", spec.lr);
+  // The lr now in force (train.lr_schedule moves it), as torch.optim saves it.
+  group.insert("lr", opt.param_groups().empty() ? spec.lr
+                                                : opt.param_groups()[0].options().get_lr());
   group.insert("weight_decay", spec.weight_decay);
   group.insert("maximize", false);
   group.insert("foreach", IValue());

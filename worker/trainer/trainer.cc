@@ -2,6 +2,8 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
+#include <torch/types.h>  // clip_grad.h uses torch::Tensor without including it.
+#include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/optimizer.h>
 
 #include <chrono>
@@ -19,6 +21,7 @@
 #include "worker/trainer/checkpoint_keeper.h"
 #include "worker/trainer/comm.h"
 #include "worker/trainer/dataset.h"
+#include "worker/trainer/lr_schedule.h"
 #include "worker/trainer/model.h"
 #include "worker/trainer/optimizer.h"
 #include "worker/trainer/reducer.h"
@@ -90,8 +93,14 @@ class TrainerImpl {
   // `complete`: false when train.max_steps stopped the epoch early.
   absl::Status EndEpoch(int64_t epoch, bool complete, bool checkpoint_due);
   absl::Status Checkpoint(const TrainingPosition& pos);
+  // One optimizer step at learning rate `lr`: forward and backward of each
+  // micro-batch, the all-reduce, train.clip_grad_norm, the optimizer.
   absl::Status TakeStep(const std::vector<int64_t>& order, int64_t first_micro,
-                        int64_t num_micro, double* loss, double* comm_ms, int64_t* samples);
+                        int64_t num_micro, double lr, double* loss, double* comm_ms,
+                        int64_t* samples);
+  // train.lr_schedule's lr for the step after `global_step` steps, in `epoch`.
+  double LrAt(int64_t epoch, int64_t global_step) const;
+  int64_t StepsPerEpoch() const;
   // One forward of the model under DDP's buffer rule (broadcast_buffers=True): rank 0's
   // buffers are broadcast first when the previous forward was a gradient-syncing
   // training forward, or when none ran yet (PyTorch's require_forward_param_sync).
@@ -132,6 +141,8 @@ class TrainerImpl {
   std::unique_ptr<BatchAssembler> train_batches_;
   ReducerTrace trace_;
   SamplerOptions sampler_;
+  int64_t schedule_intervals_ = 0;  // train.lr_schedule's whole run (t_max 0).
+  double last_lr_ = 0;              // Of the last optimizer step.
 
   TrainingPosition pos_;
   bool resumed_ = false;
@@ -214,6 +225,8 @@ absl::Status TrainerImpl::Setup() {
   reducer_ = std::make_unique<GradientReducer>(std::move(trainable), &*comm_, ro,
                                                spec_.metrics.trace_buckets ? &trace_ : nullptr);
   train_batches_ = std::make_unique<BatchAssembler>(data_.train, spec_.train.batch_size);
+  schedule_intervals_ = ScheduleIntervals(spec_.train.lr_schedule, spec_.train.epochs,
+                                          StepsPerEpoch(), spec_.train.max_steps);
   const int64_t per_rank = DistributedSamplerLength(data_.train.size(), sampler_);
   if (NumBatches(per_rank, spec_.train.batch_size, spec_.train.drop_last) == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -264,7 +277,6 @@ absl::Status TrainerImpl::Resume() {
 
 void TrainerImpl::EmitStart() {
   const int64_t per_rank = DistributedSamplerLength(data_.train.size(), sampler_);
-  const int64_t micro = NumBatches(per_rank, spec_.train.batch_size, spec_.train.drop_last);
   StartEvent e;
   e.world_size = env_.world_size;
   e.local_rank = env_.local_rank;
@@ -277,7 +289,7 @@ void TrainerImpl::EmitStart() {
   e.train_samples = data_.train.size();
   e.val_samples = data_.val.size();
   e.batch_size = spec_.train.batch_size;
-  e.steps_per_epoch = (micro + spec_.train.grad_accum_steps - 1) / spec_.train.grad_accum_steps;
+  e.steps_per_epoch = StepsPerEpoch();
   e.epochs = spec_.train.epochs;
   e.threads = at::get_num_threads();
   if (resumed_) {
@@ -321,8 +333,20 @@ absl::StatusOr<at::Tensor> TrainerImpl::Forward(const at::Tensor& input, bool gr
   return out;
 }
 
+int64_t TrainerImpl::StepsPerEpoch() const {
+  const int64_t per_rank = DistributedSamplerLength(data_.train.size(), sampler_);
+  const int64_t micro = NumBatches(per_rank, spec_.train.batch_size, spec_.train.drop_last);
+  return (micro + spec_.train.grad_accum_steps - 1) / spec_.train.grad_accum_steps;
+}
+
+double TrainerImpl::LrAt(int64_t epoch, int64_t global_step) const {
+  const LrScheduleSpec& s = spec_.train.lr_schedule;
+  const int64_t count = s.interval == LrScheduleSpec::Interval::kEpoch ? epoch : global_step;
+  return ScheduledLr(s, spec_.train.optimizer.lr, count, schedule_intervals_);
+}
+
 absl::Status TrainerImpl::TakeStep(const std::vector<int64_t>& order, int64_t first_micro,
-                                   int64_t num_micro, double* loss, double* comm_ms,
+                                   int64_t num_micro, double lr, double* loss, double* comm_ms,
                                    int64_t* samples) {
   const int64_t bs = spec_.train.batch_size;
   const int64_t total = static_cast<int64_t>(order.size());
@@ -349,6 +373,12 @@ absl::Status TrainerImpl::TakeStep(const std::vector<int64_t>& order, int64_t fi
   }
   if (trace_enabled()) trace_.Record(ReducerTrace::Kind::kBackwardEnd, -1);
   DDP_ASSIGN_OR_RETURN(absl::Duration waited, reducer_->FinishBackward());
+  // On the averaged gradients, as torch.nn.utils.clip_grad_norm_ after backward().
+  if (spec_.train.clip_grad_norm > 0) {
+    torch::nn::utils::clip_grad_norm_(params_, spec_.train.clip_grad_norm);
+  }
+  for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
+  last_lr_ = lr;
   optimizer_->step();
   for (at::Tensor& p : params_) p.mutable_grad().reset();  // zero_grad(set_to_none=True)
   *loss = loss_sum / static_cast<double>(num_micro);
@@ -386,7 +416,9 @@ absl::Status TrainerImpl::TrainEpoch(int64_t epoch, int64_t first_step) {
     const int64_t num_micro = std::min(accum, micro_total - first_micro);
     double loss = 0, comm_ms = 0;
     int64_t samples = 0;
-    DDP_RETURN_IF_ERROR(TakeStep(order, first_micro, num_micro, &loss, &comm_ms, &samples));
+    const double lr = LrAt(epoch, pos_.global_step);
+    DDP_RETURN_IF_ERROR(
+        TakeStep(order, first_micro, num_micro, lr, &loss, &comm_ms, &samples));
     const double step_ms = MillisSince(t0);
     train_ms_ += step_ms;
     total_samples_ += samples;
@@ -406,7 +438,7 @@ absl::Status TrainerImpl::TrainEpoch(int64_t epoch, int64_t first_step) {
       e.samples_per_s = window_s > 0 ? window_samples_ / window_s : 0.0;
       e.step_ms = step_ms;
       e.comm_ms = comm_ms;
-      e.lr = spec_.train.optimizer.lr;
+      e.lr = lr;
       events_.Emit(e);
       window_samples_ = 0;
       window_start_ = Clock::now();
@@ -518,6 +550,19 @@ absl::Status TrainerImpl::Checkpoint(const TrainingPosition& pos) {
   state.model = model_->Parameters();
   for (auto& b : model_->Buffers()) state.model.push_back(b);
   state.optimizer = OptimizerStateDict(spec_.train.optimizer, *optimizer_, params_);
+  if (spec_.train.lr_schedule.kind != LrScheduleSpec::Kind::kConstant ||
+      spec_.train.lr_schedule.warmup > 0) {
+    const LrScheduleSpec& ls = spec_.train.lr_schedule;
+    c10::impl::GenericDict sched(c10::StringType::get(), c10::AnyType::get());
+    sched.insert("name", std::string(LrScheduleName(ls.kind)));
+    sched.insert("interval",
+                 std::string(ls.interval == LrScheduleSpec::Interval::kEpoch ? "epoch" : "step"));
+    sched.insert("last_epoch", ls.interval == LrScheduleSpec::Interval::kEpoch ? pos.epoch
+                                                                               : pos.global_step);
+    sched.insert("base_lrs", c10::List<double>({spec_.train.optimizer.lr}));
+    sched.insert("_last_lr", c10::List<double>({last_lr_}));
+    state.lr_scheduler = sched;
+  }
   state.rng_state = rng;
   DDP_ASSIGN_OR_RETURN(const std::string path, keeper_->Save(std::move(state)));
   if (env_.rank != 0) {
