@@ -340,6 +340,54 @@ TEST_F(CommandJobTest, BadCommandsAreRefusedWithTheirReasonAndHarmNothingElse) {
   EXPECT_THAT(workers.out, Not(HasSubstr("quarantined")));
 }
 
+TEST_F(CommandJobTest, TwoRanksOnOneNodeFormTheirGroupThroughTheEnvironment) {
+  LocalCluster::Options o;
+  o.workers = 1;
+  o.slots = 2;
+  auto cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  cluster_ = std::move(*cluster);
+  StageScript();
+  const std::string path = absl::StrCat(example_, "/local.yaml");
+  testing::WriteFile(path, absl::StrCat("name: local\nnodes: 1\nnproc_per_node: 2\ncommand: [",
+                                        kPython, ", train.py, --data, ../../data/breast_cancer.csv, "
+                                        "--epochs, '3']\n"));
+  const v1::Job job = Finish(SubmitOk(*cluster_, path));
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  ASSERT_EQ(job.attempts(0).ranks_size(), 2);
+  EXPECT_EQ(job.attempts(0).ranks(1).local_rank(), 1);
+  CtlResult logs = cluster_->Ctl({"logs", job.id(), "--rank", "1"});
+  EXPECT_THAT(logs.out, HasSubstr("rank 1/2 (local rank 1)"));
+}
+
+TEST_F(CommandJobTest, ADrainMovesAProgramAfterItsNextCheckpointLineWithoutARestart) {
+  LocalCluster::Options o;
+  o.workers = 3;
+  auto cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  cluster_ = std::move(*cluster);
+  StageScript();
+  const std::string id = SubmitOk(*cluster_, ScriptJob("moved", 0, "--epochs, 30, --step-sleep, '0.02'"));
+  auto running = cluster_->WaitFor(id, [](const v1::Job& j) {
+    return j.state() == v1::RUNNING && j.metrics_size() == 2;
+  });
+  ASSERT_TRUE(running.ok()) << running.status();
+  const std::string victim = running->attempts(0).ranks(1).worker();
+  CtlResult r = cluster_->Ctl({"workers", "drain", victim});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const v1::Job job = Finish(id);
+  EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  EXPECT_EQ(job.restarts(), 0) << "a move spends no restart (max_restarts: 0)";
+  ASSERT_GE(job.attempts_size(), 2);
+  EXPECT_THAT(job.attempts(0).reason(), HasSubstr("is draining: moving to other workers"));
+  for (const v1::RankAssignment& rank : job.attempts(1).ranks()) {
+    EXPECT_NE(rank.worker(), victim);
+  }
+  // The program resumed from its own checkpoint, and was told no restart happened.
+  CtlResult logs = cluster_->Ctl({"logs", id});
+  EXPECT_THAT(logs.out, HasSubstr("(restart count 0), continuing with epoch"));
+}
+
 TEST_F(CommandJobTest, OnlyAdminsSubmitCommandJobsWhenTheCoordinatorSaysSo) {
   LocalCluster::Options o;
   o.secure = true;
