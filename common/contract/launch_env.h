@@ -23,7 +23,7 @@
 //
 // and ddp's own:
 //
-//   DDP_EVENTS_FD   the descriptor of the events pipe (JSON lines, docs/events.md)
+//   DDP_EVENTS_FD   the descriptor of the events pipe (JSON lines, docs/command-jobs.md)
 //   DDP_JOB_ID, DDP_ATTEMPT, DDP_NODE   the job, the attempt (1, 2, ...), the worker
 //
 // CUDA_VISIBLE_DEVICES is the worker's (one GPU per rank, or none on a GPU node).

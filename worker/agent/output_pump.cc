@@ -107,7 +107,7 @@ void OutputPump::Malformed(Stream& s, const std::string& text, const std::string
   MakeValidUtf8(&shown);
   Push(LogEvent(s, "stderr",
                 absl::StrCat("[ddp-worker] a line on DDP_EVENTS_FD is not an event (", why,
-                             "; docs/events.md has the format): ", shown,
+                             "; docs/command-jobs.md has the format): ", shown,
                              text.size() > kShown ? "..." : "",
                              " (further ones are counted, not shown)")));
 }
@@ -133,8 +133,8 @@ void OutputPump::Emit(Stream& s, std::string_view line, int64_t cut_bytes) {
     ev.set_rank(s.source.rank);
     ev.set_time_ms(absl::ToUnixMillis(clock_->Now()));
     std::string why;
-    switch (ParseProgramEvent(text, s.source.rank, absl::ToDoubleSeconds(clock_->Now() - absl::UnixEpoch()),
-                              ev.mutable_event(), &why)) {
+    const double now_s = absl::ToDoubleSeconds(clock_->Now() - absl::UnixEpoch());
+    switch (ParseProgramEvent(text, s.source.rank, now_s, ev.mutable_event(), &why)) {
       case ProgramLine::kEvent:
         return Push(std::move(ev));
       case ProgramLine::kDropped:

@@ -27,7 +27,7 @@ bool ParseTrainerEvent(const std::string& line, v1::TrainerEvent* event,
 bool ParseTrainerEvent(const google::protobuf::Struct& json, v1::TrainerEvent* event,
                        std::vector<std::string>* problems = nullptr);
 
-// A user's program (a command job) writes event lines too (docs/events.md), and they
+// A user's program (a command job) writes event lines too (docs/command-jobs.md), and they
 // are read leniently: every field but `type` is optional (a `step` needs `loss`),
 // unknown fields are ignored, `rank` is the one the worker started the process as
 // (whatever the line says) and `time` defaults to `now`. A line that is not a JSON
