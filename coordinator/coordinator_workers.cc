@@ -76,10 +76,8 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterReq
   {
     TouchList touched(hub_);
     absl::MutexLock lock(&mu_);
-    const std::string previous = [&] {
-      const WorkerRecord* w = registry_.Find(req.worker());
-      return w == nullptr ? std::string() : w->info.incarnation();
-    }();
+    std::string previous;  // (Not a lambda: the thread-safety analysis sees the lock here.)
+    if (const WorkerRecord* w = registry_.Find(req.worker())) previous = w->info.incarnation();
     const WorkerRegistry::Registration reg = registry_.Register(req, clock_->Now());
     if (reg.restarted) {
       DDP_LOG(WARNING) << "worker " << req.worker() << " restarted (incarnation " << previous

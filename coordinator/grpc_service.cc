@@ -87,7 +87,7 @@ class HubStream : public grpc::ServerWriteReactor<Message> {
   }
 
   void OnWriteDone(bool ok) override {
-    Action action;
+    Decision action;
     {
       absl::MutexLock lock(&mu_);
       writing_ = false;
@@ -98,7 +98,7 @@ class HubStream : public grpc::ServerWriteReactor<Message> {
   }
 
   void OnCancel() override {
-    Action action;
+    Decision action;
     {
       absl::MutexLock lock(&mu_);
       cancelled_ = true;
@@ -168,10 +168,18 @@ class HubStream : public grpc::ServerWriteReactor<Message> {
   };
 
   enum class Action { kNone, kWrite, kFinish, kPull };
+  // What to do once the lock is released; a finish carries its status, copied under
+  // the lock.
+  struct Decision {
+    Decision(Action a = Action::kNone, grpc::Status s = grpc::Status())  // NOLINT: implicit
+        : action(a), status(std::move(s)) {}
+    Action action;
+    grpc::Status status;
+  };
 
   // On the fan-out thread: the job changed, or the last write left us dirty.
   void Pull() {
-    Action action;
+    Decision action;
     {
       absl::MutexLock lock(&mu_);
       dirty_ = true;
@@ -182,19 +190,19 @@ class HubStream : public grpc::ServerWriteReactor<Message> {
 
   // What to do next. Pulls (Next()) only when `may_pull`, i.e. on the fan-out thread;
   // elsewhere a pending pull becomes kPull, which queues one there.
-  Action DecideLocked(bool may_pull) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (finished_ || writing_) return Action::kNone;
+  Decision DecideLocked(bool may_pull) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_ || writing_) return {Action::kNone};
     if (cancelled_) {
       finished_ = true;
       status_ = grpc::Status::CANCELLED;
-      return Action::kFinish;
+      return {Action::kFinish, status_};
     }
     if (ending_) {
       finished_ = true;
-      return Action::kFinish;
+      return {Action::kFinish, status_};
     }
-    if (!dirty_) return Action::kNone;
-    if (!may_pull) return Action::kPull;
+    if (!dirty_) return {Action::kNone};
+    if (!may_pull) return {Action::kPull};
     dirty_ = false;
     bool last = false, more = false;
     std::optional<Message> next = Next(&last, &more, &status_);
@@ -203,22 +211,22 @@ class HubStream : public grpc::ServerWriteReactor<Message> {
     if (next.has_value()) {
       message_ = std::move(*next);
       writing_ = true;
-      return Action::kWrite;
+      return {Action::kWrite};
     }
     if (ending_) {
       finished_ = true;
-      return Action::kFinish;
+      return {Action::kFinish, status_};
     }
-    return Action::kNone;
+    return {Action::kNone};
   }
 
-  void Act(Action action) {
-    switch (action) {
+  void Act(const Decision& decision) {
+    switch (decision.action) {
       case Action::kWrite:
         this->StartWrite(&message_);  // message_ is ours alone until OnWriteDone.
         break;
       case Action::kFinish:
-        this->Finish(status_);  // The last use of `this`: OnDone may follow at once.
+        this->Finish(decision.status);  // The last use of `this`: OnDone may follow at once.
         break;
       case Action::kPull:
         link_->Notify();
