@@ -12,11 +12,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <grpc/grpc.h>
-#include <grpcpp/generic/async_generic_service.h>
-#include <grpcpp/health_check_service_interface.h>
-#include <grpcpp/server_builder.h>
-#include <grpcpp/support/server_callback.h>
 
 #include <filesystem>
 #include <iostream>
@@ -29,6 +24,7 @@
 #include "common/metrics/metrics_server.h"
 #include "common/net.h"
 #include "common/rpc/credentials.h"
+#include "common/rpc/health_server.h"
 #include "common/version.h"
 #include "worker/agent/agent.h"
 #include "worker/agent/agent_metrics.h"
@@ -61,20 +57,6 @@ std::string RouteAddressTo(const std::string& host, int port) {
   freeaddrinfo(res);
   return out;
 }
-
-// The worker serves only the standard health service; gRPC needs at least one
-// callback service to run it, so every other method answers UNIMPLEMENTED.
-class UnimplementedService final : public grpc::CallbackGenericService {
-  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext*) override {
-    class Reactor final : public grpc::ServerGenericBidiReactor {
-     public:
-      Reactor() { Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "ddp-worker serves only "
-                                                                        "grpc.health.v1.Health")); }
-      void OnDone() override { delete this; }
-    };
-    return new Reactor();
-  }
-};
 
 // The agent's work dir: given, made 0700 if missing and refused if it is a symlink or
 // belongs to someone else; by default a fresh private directory (mkdtemp) under
@@ -285,25 +267,19 @@ int main(int argc, char** argv) {
   }
   ddp::SetLogPrefix("[worker " + opts.name + "] ");
 
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::ServerBuilder builder;
-  UnimplementedService unimplemented;
-  builder.RegisterCallbackGenericService(&unimplemented);
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // Port taken: fail, don't share.
-  int health_port = 0;
-  builder.AddListeningPort(health_listen, grpc::InsecureServerCredentials(), &health_port);
-  std::unique_ptr<grpc::Server> health = builder.BuildAndStart();
-  if (health == nullptr || health_port == 0) {
-    std::cerr << "ddp-worker: --health-listen: cannot listen on " << health_listen << "\n";
-    return 1;
-  }
-  // "" (what readiness probes ask) is SERVING only while the coordinator hears from
-  // us: a node that cannot reach it is not healthy, whatever its trainers do.
+  // The shared plaintext health server (common/rpc/health_server.h), as the
+  // coordinator's. "" (what readiness probes ask) is SERVING only while the coordinator
+  // hears from us: a node that cannot reach it is not healthy, whatever its trainers do.
   // "liveness" is SERVING while the process runs, so a liveness probe never restarts an
   // agent (and kills its trainers) only because the coordinator is away.
-  health->GetHealthCheckService()->SetServingStatus("", false);
-  health->GetHealthCheckService()->SetServingStatus("liveness", true);
-  DDP_LOG(INFO) << "health service on port " << health_port << "; coordinator " << coordinator
+  auto health = ddp::HealthServer::Start(health_listen);
+  if (!health.ok()) {
+    std::cerr << "ddp-worker: --health-listen: " << health.status().message() << "\n";
+    return 1;
+  }
+  (*health)->Set("liveness", true);
+  DDP_LOG(INFO) << "health service on port " << (*health)->port() << "; coordinator "
+                << coordinator
                 << (security.ca_file.empty() ? " (plaintext)" : " (TLS)")
                 << (security.cert_file.empty() ? "" : " with a client certificate")
                 << (security.token.empty() ? "" : " with a token") << "; work dir "
@@ -335,7 +311,7 @@ int main(int argc, char** argv) {
     DDP_LOG(INFO) << "Prometheus metrics on port " << metrics->port();
   }
   agent.set_on_reachable([&](bool ok) {
-    health->GetHealthCheckService()->SetServingStatus("", ok);
+    (*health)->Set("", ok);
     // Type=notify: the unit is up once the agent is registered.
     if (ok) {
       sd_notifyf(0, "READY=1\nSTATUS=registered with %s", coordinator.c_str());
@@ -352,7 +328,7 @@ int main(int argc, char** argv) {
     agent.Stop();
   });
   absl::Status st = agent.Run();
-  health->Shutdown();
+  (*health)->Shutdown();
   if (!st.ok()) {
     DDP_LOG(ERROR) << st.message();
     _exit(1);  // The waiter is blocked in sigwait; nothing else needs tearing down.
