@@ -158,6 +158,7 @@ JobRecord NewJob(std::string id, int64_t seq, JobSpec spec, std::string rdzv_id,
   job.set_max_restarts(rec.spec.max_restarts);
   job.set_epochs(rec.spec.is_command() ? 0 : rec.spec.train.epochs);  // 0: unknown
   job.set_submit_ms(Millis(now));
+  rec.stall = StallWatch(/*reporting_ranks_only=*/rec.spec.is_command());
   return rec;
 }
 
@@ -186,6 +187,9 @@ JobDelta RestoreJob(JobRecord& rec, absl::Time now) {
     return delta;
   }
   rec.spec = *std::move(spec);
+  // A restarted coordinator re-arms the watch with the next step events, in the mode
+  // of the job's kind (a command job watches only the ranks that report).
+  rec.stall = StallWatch(/*reporting_ranks_only=*/rec.spec.is_command());
   if (rec.job.state() == v1::RENDEZVOUS && ActiveAttempt(rec) == nullptr) {
     rec.job.set_state(v1::PENDING);  // Was gathering: decide again.
   }

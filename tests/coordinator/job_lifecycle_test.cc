@@ -317,6 +317,16 @@ TEST(JobLifecycleTest, ARestoredRunningJobCountsItsRanksAgain) {
   EXPECT_EQ(job.job.state(), v1::SUCCEEDED);
 }
 
+TEST(JobLifecycleTest, ARestoredCommandJobWatchesOnlyTheRanksThatReport) {
+  JobRecord job = CommandRunning();
+  job.job.set_spec_yaml("name: demo\ncommand: [python3, train.py]\n");
+  job.stall = StallWatch();  // As a record freshly loaded from the store has it.
+  EXPECT_TRUE(RestoreJob(job, kT0).empty());
+  // Rank 0 reports every second; rank 1 (a program that reports from rank 0 only) never.
+  for (int t = 0; t <= 100; ++t) job.stall.Progress(0, 2, true, kT0 + absl::Seconds(t));
+  EXPECT_FALSE(job.stall.Find(kT0 + absl::Seconds(100), absl::Seconds(5)).has_value());
+}
+
 TEST(JobLifecycleTest, ListSomeNamesAFewAndCountsTheRest) {
   EXPECT_EQ(ListSome({}), "");
   EXPECT_EQ(ListSome({"a", "b"}), "a, b");
