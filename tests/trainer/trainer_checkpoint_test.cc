@@ -22,12 +22,15 @@ using testing::RankResult;
 using ::testing::HasSubstr;
 
 // 455 training rows, batch 8, 2 ranks: 28 steps per epoch; a checkpoint every 5 steps.
+// The learning rate follows a cosine schedule after a warm-up, and gradients are
+// clipped, so a resume must also restore where the schedule stands.
 constexpr char kJob[] = R"(name: ckpt-test
 model: {mlp: {hidden: [32]}}
 data:
   csv: {path: $SRC/data/breast_cancer.csv, skip_rows: 1, label_column: -1, standardize: true}
   validation: {fraction: 0.2}
-train: {epochs: 2, batch_size: 8, drop_last: true, threads: 1, optimizer: {name: adam, lr: 0.001}}
+train: {epochs: 2, batch_size: 8, drop_last: true, threads: 1, optimizer: {name: adam, lr: 0.01},
+        clip_grad_norm: 0.5, lr_schedule: {name: cosine, warmup: 7}}
 checkpoint: {dir: "ckpt/{node}", every_steps: 5, keep: $KEEP, resume: $RESUME}
 )";
 
