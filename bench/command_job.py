@@ -22,16 +22,14 @@ Medians over the repeats.
 import argparse
 import json
 import os
-import platform
 import shutil
 import signal
-import statistics
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from start_latency import ROOT, Cluster, job_file  # noqa: E402
+from start_latency import ROOT, Cluster, job_file, write_results  # noqa: E402
 
 
 def get(cluster, job_id):
@@ -128,17 +126,7 @@ def main():
             cluster.stop()
         os.remove(builtin)
         shutil.rmtree(tmp, ignore_errors=True)
-    result = {
-        "machine": f"{platform.node()} ({os.cpu_count()} cores)",
-        "repeats": args.repeats,
-        "medians": {k: statistics.median(v) for k, v in runs.items()},
-        "runs": runs,
-    }
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    for k, v in result["medians"].items():
-        print(f"{k}: median {v:.3f} s over {args.repeats}")
+    write_results(args.out, args.repeats, runs, "medians")
 
 
 if __name__ == "__main__":

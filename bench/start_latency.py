@@ -133,17 +133,22 @@ def main():
             c.stop()
         os.remove(job)
         shutil.rmtree(tmp, ignore_errors=True)
+    write_results(args.out, args.repeats, runs, "submit_to_first_step_s")
+
+
+def write_results(path, repeats, runs, key):
+    """Writes the runs and their medians (under `key`) as JSON, and prints the medians."""
     result = {
         "machine": f"{platform.node()} ({os.cpu_count()} cores)",
-        "repeats": args.repeats,
-        "submit_to_first_step_s": {k: statistics.median(v) for k, v in runs.items()},
+        "repeats": repeats,
+        key: {k: statistics.median(v) for k, v in runs.items()},
         "runs": runs,
     }
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
         json.dump(result, f, indent=1)
-    for k, v in result["submit_to_first_step_s"].items():
-        print(f"{k}: median {v:.3f} s over {args.repeats}")
+    for k, v in result[key].items():
+        print(f"{k}: median {v:.3f} s over {repeats}")
 
 
 if __name__ == "__main__":

@@ -263,6 +263,8 @@ class Coordinator {
   // streak of node faults.
   void NoteNodeFaultsLocked(WorkerRecord& worker, const v1::TaskStatus& status,
                             absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the task's exit codes are ddp-trainer's (3: node fault), not a program's.
+  bool TrainerExitCodesLocked(const v1::TaskStatus& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The stall watchdog (stall_watchdog.h): fails each watched attempt with a rank
   // silent past its timeout. Runs at most once a second.
   void CheckStallsLocked(absl::Time now, TouchList& touched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -262,6 +262,13 @@ v1::HeartbeatResponse Coordinator::DesiredLocked(WorkerRecord& worker,
   return resp;
 }
 
+bool Coordinator::TrainerExitCodesLocked(const v1::TaskStatus& status) {
+  // Exit code 3 blames the node only when ddp-trainer says it: a user's program (a
+  // command job) may exit 3 for its own reasons.
+  const JobRecord* rec = FindLocked(status.job_id());
+  return rec != nullptr && !rec->spec.is_command();
+}
+
 void Coordinator::NoteNodeFaultsLocked(WorkerRecord& worker, const v1::TaskStatus& status,
                                        absl::Time now) {
   std::string reason;
@@ -270,14 +277,10 @@ void Coordinator::NoteNodeFaultsLocked(WorkerRecord& worker, const v1::TaskStatu
     reason = absl::StrCat("could not start trainers of ", status.job_id(), " attempt ",
                           status.attempt(), ": ", status.error());
   }
-  // Exit code 3 blames the node only when ddp-trainer says it: a user's program
-  // (a command job) may exit 3 for its own reasons.
-  const JobRecord* rec = FindLocked(status.job_id());
-  const bool trainer_codes = rec != nullptr && !rec->spec.is_command();
   for (const v1::LocalRankStatus& r : status.ranks()) {
     if (!r.exited() || r.signal() != 0) continue;
     if (r.exit_code() == 0) registry_.NodeWorked(worker);
-    if (trainer_codes && r.exit_code() == kExitNodeFault && reason.empty()) {
+    if (r.exit_code() == kExitNodeFault && reason.empty() && TrainerExitCodesLocked(status)) {
       reason = absl::StrCat("rank ", r.rank(), " of ", status.job_id(), " attempt ",
                             status.attempt(), " exited with code ", kExitNodeFault,
                             " (node fault)");

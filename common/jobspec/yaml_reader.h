@@ -259,6 +259,34 @@ class Reader {
   int last_line_ = 1;
 };
 
+
+// Validation helpers: each reports through the reader and never throws.
+inline void Positive(Reader& r, const YAML::Node& map, const char* key, const std::string& path,
+              double v) {
+  if (v <= 0) r.Error(map[key], Reader::Join(path, key), absl::StrCat("must be > 0 (got ", v, ")"));
+}
+
+inline void NonNegative(Reader& r, const YAML::Node& map, const char* key, const std::string& path,
+                 double v) {
+  if (v < 0) {
+    r.Error(map[key], Reader::Join(path, key), absl::StrCat("must be >= 0 (got ", v, ")"));
+  }
+}
+
+inline void AtMost(Reader& r, const YAML::Node& map, const char* key, const std::string& path,
+            double v, double max) {
+  if (v > max) {
+    r.Error(map[key], Reader::Join(path, key), absl::StrCat("must be <= ", max, " (got ", v, ")"));
+  }
+}
+
+inline void AtMost(Reader& r, const YAML::Node& map, const char* key, const std::string& path,
+            int64_t v, int64_t max) {
+  if (v > max) {
+    r.Error(map[key], Reader::Join(path, key), absl::StrCat("must be <= ", max, " (got ", v, ")"));
+  }
+}
+
 }  // namespace ddp::jobspec_internal
 
 #endif  // DDP_COMMON_JOBSPEC_YAML_READER_H_

@@ -82,20 +82,15 @@ TEST_F(ClusterTest, TrainsTheBreastCancerExampleWhileWatchShowsEveryRankLive) {
   EXPECT_EQ(watch.exit_code, 0) << watch.err;
   EXPECT_THAT(watch.err, HasSubstr(absl::StrCat("job ", id, " SUCCEEDED")));
   // Both ranks' loss and throughput, at many points of training, not only the end.
-  std::map<int, std::set<std::string>> epochs_seen;
-  for (absl::string_view line : absl::StrSplit(watch.out, '\n')) {
-    for (int rank : {0, 1}) {
-      const std::string tag = absl::StrCat(" rank ", rank, " epoch ");
-      const size_t at = line.find(tag);
-      if (at == absl::string_view::npos) continue;
-      EXPECT_THAT(std::string(line), HasSubstr(" loss "));
-      EXPECT_THAT(std::string(line), HasSubstr(" samples/s "));
-      absl::string_view rest = line.substr(at + tag.size());
-      epochs_seen[rank].insert(std::string(rest.substr(0, rest.find(' '))));
+  testing::WatchLines seen = testing::ParseWatch(watch.out);
+  for (const auto& [rank, lines] : seen.lines) {
+    for (const std::string& line : lines) {
+      EXPECT_THAT(line, HasSubstr(" loss "));
+      EXPECT_THAT(line, HasSubstr(" samples/s "));
     }
   }
-  EXPECT_GE(epochs_seen[0].size(), 10u) << watch.out;
-  EXPECT_GE(epochs_seen[1].size(), 10u) << watch.out;
+  EXPECT_GE(seen.epochs[0].size(), 10u) << watch.out;
+  EXPECT_GE(seen.epochs[1].size(), 10u) << watch.out;
   const size_t rank1 = watch.out.find(" rank 1 epoch ");
   const size_t succeeded = watch.out.find("SUCCEEDED");
   ASSERT_NE(rank1, std::string::npos) << watch.out;

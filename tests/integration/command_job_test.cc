@@ -139,19 +139,12 @@ TEST_F(CommandJobTest, APyTorchDdpScriptTrainsWhileWatchShowsEveryRankLive) {
   EXPECT_EQ(watch.exit_code, 0) << watch.out << watch.err;
   EXPECT_THAT(watch.err, HasSubstr(absl::StrCat("job ", id, " SUCCEEDED")));
   // Both ranks' loss, reported by the script through ddp_report, at several epochs.
-  std::map<int, std::set<std::string>> epochs_seen;
-  for (absl::string_view line : absl::StrSplit(watch.out, '\n')) {
-    for (int rank : {0, 1}) {
-      const std::string tag = absl::StrCat(" rank ", rank, " epoch ");
-      const size_t at = line.find(tag);
-      if (at == absl::string_view::npos) continue;
-      EXPECT_THAT(std::string(line), HasSubstr(" loss "));
-      absl::string_view rest = line.substr(at + tag.size());
-      epochs_seen[rank].insert(std::string(rest.substr(0, rest.find(' '))));
-    }
+  testing::WatchLines seen = testing::ParseWatch(watch.out);
+  for (const auto& [rank, lines] : seen.lines) {
+    for (const std::string& line : lines) EXPECT_THAT(line, HasSubstr(" loss "));
   }
-  EXPECT_GE(epochs_seen[0].size(), 3u) << watch.out;
-  EXPECT_GE(epochs_seen[1].size(), 3u) << watch.out;
+  EXPECT_GE(seen.epochs[0].size(), 3u) << watch.out;
+  EXPECT_GE(seen.epochs[1].size(), 3u) << watch.out;
 
   auto job = cluster_->GetJob(id, /*history=*/true);
   ASSERT_TRUE(job.ok()) << job.status();

@@ -17,7 +17,10 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "common/net.h"
 #include "common/auth/tokens.h"
@@ -396,6 +399,25 @@ ExitStatus LocalCluster::StopCoordinator(int sig) {
   ExitStatus st = coordinator_->Wait();
   coordinator_.reset();
   return st;
+}
+
+WatchLines ParseWatch(const std::string& out) {
+  WatchLines w;
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    const size_t at = line.find(" rank ");
+    if (at == absl::string_view::npos) continue;
+    absl::string_view rest = line.substr(at + 6);
+    int rank = 0;
+    const size_t space = rest.find(' ');
+    if (!absl::SimpleAtoi(rest.substr(0, space), &rank) || space == absl::string_view::npos ||
+        !absl::StartsWith(rest.substr(space), " epoch ")) {
+      continue;
+    }
+    rest = rest.substr(space + 7);
+    w.lines[rank].emplace_back(line);
+    w.epochs[rank].insert(std::string(rest.substr(0, rest.find(' '))));
+  }
+  return w;
 }
 
 std::string StageExample(const std::string& name, const std::string& dir) {

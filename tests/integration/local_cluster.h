@@ -5,7 +5,9 @@
 #define DDP_TESTS_INTEGRATION_LOCAL_CLUSTER_H_
 
 #include <functional>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -125,6 +127,14 @@ class LocalCluster {
   std::vector<int> metrics_ports_;  // Each worker's --metrics-listen port (0: none).
   std::unique_ptr<v1::JobService::Stub> stub_;
 };
+
+// `ddpctl watch`'s plain lines (its stdout a pipe) by rank: each rank's update lines
+// (" rank R epoch E ...") and the epochs they name.
+struct WatchLines {
+  std::map<int, std::vector<std::string>> lines;
+  std::map<int, std::set<std::string>> epochs;
+};
+WatchLines ParseWatch(const std::string& out);
 
 // Copies examples/<name> into a scratch tree (with data/ linked) so its relative
 // paths and checkpoints stay out of the source tree; returns the copy's path.

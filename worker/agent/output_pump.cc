@@ -77,12 +77,17 @@ void OutputPump::Forget(const OutputSource& source) {
   if (it != open_.end() && it->second == 0) open_.erase(it);
 }
 
-v1::ReportedEvent OutputPump::LogEvent(const Stream& s, const char* stream, std::string text) {
+v1::ReportedEvent OutputPump::Envelope(const Stream& s) {
   v1::ReportedEvent ev;
   ev.set_job_id(s.source.job_id);
   ev.set_attempt(s.source.attempt);
   ev.set_rank(s.source.rank);
   ev.set_time_ms(absl::ToUnixMillis(clock_->Now()));
+  return ev;
+}
+
+v1::ReportedEvent OutputPump::LogEvent(const Stream& s, const char* stream, std::string text) {
+  v1::ReportedEvent ev = Envelope(s);
   v1::LogLine* log = ev.mutable_log();
   log->set_stream(stream);
   log->set_rank(s.source.rank);
@@ -127,11 +132,7 @@ void OutputPump::Emit(Stream& s, std::string_view line, int64_t cut_bytes) {
     if (cut_bytes > 0) {
       return Malformed(s, text, absl::StrCat("longer than ", kMaxEventLineBytes, " bytes"));
     }
-    v1::ReportedEvent ev;
-    ev.set_job_id(s.source.job_id);
-    ev.set_attempt(s.source.attempt);
-    ev.set_rank(s.source.rank);
-    ev.set_time_ms(absl::ToUnixMillis(clock_->Now()));
+    v1::ReportedEvent ev = Envelope(s);
     std::string why;
     const double now_s = absl::ToDoubleSeconds(clock_->Now() - absl::UnixEpoch());
     switch (ParseProgramEvent(text, s.source.rank, now_s, ev.mutable_event(), &why)) {
@@ -144,11 +145,7 @@ void OutputPump::Emit(Stream& s, std::string_view line, int64_t cut_bytes) {
     }
     return;
   }
-  v1::ReportedEvent ev;
-  ev.set_job_id(s.source.job_id);
-  ev.set_attempt(s.source.attempt);
-  ev.set_rank(s.source.rank);
-  ev.set_time_ms(absl::ToUnixMillis(clock_->Now()));
+  v1::ReportedEvent ev = Envelope(s);
   bool relay = true;
   if (s.kind == Kind::kEvents && cut_bytes == 0) {
     v1::TrainerEvent event;

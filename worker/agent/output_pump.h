@@ -88,6 +88,8 @@ class OutputPump {
   // The stream is at its end: a lenient one with malformed lines says how many.
   void Closing(Stream& stream);
   void Push(v1::ReportedEvent ev);
+  // An event of `s`'s rank, stamped now, with no payload yet.
+  v1::ReportedEvent Envelope(const Stream& s);
   v1::ReportedEvent LogEvent(const Stream& s, const char* stream, std::string text);
 
   EventBuffer* const out_;
