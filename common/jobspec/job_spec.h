@@ -17,6 +17,8 @@
 
 #include "absl/status/statusor.h"
 
+#include "ddp/lr_schedule.h"
+
 namespace ddp {
 
 enum class Backend { kAuto, kNccl, kGloo };
@@ -112,19 +114,8 @@ struct OptimizerSpec {
 // joined as SequentialLR([warm-up, main], milestones=[warmup]) joins them. t_max 0:
 // the intervals left after the warm-up (epochs x steps per epoch, or epochs, capped by
 // train.max_steps). The closed forms are in worker/trainer/lr_schedule.h.
-struct LrScheduleSpec {
-  enum class Kind { kConstant, kStep, kCosine, kLinear };
-  enum class Interval { kStep, kEpoch };
-  Kind kind = Kind::kConstant;
-  Interval interval = Interval::kStep;
-  int64_t warmup = 0;
-  double warmup_start_factor = 0.1;
-  int64_t step_size = 1;  // step
-  double gamma = 0.1;     // step
-  int64_t t_max = 0;      // cosine, linear; 0: the rest of training
-  double eta_min = 0.0;   // cosine
-  double end_factor = 0.0;  // linear
-};
+// The struct is libddp's public ddp::LrSchedule (<ddp/lr_schedule.h>, torch-free).
+using LrScheduleSpec = LrSchedule;
 
 struct TrainSpec {
   int64_t epochs = 1;

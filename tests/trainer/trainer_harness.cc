@@ -56,7 +56,11 @@ absl::StatusOr<std::unique_ptr<TrainerGroup>> TrainerGroup::Start(const TrainerL
                         : launch.cwd;
   for (int r : ranks) {
     SpawnOptions o;
-    o.argv = {TrainerBinary(), "--spec", std::filesystem::absolute(launch.spec_path).string()};
+    o.argv = launch.command.empty() ? std::vector<std::string>{TrainerBinary(), "--spec",
+                                                               std::filesystem::absolute(
+                                                                   launch.spec_path)
+                                                                   .string()}
+                                    : launch.command;
     o.cwd = cwd;
     o.env = launch.env;
     const int per_node = launch.nproc_per_node > 0 ? launch.nproc_per_node : launch.world_size;

@@ -42,6 +42,9 @@ struct RankResult {
 
 struct TrainerLaunch {
   std::string spec_path;
+  // The program each rank runs instead of `ddp-trainer --spec spec_path` (a libddp
+  // program, say); it gets the same environment.
+  std::vector<std::string> command;
   int world_size = 2;
   std::string cwd;  // Empty: the spec's directory.
   std::map<std::string, std::string> env;

@@ -1,6 +1,9 @@
 #include "worker/trainer/checkpoint_keeper.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <cstring>
+#include <mutex>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -18,6 +21,27 @@ constexpr char kCheckpoint = 'C';
 constexpr char kUnreadable = 'U';
 
 }  // namespace
+
+absl::StatusOr<at::Tensor> RankZeroRngState(Comm& comm, const at::Device& device) {
+  at::Tensor rng;
+  {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    rng = gen.get_state();
+  }
+  if (comm.world_size() > 1) {
+    at::Tensor shared = rng.to(device);
+    DDP_RETURN_IF_ERROR(comm.Broadcast({shared}));
+    rng = shared.cpu();
+  }
+  return rng;
+}
+
+void RestoreRngState(const at::Tensor& state) {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
 
 std::string CheckpointDirFor(const std::string& dir, const TorchrunEnv& env) {
   return absl::StrReplaceAll(dir, {{"{job_id}", env.job_id}, {"{node}", FileNameToken(env.node)}});

@@ -36,6 +36,12 @@ namespace ddp {
 // checkpoint.dir with {job_id} and {node} replaced from the environment.
 std::string CheckpointDirFor(const std::string& dir, const TorchrunEnv& env);
 
+// Collective: rank 0's CPU generator state on every rank (checkpoints carry it, as if
+// rank 0 had written them all). `device`: where the comm wants its tensors.
+absl::StatusOr<at::Tensor> RankZeroRngState(Comm& comm, const at::Device& device);
+// Makes `state` (from RankZeroRngState, via a checkpoint) the CPU generator's.
+void RestoreRngState(const at::Tensor& state);
+
 class CheckpointKeeper {
  public:
   // `dir`: checkpoint.dir with its placeholders replaced. `comm` and `device` (where

@@ -210,10 +210,10 @@ std::optional<ShmDType> ShmTypeOf(const at::Tensor& t) {
 
 }  // namespace
 
-absl::StatusOr<DeviceChoice> ChooseDevice(const JobSpec& spec, const TorchrunEnv& env) {
+absl::StatusOr<DeviceChoice> ChooseDevice(Backend backend, const TorchrunEnv& env) {
   const bool cuda = torch::cuda::is_available();
   DeviceChoice choice;
-  if (spec.backend == Backend::kGloo || (spec.backend == Backend::kAuto && !cuda)) {
+  if (backend == Backend::kGloo || (backend == Backend::kAuto && !cuda)) {
     choice.backend = "gloo";
     return choice;
   }

@@ -37,7 +37,7 @@ struct DeviceChoice {
 
 // backend auto -> NCCL on cuda:LOCAL_RANK when this LibTorch has CUDA and a GPU is
 // visible, else Gloo on CPU. FAILED_PRECONDITION for nccl without CUDA (permanent).
-absl::StatusOr<DeviceChoice> ChooseDevice(const JobSpec& spec, const TorchrunEnv& env);
+absl::StatusOr<DeviceChoice> ChooseDevice(Backend backend, const TorchrunEnv& env);
 
 struct CommOptions {
   std::chrono::milliseconds rdzv_timeout{120000};

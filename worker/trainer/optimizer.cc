@@ -60,6 +60,45 @@ void SaveStates(torch::optim::Optimizer& opt, const std::vector<at::Tensor>& par
 
 }  // namespace
 
+absl::StatusOr<OptimizerSpec> OptimizerSpecOf(torch::optim::Optimizer& opt) {
+  if (opt.param_groups().size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint: the optimizer has ", opt.param_groups().size(),
+        " param groups; checkpoints support optimizers with one"));
+  }
+  const torch::optim::OptimizerOptions& options = opt.param_groups()[0].options();
+  OptimizerSpec spec;
+  if (dynamic_cast<torch::optim::SGD*>(&opt) != nullptr) {
+    const auto& o = static_cast<const torch::optim::SGDOptions&>(options);
+    spec.kind = OptimizerKind::kSgd;
+    spec.lr = o.lr();
+    spec.momentum = o.momentum();
+    spec.nesterov = o.nesterov();
+    spec.weight_decay = o.weight_decay();
+    return spec;
+  }
+  auto adam_like = [&](const auto& o, OptimizerKind kind) {
+    spec.kind = kind;
+    spec.lr = o.lr();
+    spec.beta1 = std::get<0>(o.betas());
+    spec.beta2 = std::get<1>(o.betas());
+    spec.eps = o.eps();
+    spec.weight_decay = o.weight_decay();
+    spec.amsgrad = o.amsgrad();
+    return spec;
+  };
+  if (dynamic_cast<torch::optim::AdamW*>(&opt) != nullptr) {
+    return adam_like(static_cast<const torch::optim::AdamWOptions&>(options),
+                     OptimizerKind::kAdamW);
+  }
+  if (dynamic_cast<torch::optim::Adam*>(&opt) != nullptr) {
+    return adam_like(static_cast<const torch::optim::AdamOptions&>(options), OptimizerKind::kAdam);
+  }
+  return absl::InvalidArgumentError(
+      "checkpoint: the optimizer is not torch::optim::SGD, Adam or AdamW, whose state "
+      "checkpoints know how to save");
+}
+
 std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const OptimizerSpec& spec,
                                                        const std::vector<at::Tensor>& params) {
   switch (spec.kind) {

@@ -15,9 +15,14 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/jobspec/job_spec.h"
 
 namespace ddp {
+
+// The spec of a user's optimizer (libddp's checkpoints): SGD, Adam or AdamW with one
+// param group; INVALID_ARGUMENT naming what is not supported otherwise.
+absl::StatusOr<OptimizerSpec> OptimizerSpecOf(torch::optim::Optimizer& optimizer);
 
 std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const OptimizerSpec& spec,
                                                        const std::vector<at::Tensor>& params);

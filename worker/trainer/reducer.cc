@@ -1,5 +1,7 @@
 #include "worker/trainer/reducer.h"
 
+#include <torch/csrc/autograd/engine.h>
+
 #include <map>
 #include <utility>
 
@@ -90,8 +92,9 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> params, Comm* comm, Opt
     }
   }
   ready_.assign(params_.size(), false);
-  // Alone, the hooks would only feed the trace: without one, backward runs bare.
-  if (alone_ && trace_ == nullptr) return;
+  // Alone, the hooks would only feed the trace (or queue the final callback, which
+  // gives unused parameters their zeros): without either, backward runs bare.
+  if (alone_ && trace_ == nullptr && !options_.finish_in_backward) return;
   for (size_t i = 0; i < params_.size(); ++i) {
     hook_handles_.push_back(
         params_[i].register_hook([this, i](const at::Tensor& grad) { OnGradient(i, grad); }));
@@ -105,6 +108,7 @@ GradientReducer::~GradientReducer() {
 void GradientReducer::PrepareForBackward(bool sync) {
   std::lock_guard<std::mutex> lock(mu_);
   sync_ = sync;
+  callback_queued_ = false;
   std::fill(ready_.begin(), ready_.end(), false);
   next_launch_ = 0;
   for (Bucket& b : state_) {
@@ -116,6 +120,10 @@ void GradientReducer::PrepareForBackward(bool sync) {
 void GradientReducer::OnGradient(size_t i, const at::Tensor& grad) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!sync_ || ready_[i]) return;
+  if (options_.finish_in_backward && !callback_queued_) {
+    callback_queued_ = true;
+    torch::autograd::Engine::get_default_engine().queue_callback([this] { FinishFromCallback(); });
+  }
   if (trace_) trace_->Record(ReducerTrace::Kind::kGradReady, static_cast<int64_t>(i));
   if (alone_) return;  // param.grad after AccumulateGrad is already the average.
   auto [b, slot] = locate_[i];
@@ -147,7 +155,31 @@ void GradientReducer::Launch(Bucket& bucket, size_t index) {
   bucket.work = comm_->StartSum(bucket.flat);
 }
 
+void GradientReducer::FinishFromCallback() {
+  absl::StatusOr<absl::Duration> waited = FinishBackward();
+  std::lock_guard<std::mutex> lock(mu_);
+  sync_ = false;  // A second backward without a forward in between reduces nothing.
+  if (waited.ok()) {
+    last_wait_ = *waited;
+    return;
+  }
+  callback_error_ = waited.status();
+  if (options_.throw_failure) options_.throw_failure(waited.status());
+  throw std::runtime_error(std::string(waited.status().message()));
+}
+
+absl::Duration GradientReducer::last_wait() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_wait_;
+}
+
+std::optional<absl::Status> GradientReducer::TakeCallbackError() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::exchange(callback_error_, std::nullopt);
+}
+
 absl::StatusOr<absl::Duration> GradientReducer::FinishBackward() {
+  if (trace_) trace_->Record(ReducerTrace::Kind::kBackwardEnd, -1);
   if (alone_) {
     // The same bits as the bucket path (x * 1.0 == x): only unused parameters need
     // their zeros.

@@ -15,13 +15,17 @@
 //     sums progress without waiting (Comm::Poll).
 //   - FinishBackward() launches buckets whose parameters got no gradient (unused in
 //     this forward; treated as zero), waits for every all-reduce with the collective
-//     timeout, and copies the averages into param.grad.
+//     timeout, and copies the averages into param.grad. With finish_in_backward (what
+//     libddp's DistributedDataParallel uses), the first hook of a sync backward queues
+//     it as the autograd engine's final callback, as PyTorch's reducer queues
+//     finalize_backward, so backward() returns with the averages in place; a failure
+//     there throws out of backward() and TakeCallbackError() says why.
 //   - A non-sync backward (PyTorch's no_sync, for gradient accumulation) leaves
 //     gradients to accumulate locally; the next sync backward all-reduces the
 //     accumulated sum, exactly as DDP reduces param.grad after accumulation.
 //
 // Lifecycle per optimizer step: PrepareForBackward(sync) -> loss.backward() ->
-// FinishBackward() (sync steps only) -> optimizer.step(). Not thread-safe across
+// FinishBackward() (sync steps only, unless finish_in_backward) -> optimizer.step(). Not thread-safe across
 // steps; hooks may run on autograd's device threads, so per-step state is locked.
 #ifndef DDP_WORKER_TRAINER_REDUCER_H_
 #define DDP_WORKER_TRAINER_REDUCER_H_
@@ -29,7 +33,9 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -76,6 +82,11 @@ class GradientReducer {
   struct Options {
     int64_t bucket_cap_bytes = 25 * 1024 * 1024;
     int64_t first_bucket_cap_bytes = 1024 * 1024;
+    // Run FinishBackward as autograd's final callback of every sync backward.
+    bool finish_in_backward = false;
+    // finish_in_backward: throws the exception backward() propagates when FinishBackward
+    // fails (libddp throws its ddp::Error); null: std::runtime_error.
+    std::function<void(const absl::Status&)> throw_failure;
   };
 
   // Registers a gradient hook on every parameter; they must all require grad and
@@ -94,6 +105,11 @@ class GradientReducer {
   absl::StatusOr<absl::Duration> FinishBackward();
 
   const std::vector<BucketLayout>& buckets() const { return buckets_; }
+  // finish_in_backward: the wait of the last sync backward's FinishBackward.
+  absl::Duration last_wait() const;
+  // finish_in_backward: why the last backward threw, if FinishBackward failed in it
+  // (cleared by the call).
+  std::optional<absl::Status> TakeCallbackError();
 
  private:
   struct Bucket {
@@ -106,6 +122,7 @@ class GradientReducer {
 
   void OnGradient(size_t param_index, const at::Tensor& grad);
   void LaunchReadyLocked();  // Caller holds mu_.
+  void FinishFromCallback();
   void Launch(Bucket& bucket, size_t index);
 
   std::vector<at::Tensor> params_;
@@ -121,10 +138,13 @@ class GradientReducer {
   std::vector<std::pair<size_t, size_t>> locate_;  // param -> (bucket, slot)
   std::vector<unsigned> hook_handles_;
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   bool sync_ = false;
   std::vector<bool> ready_;   // Per parameter, this step.
   size_t next_launch_ = 0;    // Buckets [0, next_launch_) have been launched.
+  bool callback_queued_ = false;
+  absl::Duration last_wait_;
+  std::optional<absl::Status> callback_error_;
 };
 
 }  // namespace ddp

@@ -17,6 +17,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "ddp/distributed_data_parallel.h"
+#include "ddp/process_group.h"
+#include "libddp/src/internal.h"
 #include "worker/trainer/checkpoint.h"
 #include "worker/trainer/checkpoint_keeper.h"
 #include "worker/trainer/comm.h"
@@ -101,13 +104,8 @@ class TrainerImpl {
   // train.lr_schedule's lr for the step after `global_step` steps, in `epoch`.
   double LrAt(int64_t epoch, int64_t global_step) const;
   int64_t StepsPerEpoch() const;
-  // One forward of the model under DDP's buffer rule (broadcast_buffers=True): rank 0's
-  // buffers are broadcast first when the previous forward was a gradient-syncing
-  // training forward, or when none ran yet (PyTorch's require_forward_param_sync).
-  // `grad_sync`: this forward is followed by a backward that all-reduces.
-  absl::StatusOr<at::Tensor> Forward(const at::Tensor& input, bool grad_sync);
-  // Broadcasts rank 0's buffers if the rule above says the next forward must.
-  absl::Status SyncBuffersIfDue();
+  // The world's collectives, behind the process group.
+  Comm& comm() { return *group_->impl().comm; }
   // `values` summed over all ranks (one double all-reduce).
   absl::StatusOr<std::vector<double>> SumOverRanks(const std::vector<double>& values);
   void EmitStart();
@@ -131,13 +129,12 @@ class TrainerImpl {
   TrainValData data_;
   std::unique_ptr<Model> model_;
   std::vector<at::Tensor> params_;  // All of them; the optimizer and checkpoints see these.
-  std::vector<at::Tensor> buffers_;
-  bool sync_buffers_ = true;  // Broadcast buffers before the next forward.
   DeviceChoice device_;
-  std::optional<Comm> comm_;
+  // libddp's process group and data-parallel engine (the public API's objects).
+  std::shared_ptr<ProcessGroup> group_;
+  std::unique_ptr<DataParallel> ddp_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<CheckpointKeeper> keeper_;  // With checkpoint.dir only.
-  std::unique_ptr<GradientReducer> reducer_;
   std::unique_ptr<BatchAssembler> train_batches_;
   ReducerTrace trace_;
   SamplerOptions sampler_;
@@ -171,39 +168,27 @@ absl::Status TrainerImpl::Setup() {
   DDP_ASSIGN_OR_RETURN(data_, LoadData(spec_.data, spec_.train.loss));
   at::manual_seed(static_cast<uint64_t>(spec_.train.seed));
   DDP_ASSIGN_OR_RETURN(model_, BuildModel(spec_.model, data_, spec_.train.loss));
-  auto device = ChooseDevice(spec_, env_);
+  auto device = ChooseDevice(spec_.backend, env_);
   // The device the job asks for is not on this node (or not in this build): another
   // node may have it.
   if (!device.ok()) return AsNodeFault(device.status());
   device_ = *device;
   model_->To(device_.device);
-  // As DDP does, only parameters that require grad are reduced; frozen ones are
-  // broadcast once with the rest and then left alone.
-  std::vector<at::Tensor> trainable;
-  for (auto& [name, p] : model_->Parameters()) {
-    params_.push_back(p);
-    if (!p.requires_grad()) continue;
-    if (!trainable.empty() && p.scalar_type() != trainable[0].scalar_type()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model: parameter '", name, "' is ", c10::toString(p.scalar_type()), " but others are ",
-          c10::toString(trainable[0].scalar_type()), ": trainable parameters must share a dtype"));
-    }
-    trainable.push_back(p);
-  }
-  if (trainable.empty()) {
-    return absl::InvalidArgumentError("model: no parameter requires grad: nothing to train");
-  }
-  for (auto& [name, b] : model_->Buffers()) buffers_.push_back(b);
+  for (auto& [name, p] : model_->Parameters()) params_.push_back(p);
 
   CommOptions co;
   co.rdzv_timeout = Seconds(spec_.rdzv.timeout_s);
   co.collective_timeout = Seconds(spec_.train.collective_timeout_s);
   co.intra_node = spec_.train.intra_node_comm;
-  DDP_ASSIGN_OR_RETURN(comm_, Comm::Connect(env_, device_, co));
-  // Every rank starts from rank 0's weights, as DDP's constructor does.
-  std::vector<at::Tensor> state = params_;
-  state.insert(state.end(), buffers_.begin(), buffers_.end());
-  DDP_RETURN_IF_ERROR(comm_->Broadcast(state));
+  DDP_ASSIGN_OR_RETURN(group_, ProcessGroup::Impl::Create(env_, device_, co));
+  // libddp's DistributedDataParallel engine: every rank starts from rank 0's weights;
+  // trainable parameters are reduced in buckets during backward, frozen ones left alone.
+  DdpOptions ddp_options;
+  ddp_options.bucket_cap_mb = spec_.train.bucket_cap_mb;
+  ddp_options.first_bucket_cap_mb = spec_.train.first_bucket_cap_mb;
+  DDP_ASSIGN_OR_RETURN(
+      ddp_, DataParallel::Impl::Create(model_->Parameters(), model_->Buffers(), group_,
+                                       ddp_options, trace_enabled() ? &trace_ : nullptr));
 
   optimizer_ = MakeOptimizer(spec_.train.optimizer, params_);
   sampler_.num_replicas = env_.world_size;
@@ -213,17 +198,11 @@ absl::Status TrainerImpl::Setup() {
   sampler_.drop_last = false;  // design.md: the sampler pads; train.drop_last drops batches.
   if (!spec_.checkpoint.dir.empty()) {
     keeper_ = std::make_unique<CheckpointKeeper>(spec_.checkpoint, spec_.checkpoint.dir, env_,
-                                                 &*comm_, device_.device);
+                                                 &comm(), device_.device);
     DDP_RETURN_IF_ERROR(keeper_->Setup());
     DDP_RETURN_IF_ERROR(Resume());
   }
 
-  GradientReducer::Options ro;
-  ro.bucket_cap_bytes = static_cast<int64_t>(spec_.train.bucket_cap_mb * 1024 * 1024);
-  ro.first_bucket_cap_bytes =
-      static_cast<int64_t>(spec_.train.first_bucket_cap_mb * 1024 * 1024);
-  reducer_ = std::make_unique<GradientReducer>(std::move(trainable), &*comm_, ro,
-                                               spec_.metrics.trace_buckets ? &trace_ : nullptr);
   train_batches_ = std::make_unique<BatchAssembler>(data_.train, spec_.train.batch_size);
   schedule_intervals_ = ScheduleIntervals(spec_.train.lr_schedule, spec_.train.epochs,
                                           StepsPerEpoch(), spec_.train.max_steps);
@@ -262,11 +241,7 @@ absl::Status TrainerImpl::Resume() {
     epoch_loss_sum_ = ckpt.epoch_loss_sum;
     epoch_steps_ = ckpt.epoch_steps;
   }
-  if (ckpt.rng_state.defined()) {
-    at::Generator gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(ckpt.rng_state);
-  }
+  if (ckpt.rng_state.defined()) RestoreRngState(ckpt.rng_state);
   resumed_ = true;
   resumed_from_ = pos_;
   last_saved_ = pos_;
@@ -282,7 +257,7 @@ void TrainerImpl::EmitStart() {
   e.local_rank = env_.local_rank;
   e.group_rank = env_.group_rank;
   e.backend = device_.backend;
-  e.intra_node_comm = comm_->intra_node_comm();
+  e.intra_node_comm = group_->intra_node_comm();
   e.device = device_.device.str();
   e.model = model_->Describe();
   e.params = CountParameters(*model_);
@@ -304,33 +279,21 @@ void TrainerImpl::EmitStart() {
   if (env_.rank == 0) {
     BucketsEvent be;
     be.cap_mb = spec_.train.bucket_cap_mb;
-    for (size_t i = 0; i < reducer_->buckets().size(); ++i) {
-      const BucketLayout& b = reducer_->buckets()[i];
-      be.buckets.push_back({static_cast<int64_t>(i), static_cast<int64_t>(b.params.size()),
-                            b.numel, b.bytes});
+    const std::vector<BucketInfo> buckets = ddp_->buckets();
+    for (size_t i = 0; i < buckets.size(); ++i) {
+      const BucketInfo& b = buckets[i];
+      be.buckets.push_back({static_cast<int64_t>(i), b.params, b.numel, b.bytes});
     }
     events_.Emit(be);
   }
 }
 
-absl::Status TrainerImpl::SyncBuffersIfDue() {
-  if (!sync_buffers_ || buffers_.empty()) return absl::OkStatus();
-  return comm_->Broadcast(buffers_);
-}
-
 absl::StatusOr<std::vector<double>> TrainerImpl::SumOverRanks(const std::vector<double>& values) {
   at::Tensor totals =
       at::tensor(values, at::TensorOptions().dtype(at::kDouble)).to(device_.device);
-  DDP_RETURN_IF_ERROR(comm_->AllReduceSum(totals));
+  DDP_RETURN_IF_ERROR(comm().AllReduceSum(totals));
   at::Tensor t = totals.cpu();
   return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
-}
-
-absl::StatusOr<at::Tensor> TrainerImpl::Forward(const at::Tensor& input, bool grad_sync) {
-  DDP_RETURN_IF_ERROR(SyncBuffersIfDue());
-  at::Tensor out = model_->Forward(input);
-  sync_buffers_ = grad_sync;
-  return out;
 }
 
 int64_t TrainerImpl::StepsPerEpoch() const {
@@ -356,23 +319,30 @@ absl::Status TrainerImpl::TakeStep(const std::vector<int64_t>& order, int64_t fi
   for (int64_t j = 0; j < num_micro; ++j) {
     const int64_t begin = (first_micro + j) * bs;
     const int64_t n = std::min(bs, total - begin);
-    reducer_->PrepareForBackward(/*sync=*/j == num_micro - 1);
     auto [x, y] = train_batches_->Gather(order.data() + begin, n);
     at::Tensor xd = x.to(device_.device, /*non_blocking=*/true);
     at::Tensor yd = y.to(device_.device, /*non_blocking=*/true);
-    const bool sync = j == num_micro - 1;
-    DDP_ASSIGN_OR_RETURN(at::Tensor out, Forward(xd, sync));
+    // Gradient accumulation: every micro-batch but the last runs under no_sync, and the
+    // last one's backward all-reduces the accumulated sum (inside backward()).
+    std::optional<DataParallel::NoSync> no_sync;
+    if (j != num_micro - 1) no_sync.emplace(ddp_->no_sync());
+    DDP_RETURN_IF_ERROR(ddp_->impl().PrepareForward());
+    at::Tensor out = model_->Forward(xd);
     at::Tensor l = Loss(spec_.train.loss, out, yd, /*sum=*/false);
-    if (num_micro == 1) {
-      l.backward();
-    } else {
-      (l / static_cast<double>(num_micro)).backward();
+    try {
+      if (num_micro == 1) {
+        l.backward();
+      } else {
+        (l / static_cast<double>(num_micro)).backward();
+      }
+    } catch (const std::exception&) {
+      // The all-reduce failed inside backward (a peer died or hung): its status.
+      if (std::optional<absl::Status> st = ddp_->impl().TakeBackwardError()) return *st;
+      throw;
     }
     loss_sum += l.item<double>();
     *samples += n;
   }
-  if (trace_enabled()) trace_.Record(ReducerTrace::Kind::kBackwardEnd, -1);
-  DDP_ASSIGN_OR_RETURN(absl::Duration waited, reducer_->FinishBackward());
   // On the averaged gradients, as torch.nn.utils.clip_grad_norm_ after backward().
   if (spec_.train.clip_grad_norm > 0) {
     torch::nn::utils::clip_grad_norm_(params_, spec_.train.clip_grad_norm);
@@ -382,7 +352,7 @@ absl::Status TrainerImpl::TakeStep(const std::vector<int64_t>& order, int64_t fi
   optimizer_->step();
   for (at::Tensor& p : params_) p.mutable_grad().reset();  // zero_grad(set_to_none=True)
   *loss = loss_sum / static_cast<double>(num_micro);
-  *comm_ms = absl::ToDoubleMilliseconds(waited);
+  *comm_ms = ddp_->last_backward().comm_wait_ms;
   return absl::OkStatus();
 }
 
@@ -467,8 +437,7 @@ absl::Status TrainerImpl::EndEpoch(int64_t epoch, bool complete, bool checkpoint
     // if a syncing training forward came last, and the next training forward does
     // not. Decided here once for every rank, including one that has no validation
     // samples, so the broadcast stays collective.
-    DDP_RETURN_IF_ERROR(SyncBuffersIfDue());
-    sync_buffers_ = false;
+    DDP_RETURN_IF_ERROR(ddp_->impl().PrepareForward());
     // Every rank evaluates val[rank::world] without padding, so the reduced totals
     // count each validation sample exactly once.
     std::vector<int64_t> idx;
@@ -529,17 +498,7 @@ absl::Status TrainerImpl::Checkpoint(const TrainingPosition& pos) {
                          SumOverRanks({epoch_loss_sum_, static_cast<double>(epoch_steps_)}));
   }
   // Every writer saves rank 0's generator state, as if rank 0 had written them all.
-  at::Tensor rng;
-  {
-    at::Generator gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    rng = gen.get_state();
-  }
-  if (env_.world_size > 1) {
-    at::Tensor shared = rng.to(device_.device);
-    DDP_RETURN_IF_ERROR(comm_->Broadcast({shared}));
-    rng = shared.cpu();
-  }
+  DDP_ASSIGN_OR_RETURN(at::Tensor rng, RankZeroRngState(comm(), device_.device));
   if (!keeper_->writer()) return absl::OkStatus();
   TrainingState state;
   state.identity.job = spec_.name;
@@ -596,7 +555,7 @@ absl::Status TrainerImpl::Run() {
   DDP_LOG(INFO) << "finished: " << pos_.global_step << " steps, " << total_samples_
                 << " samples in " << train_ms_ / 1000.0 << "s of training";
   // Let every rank finish before rank 0's store goes away with its process.
-  return comm_->Barrier();
+  return comm().Barrier();
 }
 
 Trainer::Trainer(JobSpec spec, TorchrunEnv env, EventSink* events)

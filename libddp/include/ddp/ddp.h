@@ -1,0 +1,21 @@
+// libddp: distributed data-parallel training for LibTorch programs.
+//
+//   #include <ddp/ddp.h>
+//   find_package(ddp REQUIRED) ... target_link_libraries(app PRIVATE ddp::ddp)
+//
+// docs/library.md walks a complete program and maps each name to PyTorch's.
+#ifndef DDP_DDP_H_
+#define DDP_DDP_H_
+
+#include "ddp/checkpoint.h"
+#include "ddp/distributed_data_parallel.h"
+#include "ddp/environment.h"
+#include "ddp/error.h"
+#include "ddp/lr_schedule.h"
+#include "ddp/lr_scheduler.h"
+#include "ddp/process_group.h"
+#include "ddp/report.h"
+#include "ddp/sampler.h"
+#include "ddp/version.h"
+
+#endif  // DDP_DDP_H_

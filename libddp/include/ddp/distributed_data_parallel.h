@@ -1,0 +1,172 @@
+// ddp::DistributedDataParallel: PyTorch's torch.nn.parallel.DistributedDataParallel
+// for a LibTorch module.
+//
+//   auto group = ddp::init_process_group();
+//   Net net;                                        // any torch::nn::Module holder
+//   ddp::DistributedDataParallel model(net, group); // broadcasts rank 0's state
+//   torch::optim::SGD opt(model.module()->parameters(), 0.1);
+//   auto loss = loss_fn(model.forward(x), y);       // or model(x)
+//   loss.backward();                                // all-reduces the gradients
+//   opt.step();
+//
+// What it does, as PyTorch's DDP does:
+//   - construction moves the module to the group's device and copies rank 0's
+//     parameters and buffers to every rank;
+//   - parameters that require grad are grouped into buckets in reverse registration
+//     order (the first closes at first_bucket_cap_mb, later ones at bucket_cap_mb);
+//     during backward() a hook on each parameter copies its gradient into its bucket,
+//     and a full bucket's all-reduce starts at once, overlapping the rest of backward;
+//     when backward ends, the averaged gradients are in param.grad(). Nothing to call
+//     between backward() and the optimizer;
+//   - parameters with requires_grad false (frozen) are broadcast once and left alone;
+//     a parameter this forward did not use contributes zeros;
+//   - buffers (BatchNorm's running statistics) are broadcast from rank 0 before a
+//     forward that follows a gradient-syncing training forward (broadcast_buffers);
+//   - inside no_sync() backward only accumulates locally; the next backward outside it
+//     all-reduces the accumulated sum (gradient accumulation);
+//   - module() is the wrapped module itself (PyTorch's model.module): its state dicts
+//     carry no prefix.
+// A backward whose all-reduce fails (a peer died, a collective timed out) throws, and
+// the error's message names the bucket and the cause.
+#ifndef DDP_DISTRIBUTED_DATA_PARALLEL_H_
+#define DDP_DISTRIBUTED_DATA_PARALLEL_H_
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ddp/process_group.h"
+
+namespace ddp {
+
+struct DdpOptions {
+  double bucket_cap_mb = 25.0;       // PyTorch's bucket_cap_mb.
+  double first_bucket_cap_mb = 1.0;  // PyTorch's first bucket (1 MiB).
+  bool broadcast_buffers = true;     // PyTorch's broadcast_buffers.
+};
+
+struct BucketInfo {
+  int64_t params = 0;  // Parameters in the bucket.
+  int64_t numel = 0;
+  int64_t bytes = 0;
+};
+
+// What one backward cost: time spent waiting for all-reduces that backward's
+// computation did not hide.
+struct BackwardStats {
+  double comm_wait_ms = 0;
+};
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// The engine behind DistributedDataParallel, for models that are not a
+// torch::nn::Module (a TorchScript module, hand-held tensors): give it the model's
+// parameters and buffers and call prepare_forward() before every forward.
+class DataParallel {
+ public:
+  // Collective (broadcasts rank 0's values). The tensors must already be on
+  // group->device(). Throws kInvalidArgument when no parameter requires grad or the
+  // trainable ones do not share a dtype and device.
+  DataParallel(NamedTensors parameters, NamedTensors buffers, std::shared_ptr<ProcessGroup> group,
+               DdpOptions options = {});
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  // What DDP.forward does before calling the module: broadcasts buffers when due, and
+  // arms the gradient hooks when grad mode is on (syncing unless inside no_sync()).
+  void prepare_forward();
+
+  // RAII: backward passes of forwards made while it lives only accumulate locally.
+  class NoSync {
+   public:
+    NoSync(NoSync&& other) noexcept : dp_(std::exchange(other.dp_, nullptr)), prev_(other.prev_) {}
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+    NoSync& operator=(NoSync&&) = delete;
+    ~NoSync();
+
+   private:
+    friend class DataParallel;
+    NoSync(DataParallel* dp, bool prev) : dp_(dp), prev_(prev) {}
+    DataParallel* dp_;
+    bool prev_;
+  };
+  [[nodiscard]] NoSync no_sync();
+  // PyTorch's require_backward_grad_sync: false inside no_sync().
+  bool require_backward_grad_sync() const;
+
+  // Of the last gradient-syncing backward.
+  BackwardStats last_backward() const;
+  std::vector<BucketInfo> buckets() const;
+  ProcessGroup& process_group() const;
+
+  struct Impl;
+  Impl& impl() { return *impl_; }
+
+ private:
+  explicit DataParallel(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+namespace detail {
+inline NamedTensors Named(const torch::OrderedDict<std::string, at::Tensor>& items) {
+  NamedTensors out;
+  out.reserve(items.size());
+  for (const auto& item : items) out.emplace_back(item.key(), item.value());
+  return out;
+}
+// The module moved to `device` first, as DDP(model.to(device)) expects.
+template <typename M>
+M& OnDevice(M& module, const at::Device& device) {
+  module->to(device);
+  return module;
+}
+}  // namespace detail
+
+// M: a module holder (TORCH_MODULE(Net) -> Net) or a std::shared_ptr<NetImpl>;
+// anything with ->forward(...), ->named_parameters() and ->named_buffers().
+template <typename M>
+class DistributedDataParallel {
+ public:
+  DistributedDataParallel(M module, std::shared_ptr<ProcessGroup> group, DdpOptions options = {})
+      : module_(std::move(module)),
+        core_(detail::Named(detail::OnDevice(module_, group->device())->named_parameters()),
+              detail::Named(module_->named_buffers()), group, options) {}
+
+  template <typename... Args>
+  decltype(auto) forward(Args&&... args) {
+    core_.prepare_forward();
+    return module_->forward(std::forward<Args>(args)...);
+  }
+  template <typename... Args>
+  decltype(auto) operator()(Args&&... args) {
+    return forward(std::forward<Args>(args)...);
+  }
+
+  // The wrapped module (PyTorch's model.module).
+  M& module() { return module_; }
+  const M& module() const { return module_; }
+  [[nodiscard]] DataParallel::NoSync no_sync() { return core_.no_sync(); }
+  void train(bool on = true) { module_->train(on); }
+  void eval() { module_->eval(); }
+  DataParallel& core() { return core_; }
+  BackwardStats last_backward() const { return core_.last_backward(); }
+
+ private:
+  M module_;
+  DataParallel core_;
+};
+
+template <typename M>
+DistributedDataParallel(M, std::shared_ptr<ProcessGroup>) -> DistributedDataParallel<M>;
+template <typename M>
+DistributedDataParallel(M, std::shared_ptr<ProcessGroup>, DdpOptions) -> DistributedDataParallel<M>;
+
+}  // namespace ddp
+
+#endif  // DDP_DISTRIBUTED_DATA_PARALLEL_H_

@@ -1,0 +1,79 @@
+// The job's process group: torch.distributed.init_process_group for C++.
+//
+// Rank 0 hosts a c10d TCPStore on MASTER_ADDR:MASTER_PORT, every rank connects to it
+// and the ranks form a c10d process group: Gloo on CPU, NCCL on CUDA (when libddp is
+// built against a CUDA LibTorch). With several CPU ranks on one node, sums and
+// broadcasts go through shared memory on the node and through the backend between
+// node leaders only. Every collective carries the collective timeout, so a dead or
+// hung peer throws ddp::Error (kUnavailable) instead of hanging the rank.
+#ifndef DDP_PROCESS_GROUP_H_
+#define DDP_PROCESS_GROUP_H_
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp/environment.h"
+
+namespace ddp {
+
+struct ProcessGroupOptions {
+  // "auto" (NCCL on cuda:LOCAL_RANK when a GPU is visible, else Gloo on the CPU),
+  // "gloo" or "nccl".
+  std::string backend = "auto";
+  // How ranks of one node reduce: "auto" (shared memory on CPU when a node runs more
+  // than one rank), "shm" (required) or "gloo" (the backend only).
+  std::string intra_node_comm = "auto";
+  // Every rank must reach the store within this.
+  std::chrono::milliseconds rdzv_timeout{std::chrono::seconds(120)};
+  // A collective that takes longer fails with kUnavailable (a peer died or hung).
+  std::chrono::milliseconds collective_timeout{std::chrono::seconds(300)};
+};
+
+class ProcessGroup {
+ public:
+  // Connects this rank (collective: every rank of the job calls it). Throws
+  // ddp::Error: kInvalidArgument for bad options, kFailedPrecondition for NCCL without
+  // a GPU, kUnavailable when the rendezvous times out or the port is taken.
+  static std::shared_ptr<ProcessGroup> create(const Environment& env,
+                                              const ProcessGroupOptions& options = {});
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const;
+  int world_size() const;
+  int local_rank() const;
+  const Environment& environment() const;
+  // Where this rank's tensors live for collectives: the CPU, or cuda:N with NCCL.
+  at::Device device() const;
+  // "gloo" or "nccl".
+  const std::string& backend() const;
+  // "shm", or the backend's name.
+  std::string intra_node_comm() const;
+
+  // In-place sum over all ranks.
+  void all_reduce_sum(at::Tensor& tensor);
+  // Sums of `values` over all ranks, in double precision (one collective).
+  std::vector<double> sum(const std::vector<double>& values);
+  // Copies rank 0's values into `tensors` on every rank.
+  void broadcast(const std::vector<at::Tensor>& tensors);
+  void barrier();
+
+  struct Impl;
+  Impl& impl() { return *impl_; }
+
+ private:
+  explicit ProcessGroup(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// torch.distributed.init_process_group(): read_environment(), then ProcessGroup::create.
+std::shared_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& options = {});
+
+}  // namespace ddp
+
+#endif  // DDP_PROCESS_GROUP_H_

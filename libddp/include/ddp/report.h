@@ -1,0 +1,64 @@
+// ddp::Reporter: a program's progress for `ddpctl watch`, as ddp-trainer reports it.
+//
+// Under ddp-worker (a command job) every rank has DDP_EVENTS_FD, and each call writes
+// one JSON line there; the worker relays it and `ddpctl watch` shows the rank's loss,
+// throughput and epoch. Without DDP_EVENTS_FD calls do nothing (DDP_REPORT_STDOUT=1
+// writes to stdout instead). A report never blocks training: a full pipe drops it.
+// Fields left at their "unset" value (NaN, -1, empty) are not sent.
+#ifndef DDP_REPORT_H_
+#define DDP_REPORT_H_
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <mutex>
+#include <string>
+
+namespace ddp {
+
+inline constexpr double kUnset = std::numeric_limits<double>::quiet_NaN();
+
+struct StepReport {
+  double loss = kUnset;  // Required.
+  int64_t epoch = -1;
+  int64_t step = -1;     // 0-based in the epoch.
+  int64_t steps = -1;    // Steps per epoch.
+  int64_t global_step = -1;
+  double samples_per_s = kUnset;
+  double step_ms = kUnset;
+  double comm_ms = kUnset;
+  double lr = kUnset;
+};
+
+struct EpochReport {
+  int64_t epoch = -1;
+  double train_loss = kUnset;
+  double val_loss = kUnset;
+  double val_accuracy = kUnset;  // A fraction, 0..1.
+};
+
+class Reporter {
+ public:
+  // From DDP_EVENTS_FD (or DDP_REPORT_STDOUT=1).
+  Reporter();
+  // To descriptor `fd` (-1: nowhere).
+  explicit Reporter(int fd);
+  bool enabled() const { return fd_ >= 0; }
+
+  void step(const StepReport& report);
+  void epoch(const EpochReport& report);
+  void checkpoint(const std::string& path, int64_t epoch, int64_t step, int64_t global_step);
+  // Why this rank is about to fail (shown by `ddpctl get` and `watch`); `retryable`
+  // is shown with it.
+  void error(const std::string& message, bool retryable = true);
+  void done(int64_t epochs, int64_t global_step);
+
+ private:
+  void Write(const std::string& line);
+  int fd_ = -1;
+  std::mutex mu_;
+};
+
+}  // namespace ddp
+
+#endif  // DDP_REPORT_H_

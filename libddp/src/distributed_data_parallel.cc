@@ -1,0 +1,122 @@
+#include "ddp/distributed_data_parallel.h"
+
+#include <ATen/core/grad_mode.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "libddp/src/internal.h"
+
+namespace ddp {
+
+absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Impl::Create(
+    NamedTensors parameters, NamedTensors buffers, std::shared_ptr<ProcessGroup> group,
+    DdpOptions options, ReducerTrace* trace) {
+  if (group == nullptr) return absl::InvalidArgumentError("DataParallel: no process group");
+  if (!(options.bucket_cap_mb > 0) || !(options.first_bucket_cap_mb > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DdpOptions: bucket_cap_mb (", options.bucket_cap_mb, ") and first_bucket_cap_mb (",
+        options.first_bucket_cap_mb, ") must be positive"));
+  }
+  const at::Device device = group->device();
+  // As DDP does, only parameters that require grad are reduced; frozen ones are
+  // broadcast once with the rest and then left alone.
+  std::vector<at::Tensor> trainable;
+  std::string first_trainable;
+  std::vector<at::Tensor> state;
+  for (auto& [name, p] : parameters) {
+    if (p.device() != device) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model: parameter '", name, "' is on ", p.device().str(), " but the process group's "
+          "device is ", device.str(), ": move the model there first (model->to(group->device()))"));
+    }
+    state.push_back(p);
+    if (!p.requires_grad()) continue;
+    if (!trainable.empty() && p.scalar_type() != trainable[0].scalar_type()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model: parameter '", name, "' is ", c10::toString(p.scalar_type()), " but '",
+          first_trainable, "' is ", c10::toString(trainable[0].scalar_type()),
+          ": trainable parameters must share a dtype"));
+    }
+    if (trainable.empty()) first_trainable = name;
+    trainable.push_back(p);
+  }
+  if (trainable.empty()) {
+    return absl::InvalidArgumentError("model: no parameter requires grad: nothing to train");
+  }
+  auto impl = std::make_unique<Impl>();
+  for (auto& [name, b] : buffers) {
+    if (b.device() != device) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model: buffer '", name, "' is on ", b.device().str(), " but the process group's device "
+          "is ", device.str(), ": move the model there first"));
+    }
+    impl->buffers.push_back(b);
+    state.push_back(b);
+  }
+  Comm& comm = *group->impl().comm;
+  // Every rank starts from rank 0's weights, as DDP's constructor does.
+  DDP_RETURN_IF_ERROR(comm.Broadcast(state));
+  GradientReducer::Options ro;
+  ro.bucket_cap_bytes = static_cast<int64_t>(options.bucket_cap_mb * 1024 * 1024);
+  ro.first_bucket_cap_bytes = static_cast<int64_t>(options.first_bucket_cap_mb * 1024 * 1024);
+  ro.finish_in_backward = true;
+  // A failed all-reduce leaves backward() as the ddp::Error its status maps to.
+  ro.throw_failure = [](const absl::Status& status) { ThrowIfError(status); };
+  impl->reducer = std::make_unique<GradientReducer>(std::move(trainable), &comm, ro, trace);
+  impl->group = std::move(group);
+  impl->options = options;
+  return std::unique_ptr<DataParallel>(new DataParallel(std::move(impl)));
+}
+
+absl::Status DataParallel::Impl::PrepareForward() {
+  const bool grad_enabled = at::GradMode::is_enabled();
+  // PyTorch's rule (DDP._pre_forward / _post_forward): buffers are broadcast before
+  // this forward when the previous one was a gradient-syncing training forward (or
+  // none ran yet), and this forward decides for the next.
+  if (sync_buffers && options.broadcast_buffers && !buffers.empty()) {
+    DDP_RETURN_IF_ERROR(group->impl().comm->Broadcast(buffers));
+  }
+  sync_buffers = grad_enabled && grad_sync;
+  if (grad_enabled) reducer->PrepareForBackward(grad_sync);
+  return absl::OkStatus();
+}
+
+DataParallel::DataParallel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+DataParallel::DataParallel(NamedTensors parameters, NamedTensors buffers,
+                           std::shared_ptr<ProcessGroup> group, DdpOptions options)
+    : impl_(std::move(ValueOrThrow(Impl::Create(std::move(parameters), std::move(buffers),
+                                                std::move(group), options, nullptr))
+                          ->impl_)) {}
+
+DataParallel::~DataParallel() = default;
+
+void DataParallel::prepare_forward() { ThrowIfError(impl_->PrepareForward()); }
+
+DataParallel::NoSync DataParallel::no_sync() {
+  const bool prev = impl_->grad_sync;
+  impl_->grad_sync = false;
+  return NoSync(this, prev);
+}
+
+DataParallel::NoSync::~NoSync() {
+  if (dp_ != nullptr) dp_->impl_->grad_sync = prev_;
+}
+
+bool DataParallel::require_backward_grad_sync() const { return impl_->grad_sync; }
+
+BackwardStats DataParallel::last_backward() const {
+  return {absl::ToDoubleMilliseconds(impl_->reducer->last_wait())};
+}
+
+std::vector<BucketInfo> DataParallel::buckets() const {
+  std::vector<BucketInfo> out;
+  for (const BucketLayout& b : impl_->reducer->buckets()) {
+    out.push_back({static_cast<int64_t>(b.params.size()), b.numel, b.bytes});
+  }
+  return out;
+}
+
+ProcessGroup& DataParallel::process_group() const { return *impl_->group; }
+
+}  // namespace ddp

@@ -1,0 +1,87 @@
+#include "ddp/process_group.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "libddp/src/internal.h"
+
+namespace ddp {
+
+ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ProcessGroup::~ProcessGroup() = default;
+
+absl::StatusOr<std::shared_ptr<ProcessGroup>> ProcessGroup::Impl::Create(
+    const Environment& env, const DeviceChoice& device, const CommOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->env = env;
+  impl->device = device;
+  DDP_ASSIGN_OR_RETURN(Comm comm, Comm::Connect(env, device, options));
+  impl->comm.emplace(std::move(comm));
+  return std::shared_ptr<ProcessGroup>(new ProcessGroup(std::move(impl)));
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::create(const Environment& env,
+                                                   const ProcessGroupOptions& options) {
+  Backend backend = Backend::kAuto;
+  if (options.backend == "auto") {
+    backend = Backend::kAuto;
+  } else if (options.backend == "gloo") {
+    backend = Backend::kGloo;
+  } else if (options.backend == "nccl") {
+    backend = Backend::kNccl;
+  } else {
+    ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
+        "ProcessGroupOptions.backend: '", options.backend, "' is not one of auto, gloo, nccl")));
+  }
+  CommOptions co;
+  if (options.intra_node_comm == "auto") {
+    co.intra_node = IntraNodeComm::kAuto;
+  } else if (options.intra_node_comm == "shm") {
+    co.intra_node = IntraNodeComm::kShm;
+  } else if (options.intra_node_comm == "gloo") {
+    co.intra_node = IntraNodeComm::kGloo;
+  } else {
+    ThrowIfError(absl::InvalidArgumentError(
+        absl::StrCat("ProcessGroupOptions.intra_node_comm: '", options.intra_node_comm,
+                     "' is not one of auto, shm, gloo")));
+  }
+  if (options.rdzv_timeout.count() <= 0 || options.collective_timeout.count() <= 0) {
+    ThrowIfError(absl::InvalidArgumentError(
+        "ProcessGroupOptions: rdzv_timeout and collective_timeout must be positive"));
+  }
+  co.rdzv_timeout = options.rdzv_timeout;
+  co.collective_timeout = options.collective_timeout;
+  const DeviceChoice device = ValueOrThrow(ChooseDevice(backend, env));
+  return ValueOrThrow(Impl::Create(env, device, co));
+}
+
+std::shared_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& options) {
+  return ProcessGroup::create(read_environment(), options);
+}
+
+int ProcessGroup::rank() const { return impl_->env.rank; }
+int ProcessGroup::world_size() const { return impl_->env.world_size; }
+int ProcessGroup::local_rank() const { return impl_->env.local_rank; }
+const Environment& ProcessGroup::environment() const { return impl_->env; }
+at::Device ProcessGroup::device() const { return impl_->device.device; }
+const std::string& ProcessGroup::backend() const { return impl_->device.backend; }
+std::string ProcessGroup::intra_node_comm() const { return impl_->comm->intra_node_comm(); }
+
+void ProcessGroup::all_reduce_sum(at::Tensor& tensor) {
+  ThrowIfError(impl_->comm->AllReduceSum(tensor));
+}
+
+std::vector<double> ProcessGroup::sum(const std::vector<double>& values) {
+  at::Tensor totals =
+      at::tensor(values, at::TensorOptions().dtype(at::kDouble)).to(impl_->device.device);
+  all_reduce_sum(totals);
+  at::Tensor t = totals.cpu();
+  return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+}
+
+void ProcessGroup::broadcast(const std::vector<at::Tensor>& tensors) {
+  ThrowIfError(impl_->comm->Broadcast(tensors));
+}
+
+void ProcessGroup::barrier() { ThrowIfError(impl_->comm->Barrier()); }
+
+}  // namespace ddp

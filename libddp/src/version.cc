@@ -1,0 +1,7 @@
+#include "ddp/version.h"
+
+namespace ddp {
+
+const char* version() { return DDP_VERSION_STRING; }
+
+}  // namespace ddp

@@ -1,0 +1,282 @@
+// libddp's public API, call by call, in one process: the sampler against PyTorch's
+// fixture grid and as a torch::data sampler, the lr scheduler against the closed forms,
+// the reporter's lines against the agent's parser, and the errors bad input gets.
+#include <ddp/ddp.h>
+#include <fcntl.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/trainer/trainer_harness.h"
+#include "common/net.h"
+#include "worker/agent/trainer_event_parser.h"
+
+namespace ddp {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(DistributedSamplerTest, MatchesPyTorchOverTheFixtureGrid) {
+  std::ifstream in(testing::SourceDir() + "/tests/fixtures/sampler_grid.txt");
+  ASSERT_TRUE(in);
+  std::string line;
+  int cases = 0;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t colon = line.find(" : ");
+    ASSERT_NE(colon, std::string::npos) << line;
+    std::istringstream head(line.substr(0, colon)), tail(line.substr(colon + 3));
+    int64_t n, world, rank, seed, epoch, shuffle, drop_last;
+    ASSERT_TRUE(head >> n >> world >> rank >> seed >> epoch >> shuffle >> drop_last) << line;
+    std::vector<int64_t> expected;
+    for (int64_t v; tail >> v;) expected.push_back(v);
+    DistributedSampler sampler(n, world, rank, shuffle != 0, seed, drop_last != 0);
+    sampler.set_epoch(epoch);
+    EXPECT_EQ(sampler.indices(), expected) << "case: " << line.substr(0, colon);
+    EXPECT_EQ(sampler.size(), static_cast<int64_t>(expected.size()));
+    ++cases;
+  }
+  EXPECT_GT(cases, 1000);
+}
+
+TEST(DistributedSamplerTest, FeedsATorchDataLoaderInItsOrder) {
+  // Targets equal to the sample index show which samples each batch holds.
+  const int64_t n = 23;
+  auto dataset = torch::data::datasets::TensorDataset(torch::arange(n).unsqueeze(1))
+                     .map(torch::data::transforms::Stack<torch::data::TensorExample>());
+  DistributedSampler sampler(n, /*num_replicas=*/3, /*rank=*/1, /*shuffle=*/true, /*seed=*/7);
+  auto loader = torch::data::make_data_loader(std::move(dataset), sampler,
+                                              torch::data::DataLoaderOptions().batch_size(4));
+  std::vector<int64_t> first_pass;
+  for (int64_t epoch = 0; epoch < 3; ++epoch) {
+    sampler.set_epoch(epoch);  // Reaches the loader's copy.
+    std::vector<int64_t> seen;
+    for (auto& batch : *loader) {
+      for (int64_t i = 0; i < batch.data.size(0); ++i) seen.push_back(batch.data[i][0].item<int64_t>());
+    }
+    EXPECT_EQ(seen, sampler.indices()) << "epoch " << epoch;
+    EXPECT_EQ(static_cast<int64_t>(seen.size()), sampler.size());
+    if (epoch == 0) {
+      first_pass = seen;
+    } else {
+      EXPECT_NE(seen, first_pass) << "epoch " << epoch << " reshuffles";
+    }
+  }
+}
+
+TEST(DistributedSamplerTest, NextHandsOutBatchesUntilTheEpochEnds) {
+  DistributedSampler sampler(10, 2, 0, /*shuffle=*/false);
+  std::vector<size_t> all;
+  while (auto batch = sampler.next(3)) all.insert(all.end(), batch->begin(), batch->end());
+  EXPECT_EQ(all, (std::vector<size_t>{0, 2, 4, 6, 8}));
+  sampler.reset();
+  EXPECT_EQ(sampler.next(2)->size(), 2u);
+}
+
+TEST(DistributedSamplerTest, RankOutsideTheWorldIsAnError) {
+  try {
+    DistributedSampler(10, 2, 2);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_THAT(e.what(), HasSubstr("rank 2 is not in [0, 2)"));
+    EXPECT_EQ(e.exit_code(), 2);
+  }
+}
+
+TEST(LrSchedulerTest, SetsEveryGroupFromTheClosedForm) {
+  auto a = torch::zeros({2}, torch::requires_grad());
+  torch::optim::SGD opt({a}, torch::optim::SGDOptions(0.2));
+  LrSchedule s;
+  s.kind = LrSchedule::Kind::kCosine;
+  s.warmup = 3;
+  s.eta_min = 0.01;
+  LrScheduler sched(opt, s, /*total=*/10);
+  EXPECT_DOUBLE_EQ(sched.lr(), 0.2 * 0.1);  // Warm-up starts at warmup_start_factor.
+  for (int64_t k = 1; k <= 10; ++k) {
+    sched.step();
+    EXPECT_DOUBLE_EQ(sched.lr(), scheduled_lr(s, 0.2, k, 10)) << "after " << k << " steps";
+  }
+  EXPECT_DOUBLE_EQ(scheduled_lr(s, 0.2, 3, 10), 0.2);  // Warm-up done: the base lr.
+  sched.set_count(5);
+  EXPECT_DOUBLE_EQ(sched.lr(), scheduled_lr(s, 0.2, 5, 10));
+  EXPECT_EQ(sched.count(), 5);
+}
+
+TEST(ClipGradNormTest, ScalesToTheMaxNormAndReturnsTheTotal) {
+  auto p = torch::zeros({2}, torch::requires_grad());
+  p.mutable_grad() = torch::tensor({3.0f, 4.0f});
+  EXPECT_NEAR(clip_grad_norm({p}, 1.0), 5.0, 1e-6);
+  EXPECT_NEAR(p.grad().norm().item<double>(), 1.0, 1e-5);
+}
+
+// The reporter's lines are what the worker's lenient parser takes from a program.
+TEST(ReporterTest, WritesLinesTheAgentAccepts) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  {
+    Reporter report(fds[1]);
+    StepReport s;
+    s.loss = 0.25;
+    s.epoch = 1;
+    s.step = 2;
+    s.steps = 10;
+    s.lr = 0.1;
+    report.step(s);
+    EpochReport e;
+    e.epoch = 1;
+    e.val_accuracy = 0.5;
+    report.epoch(e);
+    report.checkpoint("/tmp/ckpt", 2, 0, 20);
+    report.error("peer lost", /*retryable=*/true);
+    report.done(2, 20);
+    StepReport no_loss;  // A step without a loss is not sent.
+    report.step(no_loss);
+  }
+  ::close(fds[1]);
+  std::string text;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof(buf))) > 0;) text.append(buf, n);
+  ::close(fds[0]);
+  std::istringstream lines(text);
+  std::vector<std::string> types;
+  for (std::string line; std::getline(lines, line);) {
+    v1::TrainerEvent event;
+    std::string why;
+    EXPECT_EQ(ParseProgramEvent(line, 3, 0.0, &event, &why), ProgramLine::kEvent)
+        << line << ": " << why;
+    EXPECT_EQ(event.rank(), 3);
+    types.push_back(event.type());
+    if (event.type() == "step") {
+      EXPECT_DOUBLE_EQ(event.loss(), 0.25);
+      EXPECT_EQ(event.steps(), 10);
+      EXPECT_THAT(line, ::testing::Not(HasSubstr("samples_per_s")));  // Unset: not sent.
+    }
+  }
+  EXPECT_EQ(types, (std::vector<std::string>{"step", "epoch", "checkpoint", "error", "done"}));
+}
+
+TEST(ReporterTest, AClosedReaderStopsReportingWithoutKillingTheProgram) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  ::close(fds[0]);
+  Reporter report(fds[1]);
+  StepReport s;
+  s.loss = 1.0;
+  report.step(s);  // EPIPE (SIGPIPE blocked and swallowed): reporting stops.
+  EXPECT_FALSE(report.enabled());
+  ::close(fds[1]);
+}
+
+TEST(ReporterTest, WithoutEventsFdNothingIsWritten) {
+  ::unsetenv("DDP_EVENTS_FD");
+  ::unsetenv("DDP_REPORT_STDOUT");
+  EXPECT_FALSE(Reporter().enabled());
+}
+
+TEST(EnvironmentTest, ErrorsNameTheVariable) {
+  ::setenv("RANK", "0", 1);
+  ::setenv("WORLD_SIZE", "x", 1);
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  ::setenv("MASTER_PORT", "29500", 1);
+  try {
+    read_environment();
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_THAT(e.what(), HasSubstr("WORLD_SIZE"));
+    EXPECT_FALSE(e.retryable());
+  }
+  ::setenv("WORLD_SIZE", "1", 1);
+  EXPECT_EQ(read_environment().world_size, 1);
+}
+
+// A world of one: a real TCPStore and Gloo group on a free loopback port.
+std::shared_ptr<ProcessGroup> WorldOfOne() {
+  Environment env;
+  env.master_addr = "127.0.0.1";
+  env.master_port = *PickFreePort();
+  env.node = "test";
+  return ProcessGroup::create(env);
+}
+
+TEST(ProcessGroupTest, BadOptionsAreNamed) {
+  Environment env;
+  env.master_addr = "127.0.0.1";
+  env.master_port = 1;
+  ProcessGroupOptions o;
+  o.backend = "mpi";
+  try {
+    ProcessGroup::create(env, o);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("'mpi' is not one of auto, gloo, nccl"));
+  }
+}
+
+TEST(ProcessGroupTest, AWorldOfOneSumsAndBroadcasts) {
+  auto group = WorldOfOne();
+  EXPECT_EQ(group->world_size(), 1);
+  EXPECT_EQ(group->backend(), "gloo");
+  EXPECT_EQ(group->sum({1.5, 2.0}), (std::vector<double>{1.5, 2.0}));
+  group->barrier();
+}
+
+TEST(DistributedDataParallelTest, AModelWithNothingToTrainIsRefused) {
+  auto group = WorldOfOne();
+  torch::nn::Linear frozen(2, 2);
+  for (auto& p : frozen->parameters()) p.set_requires_grad(false);
+  try {
+    DistributedDataParallel model(frozen, group);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("no parameter requires grad"));
+  }
+}
+
+TEST(DistributedDataParallelTest, NoSyncIsScopedAndUnusedParametersGetZeros) {
+  auto group = WorldOfOne();
+  struct TwoHeadsImpl : torch::nn::Module {
+    TwoHeadsImpl() : used(register_module("used", torch::nn::Linear(3, 1))),
+                     unused(register_module("unused", torch::nn::Linear(3, 1))) {}
+    torch::Tensor forward(const torch::Tensor& x) { return used(x); }
+    torch::nn::Linear used, unused;
+  };
+  auto net = std::make_shared<TwoHeadsImpl>();
+  DistributedDataParallel model(net, group);
+  EXPECT_TRUE(model.core().require_backward_grad_sync());
+  {
+    auto guard = model.no_sync();
+    EXPECT_FALSE(model.core().require_backward_grad_sync());
+  }
+  EXPECT_TRUE(model.core().require_backward_grad_sync());
+  model(torch::ones({4, 3})).sum().backward();
+  EXPECT_TRUE(net->unused->weight.grad().defined());
+  EXPECT_EQ(net->unused->weight.grad().abs().sum().item<double>(), 0.0);
+  EXPECT_EQ(model.core().buckets().size(), 1u);
+  EXPECT_EQ(model.core().buckets()[0].params, 4);
+}
+
+TEST(CheckpointerTest, AnEmptyDirIsRefused) {
+  auto group = WorldOfOne();
+  try {
+    Checkpointer ckpt(group, CheckpointOptions{});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("CheckpointOptions.dir"));
+  }
+}
+
+TEST(VersionTest, TheLibraryIsTheHeadersVersion) {
+  EXPECT_STREQ(version(), DDP_VERSION_STRING);
+}
+
+}  // namespace
+}  // namespace ddp

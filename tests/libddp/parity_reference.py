@@ -1,0 +1,112 @@
+#!/usr/bin/python3
+"""PyTorch's own DDP on the setup of parity_program.cc: the per-step losses it must match.
+
+    /usr/bin/python3 tests/libddp/parity_reference.py > tests/fixtures/libddp_parity.json
+
+A small BatchNorm MLP with a frozen parameter, trained on seeded random data under
+DistributedDataParallel (Gloo, CPU) with gradient accumulation through no_sync(),
+clip_grad_norm_ and a linear warm-up into cosine annealing (SequentialLR), for 2 and 3
+ranks. Each rank records its per-step loss (the mean over its micro-batches) and, after
+each epoch, its validation loss over the whole set in eval mode under no_grad.
+"""
+import json
+import os
+import socket
+import sys
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DistributedSampler
+
+N, FEATURES, CLASSES = 46, 10, 3
+BATCH, ACCUM, EPOCHS = 6, 2, 3
+LR, MOMENTUM, CLIP = 0.1, 0.9, 1.0
+WARMUP, WARMUP_START, ETA_MIN = 2, 0.1, 0.001
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(FEATURES, 16)
+        self.bn = nn.BatchNorm1d(16)
+        self.fc2 = nn.Linear(16, 16)
+        self.head = nn.Linear(16, CLASSES)
+        self.fc1.bias.requires_grad_(False)  # The frozen parameter.
+
+    def forward(self, x):
+        h = F.relu(self.bn(self.fc1(x)))
+        h = F.relu(self.fc2(h))
+        return self.head(h)
+
+
+def run(rank, world, port, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    net = Net()
+    torch.manual_seed(1)
+    x_all = torch.randn(N, FEATURES)
+    y_all = torch.randint(0, CLASSES, (N,))
+    model = nn.parallel.DistributedDataParallel(net)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    sampler = DistributedSampler(range(N), num_replicas=world, rank=rank, shuffle=True, seed=0)
+    micro = (len(sampler) + BATCH - 1) // BATCH
+    steps = (micro + ACCUM - 1) // ACCUM
+    total = steps * EPOCHS
+    sched = torch.optim.lr_scheduler.SequentialLR(opt, [
+        torch.optim.lr_scheduler.LinearLR(opt, start_factor=WARMUP_START, total_iters=WARMUP),
+        torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total - WARMUP, eta_min=ETA_MIN),
+    ], milestones=[WARMUP])
+    losses, lrs, val = [], [], []
+    for epoch in range(EPOCHS):
+        sampler.set_epoch(epoch)
+        order = list(sampler)
+        model.train()
+        for step in range(steps):
+            first = step * ACCUM
+            n = min(ACCUM, micro - first)
+            total_loss = 0.0
+            for j in range(n):
+                idx = order[(first + j) * BATCH:(first + j + 1) * BATCH]
+                ctx = model.no_sync() if j < n - 1 else nullcontext()
+                with ctx:
+                    loss = F.cross_entropy(model(x_all[idx]), y_all[idx])
+                    (loss / n).backward()
+                total_loss += loss.item()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+            lrs.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(total_loss / n)
+        model.eval()
+        with torch.no_grad():
+            val.append(F.cross_entropy(model(x_all), y_all).item())
+    out[rank] = {"losses": losses, "lrs": lrs, "val": val}
+    dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    result = {"torch": torch.__version__}
+    for world in (2, 3):
+        with mp.Manager() as manager:
+            out = manager.dict()
+            mp.spawn(run, args=(world, free_port(), out), nprocs=world)
+            result[f"world_{world}"] = [out[r] for r in range(world)]
+    json.dump(result, sys.stdout, indent=1)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()
