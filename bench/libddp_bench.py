@@ -1,0 +1,159 @@
+#!/usr/bin/python3
+"""Benchmark: libddp, the engine as a library, against PyTorch and against ddp-trainer.
+
+    /usr/bin/python3 bench/libddp_bench.py [--repeats 3] [--limit 6000] [--batch-sizes 64,32]
+                                          [--out bench/results/libddp.json]
+
+1. examples/cpp's program (a residual CNN on Fashion-MNIST, built as
+   build/bin/ddp-bench-fashion-resnet) against the same model, data, sampler, batch,
+   optimizer and schedule in PyTorch's Python DDP (bench/fashion_resnet.py, Debian's
+   torch 1.13): seconds of each epoch's training loop, 2 ranks (Gloo), one intra-op thread
+   each, in one run, at each batch size of --batch-sizes (the example's default is 64;
+   smaller batches make the per-step overhead a larger share of the step).
+2. The library's overhead over the built-in trainer: bench/jobs/mlp85k.yaml's training
+   (64-256-256-10 MLP, batch 32, Adam) run by ddp-trainer and written as a user's program
+   on the public API (build/bin/ddp-bench-libddp-mlp), 2 ranks: samples per second of the
+   training loop (all ranks' samples / the slowest rank's loop time).
+Both sides of a comparison run back to back within a repeat (their order alternating
+between repeats), and the figures are the medians over --repeats of each side and of the
+per-repeat ratios: on a shared machine whose speed drifts between repeats, the paired
+ratio is the figure that holds.
+"""
+import argparse
+import json
+import os
+import platform
+import re
+import socket
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.join(ROOT, "build", "bin")
+PYTHON = "/usr/bin/python3"
+WORLD = 2
+# As bench/trainer_vs_pytorch.py: keep glibc from returning memory every step (both sides).
+TUNED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "1000000000", "MALLOC_TRIM_THRESHOLD_": "1000000000",
+                "MALLOC_TOP_PAD_": "100000000"}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(argv, cwd=ROOT):
+    """Runs WORLD ranks of argv with torchrun's environment; returns their stdouts."""
+    port = free_port()
+    procs = []
+    for rank in range(WORLD):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD),
+                   LOCAL_WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", **TUNED_MALLOC)
+        env.pop("DDP_EVENTS_FD", None)
+        procs.append(subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE))
+    outs = []
+    for p in procs:
+        out, err = p.communicate()
+        if p.returncode != 0:
+            sys.exit(f"{argv[0]} failed ({p.returncode}):\n{err.decode()[-2000:]}")
+        outs.append(out.decode())
+    return outs
+
+
+def epoch_seconds(out):
+    """The seconds of each epoch's loop, from rank 0's "epoch E: ..., S s" lines."""
+    return [float(m) for m in re.findall(r"^epoch \d+: .*?([0-9.]+) s$", out, re.M)]
+
+
+def resnet(limit, epochs, batch, libddp_first=True):
+    args = ["--data", "/usr/share/datasets/fashion-mnist", "--epochs", str(epochs),
+            "--limit", str(limit), "--threads", "1", "--batch-size", str(batch)]
+    def lib():
+        return epoch_seconds(run_ranks([os.path.join(BIN, "ddp-bench-fashion-resnet")] + args)[0])
+
+    def py():
+        return epoch_seconds(
+            run_ranks([PYTHON, os.path.join(ROOT, "bench", "fashion_resnet.py")] + args)[0])
+
+    if libddp_first:
+        lib_s = lib()
+        py_s = py()
+    else:
+        py_s = py()
+        lib_s = lib()
+    return lib_s, py_s
+
+
+def throughput_trainer():
+    spec = os.path.join(ROOT, "bench", "jobs", "mlp85k.yaml")
+    outs = run_ranks([os.path.join(BIN, "ddp-trainer"), "--spec", spec], cwd=os.path.dirname(spec))
+    done = [json.loads([l for l in o.splitlines() if '"type":"done"' in l][-1]) for o in outs]
+    return sum(d["samples"] for d in done) / max(d["train_s"] for d in done)
+
+
+def throughput_library():
+    outs = run_ranks([os.path.join(BIN, "ddp-bench-libddp-mlp"), "3"])
+    done = [json.loads(o.strip().splitlines()[-1]) for o in outs]
+    return sum(d["samples"] for d in done) / max(d["train_s"] for d in done)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--limit", type=int, default=6000, help="Fashion-MNIST training images")
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--batch-sizes", default="64,32")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "libddp.json"))
+    a = ap.parse_args()
+    batches = [int(b) for b in a.batch_sizes.split(",")]
+    lib_s = {b: [] for b in batches}
+    py_s = {b: [] for b in batches}
+    trainer_tp, library_tp = [], []
+    for r in range(a.repeats):
+        line = f"repeat {r + 1}:"
+        for b in batches:
+            lib, py = resnet(a.limit, a.epochs, b, libddp_first=r % 2 == 0)
+            lib_s[b].append(statistics.mean(lib))
+            py_s[b].append(statistics.mean(py))
+            line += f" resnet batch {b} s/epoch libddp {lib_s[b][-1]:.3f} pytorch {py_s[b][-1]:.3f};"
+        if r % 2 == 0:
+            trainer_tp.append(throughput_trainer())
+            library_tp.append(throughput_library())
+        else:
+            library_tp.append(throughput_library())
+            trainer_tp.append(throughput_trainer())
+        print(f"{line} mlp85k samples/s ddp-trainer {trainer_tp[-1]:,.0f} "
+              f"libddp {library_tp[-1]:,.0f}", flush=True)
+    tr_m, li_m = statistics.median(trainer_tp), statistics.median(library_tp)
+    result = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "world_size": WORLD,
+        "repeats": a.repeats,
+        "fashion_resnet": [
+            {"batch_size": b, "train_images": a.limit, "epochs": a.epochs,
+             "libddp_s_per_epoch": round(statistics.median(lib_s[b]), 3),
+             "pytorch_ddp_s_per_epoch": round(statistics.median(py_s[b]), 3),
+             "speedup_median_of_paired": round(
+                 statistics.median(p / l for p, l in zip(py_s[b], lib_s[b])), 3),
+             "speedups": [round(p / l, 3) for p, l in zip(py_s[b], lib_s[b])]}
+            for b in batches],
+        "mlp85k": {"ddp_trainer_samples_per_s": round(tr_m), "libddp_samples_per_s": round(li_m),
+                   "library_overhead_pct_median_of_paired": round(
+                       statistics.median(100.0 * (t / l - 1.0)
+                                         for t, l in zip(trainer_tp, library_tp)), 2),
+                   "library_overhead_pct": [round(100.0 * (t / l - 1.0), 2)
+                                            for t, l in zip(trainer_tp, library_tp)]},
+    }
+    print(json.dumps(result, indent=1))
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
