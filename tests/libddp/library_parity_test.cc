@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/contract/exit_codes.h"
+#include "common/net.h"
 #include "common/process.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -132,6 +133,43 @@ TEST(LibraryCheckpointTest, ResumesToTheSameLosses) {
   for (const RankResult& r : *second) {
     ASSERT_TRUE(r.exit.ok()) << r.stderr_text;
     ExpectMatches(r, ref[static_cast<size_t>(r.rank)], steps_per_epoch, 1);
+  }
+}
+
+// Under torchrun's static rendezvous the agent hosts the store on MASTER_PORT and tells
+// the ranks so (TORCHELASTIC_USE_AGENT_STORE=True): rank 0 must join it, not host its
+// own. Here PyTorch's own TCPStore (Debian's torch) plays the agent.
+TEST(LibraryTorchrunTest, RanksJoinTheAgentsStore) {
+  auto port = PickFreePort();
+  ASSERT_TRUE(port.ok()) << port.status();
+  SpawnOptions agent;
+  agent.argv = {"/usr/bin/python3", "-c",
+                "import sys, time, torch.distributed as d\n"
+                "s = d.TCPStore('127.0.0.1', int(sys.argv[1]), 3, True, wait_for_workers=False)\n"
+                "print('ready', flush=True)\n"
+                "time.sleep(600)\n",
+                std::to_string(*port)};
+  agent.capture_stdout = true;
+  auto store = Subprocess::Spawn(agent);
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::string out;
+  char buf[256];
+  while (out.find("ready") == std::string::npos) {
+    const ssize_t n = ::read((*store)->stdout_fd(), buf, sizeof(buf));
+    ASSERT_GT(n, 0) << "the store host exited: " << out;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  const std::vector<Reference> ref = LoadReference(2);
+  testing::TrainerLaunch launch = ProgramLaunch(2, testing::MakeTempDir("libddp-agent-store"));
+  launch.master_port = *port;
+  launch.env = {{"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"TORCHELASTIC_RESTART_COUNT", "1"}};
+  auto results = testing::RunTrainers(launch);
+  (*store)->Terminate(absl::Seconds(2));
+  ASSERT_TRUE(results.ok()) << results.status();
+  for (const RankResult& r : *results) {
+    ASSERT_TRUE(r.exit.ok()) << "rank " << r.rank << ": " << r.exit.ToString() << "\n"
+                             << r.stderr_text;
+    ExpectMatches(r, ref[static_cast<size_t>(r.rank)], 0, 0);
   }
 }
 

@@ -36,6 +36,31 @@ TEST(TorchrunEnvTest, ReadsTorchrunVariables) {
   EXPECT_EQ(env.events_fd, 3);
 }
 
+TEST(TorchrunEnvTest, TorchrunsAgentStoreAndRestartCount) {
+  const std::map<std::string, std::string> base = {{"RANK", "0"}, {"WORLD_SIZE", "2"},
+                                                   {"MASTER_ADDR", "127.0.0.1"},
+                                                   {"MASTER_PORT", "29600"}};
+  DDP_ASSERT_OK_AND_ASSIGN(TorchrunEnv plain, Read(base));
+  EXPECT_FALSE(plain.use_agent_store);
+  EXPECT_EQ(plain.attempt, 0);
+  // torchrun's static rendezvous: its agent hosts the store; attempts are its restarts.
+  auto vars = base;
+  vars["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  vars["TORCHELASTIC_RESTART_COUNT"] = "2";
+  DDP_ASSERT_OK_AND_ASSIGN(TorchrunEnv torchrun, Read(vars));
+  EXPECT_TRUE(torchrun.use_agent_store);
+  EXPECT_EQ(torchrun.attempt, 2);
+  // ddp-worker sets both: its own attempt number wins, and rank 0 hosts the store.
+  vars["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+  vars["DDP_ATTEMPT"] = "5";
+  DDP_ASSERT_OK_AND_ASSIGN(TorchrunEnv worker, Read(vars));
+  EXPECT_FALSE(worker.use_agent_store);
+  EXPECT_EQ(worker.attempt, 5);
+  vars["TORCHELASTIC_USE_AGENT_STORE"] = "maybe";
+  EXPECT_THAT(Read(vars), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("TORCHELASTIC_USE_AGENT_STORE: expected True or False")));
+}
+
 TEST(TorchrunEnvTest, LocalVariablesDefaultToOneNode) {
   DDP_ASSERT_OK_AND_ASSIGN(TorchrunEnv env, Read({{"RANK", "1"}, {"WORLD_SIZE", "2"},
                                                   {"MASTER_ADDR", "127.0.0.1"},

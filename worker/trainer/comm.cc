@@ -245,7 +245,10 @@ absl::StatusOr<Comm> Comm::Connect(const TorchrunEnv& env, const DeviceChoice& d
   c.device_ = device.device;
   c.timeout_ = collective_timeout;
   c.backend_name_ = device.backend;
-  if (env.rank != 0) {
+  // Rank 0 hosts the store, unless torchrun's agent already does (its static
+  // rendezvous, TORCHELASTIC_USE_AGENT_STORE=True: what init_process_group does too).
+  const bool host_store = env.rank == 0 && !env.use_agent_store;
+  if (!host_store) {
     // TCPStore's client sleeps a whole second after a refused connection, and rank 0
     // usually opens the store a little after the others get here: wait for the
     // listener ourselves, in milliseconds, so that the client connects at once.
@@ -254,7 +257,7 @@ absl::StatusOr<Comm> Comm::Connect(const TorchrunEnv& env, const DeviceChoice& d
   try {
     c10d::TCPStoreOptions opts;
     opts.port = static_cast<uint16_t>(env.master_port);
-    opts.isServer = env.rank == 0;
+    opts.isServer = host_store;
     opts.numWorkers = static_cast<size_t>(env.world_size);
     opts.waitWorkers = false;  // Our own barrier below says who is missing.
     opts.timeout = rdzv_timeout;
@@ -265,7 +268,7 @@ absl::StatusOr<Comm> Comm::Connect(const TorchrunEnv& env, const DeviceChoice& d
         absl::StrCat("ddp/", env.job_id, "/", env.attempt), tcp);
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat(
-        env.rank == 0 ? "cannot host" : "cannot reach", " the rendezvous store at ",
+        host_store ? "cannot host" : "cannot reach", " the rendezvous store at ",
         env.master_addr, ":", env.master_port, " within rdzv.timeout_s: ", FirstLine(e)));
   }
   DDP_RETURN_IF_ERROR(RendezvousBarrier(*c.store_, env, rdzv_timeout));

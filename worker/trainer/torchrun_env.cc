@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/contract/launch_env.h"
 #include "common/net.h"
@@ -78,9 +79,21 @@ absl::StatusOr<TorchrunEnv> ReadTorchrunEnv(const Getenv& getenv) {
   if (!omp.ok()) return omp.status();
   env.omp_num_threads = *omp;
   if (auto id = getenv(env::kJobId); id.has_value() && !id->empty()) env.job_id = *id;
-  auto attempt = IntVar(getenv, env::kAttempt, 0, 0);
+  // Under torchrun (no DDP_ATTEMPT) the restart count tells attempts apart.
+  auto restarts = IntVar(getenv, env::kRestartCount, 0, 0);
+  if (!restarts.ok()) return restarts.status();
+  auto attempt = IntVar(getenv, env::kAttempt, 0, *restarts);
   if (!attempt.ok()) return attempt.status();
   env.attempt = *attempt;
+  if (auto agent = getenv(env::kUseAgentStore); agent.has_value() && !agent->empty()) {
+    const std::string v = absl::AsciiStrToLower(*agent);
+    if (v == "true" || v == "1") {
+      env.use_agent_store = true;
+    } else if (v != "false" && v != "0") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          env::kUseAgentStore, ": expected True or False, got '", *agent, "'"));
+    }
+  }
   if (auto node = getenv(env::kNode); node.has_value() && !node->empty()) {
     env.node = *node;
   } else {

@@ -27,9 +27,15 @@ struct Environment {
   // DDP_JOB_ID (set by ddp-worker; "local" otherwise): replaces {job_id} in checkpoint
   // directories and is recorded in checkpoints, whose resume another job id refuses.
   std::string job_id = "local";
-  // DDP_ATTEMPT (set by ddp-worker; 0 otherwise): with the job id, it scopes the
-  // rendezvous keys, so a straggler of another job or attempt can never join.
+  // DDP_ATTEMPT (set by ddp-worker), else TORCHELASTIC_RESTART_COUNT (torchrun), else
+  // 0: with the job id, it scopes the rendezvous keys, so a straggler of another job or
+  // attempt can never join (and torchrun's store, which outlives a restart, holds no
+  // stale keys for the next one).
   int attempt = 0;
+  // TORCHELASTIC_USE_AGENT_STORE=True (torchrun's static rendezvous): torchrun's agent
+  // already hosts the store on MASTER_PORT, so rank 0 connects to it instead of hosting
+  // one. ddp-worker sets False.
+  bool use_agent_store = false;
   // DDP_NODE (the worker's name; the host name otherwise): replaces {node} in
   // checkpoint directories.
   std::string node;
