@@ -275,12 +275,13 @@ void ParseData(Reader& r, const YAML::Node& root, JobSpec* spec) {
         r.Error(n["classes"], "data.synthetic.classes",
                 absl::StrCat("must be 2..", kMaxFeatures, " (got ", d.synthetic.classes, ")"));
       }
-      // Both bounded above, so the product cannot overflow.
+      // Divided, not multiplied: either may be far over its own bound (reported above,
+      // but not clamped), and the product must not overflow.
       if (d.synthetic.samples > 0 && d.synthetic.features > 0 &&
-          d.synthetic.samples * d.synthetic.features > kMaxSyntheticValues) {
+          d.synthetic.samples > kMaxSyntheticValues / d.synthetic.features) {
         r.Error(n, "data.synthetic",
                 absl::StrCat("samples * features must be <= ", kMaxSyntheticValues, " (got ",
-                             d.synthetic.samples * d.synthetic.features, ")"));
+                             d.synthetic.samples, " * ", d.synthetic.features, ")"));
       }
       break;
     }
