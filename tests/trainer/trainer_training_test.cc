@@ -172,12 +172,16 @@ TEST(TrainerTrainingTest, ResumesMidEpochWithTheLossesOfAnUninterruptedRun) {
                            testing::RunTrainers(testing::LaunchOf(CancerJob(ref_dir, 2, 5), 2)));
   ExpectAllSucceeded(reference);
 
-  // Crash: SIGKILL both ranks as soon as the checkpoint at step 15 of epoch 0 is
-  // reported. The ranks may get a few steps further (and checkpoint again at step 20
-  // or 25) before the signal lands; the resumed run must start at the last one.
+  // Crash: SIGKILL both ranks once the checkpoint at step 15 of epoch 0 is reported.
+  // The writer stops halfway through the next checkpoint's file (global step 20,
+  // DDP_DEBUG_CHECKPOINT_STALL) and its peer waits for it in the next all-reduce, so
+  // however late the signal lands the job cannot run past it (an epoch here is a few
+  // milliseconds); the resumed run must start at the last complete checkpoint.
   std::string dir = testing::MakeTempDir("resume");
   const std::string spec = CancerJob(dir, 2, 5);
-  DDP_ASSERT_OK_AND_ASSIGN(auto group, testing::TrainerGroup::Start(testing::LaunchOf(spec, 2)));
+  testing::TrainerLaunch crash_launch = testing::LaunchOf(spec, 2);
+  crash_launch.env["DDP_DEBUG_CHECKPOINT_STALL"] = "20";
+  DDP_ASSERT_OK_AND_ASSIGN(auto group, testing::TrainerGroup::Start(crash_launch));
   auto crashed = group->Wait([](int rank, const Event& e) {
     return e.type() == "checkpoint" && e.Number("epoch") == 0 && e.Number("step") == 15;
   });
