@@ -37,6 +37,10 @@ struct ProcessGroup::Impl {
   DeviceChoice device;
   std::optional<Comm> comm;
 
+  // ProcessGroup::sum in statuses: `values` summed over all ranks (one double
+  // all-reduce on the group's device).
+  absl::StatusOr<std::vector<double>> Sum(const std::vector<double>& values);
+
   // What ProcessGroup::create does, in statuses.
   static absl::StatusOr<std::shared_ptr<ProcessGroup>> Create(const Environment& env,
                                                               const DeviceChoice& device,

@@ -70,12 +70,15 @@ void ProcessGroup::all_reduce_sum(at::Tensor& tensor) {
   ThrowIfError(impl_->comm->AllReduceSum(tensor));
 }
 
-std::vector<double> ProcessGroup::sum(const std::vector<double>& values) {
-  at::Tensor totals =
-      at::tensor(values, at::TensorOptions().dtype(at::kDouble)).to(impl_->device.device);
-  all_reduce_sum(totals);
+absl::StatusOr<std::vector<double>> ProcessGroup::Impl::Sum(const std::vector<double>& values) {
+  at::Tensor totals = at::tensor(values, at::TensorOptions().dtype(at::kDouble)).to(device.device);
+  DDP_RETURN_IF_ERROR(comm->AllReduceSum(totals));
   at::Tensor t = totals.cpu();
   return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+}
+
+std::vector<double> ProcessGroup::sum(const std::vector<double>& values) {
+  return ValueOrThrow(impl_->Sum(values));
 }
 
 void ProcessGroup::broadcast(const std::vector<at::Tensor>& tensors) {

@@ -107,7 +107,9 @@ class TrainerImpl {
   // The world's collectives, behind the process group.
   Comm& comm() { return *group_->impl().comm; }
   // `values` summed over all ranks (one double all-reduce).
-  absl::StatusOr<std::vector<double>> SumOverRanks(const std::vector<double>& values);
+  absl::StatusOr<std::vector<double>> SumOverRanks(const std::vector<double>& values) {
+    return group_->impl().Sum(values);
+  }
   void EmitStart();
   void EmitTrace();
   // The inputs of this run's data order, as a checkpoint records them.
@@ -286,14 +288,6 @@ void TrainerImpl::EmitStart() {
     }
     events_.Emit(be);
   }
-}
-
-absl::StatusOr<std::vector<double>> TrainerImpl::SumOverRanks(const std::vector<double>& values) {
-  at::Tensor totals =
-      at::tensor(values, at::TensorOptions().dtype(at::kDouble)).to(device_.device);
-  DDP_RETURN_IF_ERROR(comm().AllReduceSum(totals));
-  at::Tensor t = totals.cpu();
-  return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
 }
 
 int64_t TrainerImpl::StepsPerEpoch() const {
