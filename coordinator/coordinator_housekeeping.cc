@@ -67,7 +67,10 @@ void Coordinator::CheckStallsLocked(absl::Time now, TouchList& touched) {
     ++it;
     const absl::Duration timeout =
         rec->stall.Timeout(rec->spec.train.stall_timeout_s, rec->spec.train.collective_timeout_s);
-    const std::optional<StallWatch::Stall> stall = rec->stall.Find(now, timeout);
+    // A stopped rank's agent says so with its next heartbeat: wait that long before
+    // blaming a rank that may only be waiting for it.
+    const std::optional<StallWatch::Stall> stall =
+        rec->stall.Find(now, timeout, 2 * options_.heartbeat_interval);
     if (!stall.has_value()) continue;
     const std::string& worker = a->ranks(stall->rank).worker();
     const std::string reason = absl::StrFormat(

@@ -46,19 +46,22 @@ absl::Duration StallWatch::Timeout(double stall_timeout_s, double collective_tim
   return std::min(learned, absl::Seconds(collective_timeout_s) / 2);
 }
 
-std::optional<StallWatch::Stall> StallWatch::Find(absl::Time now, absl::Duration timeout) const {
+std::optional<StallWatch::Stall> StallWatch::Find(absl::Time now, absl::Duration timeout,
+                                                  absl::Duration unreported_grace) const {
   if (last_.empty()) return std::nullopt;
   std::optional<Stall> oldest, stopped;
   for (size_t r = 0; r < last_.size(); ++r) {
     if (reporting_ranks_only_ && steps_[r] < 2) continue;
-    const absl::Duration silent = now - last_[r];
-    if (silent < timeout) continue;
-    const bool is_stopped = r < stopped_.size() && stopped_[r];
-    const Stall s{static_cast<int>(r), silent, is_stopped};
-    if (is_stopped && !stopped.has_value()) stopped = s;
-    if (!oldest.has_value() || silent > oldest->silent) oldest = s;
+    if (last_[r] == absl::InfiniteFuture()) continue;  // Done.
+    const Stall s{static_cast<int>(r), now - last_[r], r < stopped_.size() && stopped_[r]};
+    if (s.stopped && (!stopped.has_value() || s.silent > stopped->silent)) stopped = s;
+    if (!oldest.has_value() || s.silent > oldest->silent) oldest = s;
   }
-  return stopped.has_value() ? stopped : oldest;
+  if (!oldest.has_value() || oldest->silent < timeout) return std::nullopt;  // No stall.
+  // The cause, though it may have reported after the peers that wait for it.
+  if (stopped.has_value()) return stopped;
+  if (oldest->silent < timeout + unreported_grace) return std::nullopt;  // Its agent's word?
+  return oldest;
 }
 
 }  // namespace ddp

@@ -10,6 +10,14 @@
 // are then silent too (they wait for it in a collective), so the watch names the
 // rank its agent reports stopped, else the one silent longest.
 //
+// Whom to blame needs care at the edge: the stopped rank may have reported last (its
+// peers' last reports were batched a little earlier), so the first rank past the
+// timeout is often the healthy one waiting for it. Hence a stall is declared when any
+// rank is past the timeout, and then a rank reported stopped is named whatever its
+// own silence; with none reported stopped, the watch waits a grace (two heartbeats,
+// the time an agent's word takes to arrive) past the timeout before naming the rank
+// silent longest.
+//
 // The timeout: train.stall_timeout_s if set, else 10 times the longest gap seen
 // between two progress reports of one rank (so it follows every_steps, epoch-end
 // validation and checkpoint saves), at least 30 s, and at most half of
@@ -60,8 +68,10 @@ class StallWatch {
     bool stopped = false;   // Its agent reports the process stopped.
   };
   // The stalled rank, when some rank has been silent for `timeout` or longer: one
-  // reported stopped if any is, else the one silent longest. O(world).
-  std::optional<Stall> Find(absl::Time now, absl::Duration timeout) const;
+  // reported stopped if any is, else, once the longest silence is past `timeout` +
+  // `unreported_grace`, the rank silent longest. O(world).
+  std::optional<Stall> Find(absl::Time now, absl::Duration timeout,
+                            absl::Duration unreported_grace = absl::ZeroDuration()) const;
 
  private:
   void Size(int world);

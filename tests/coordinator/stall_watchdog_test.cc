@@ -68,6 +68,42 @@ TEST(StallWatchTest, WhenEveryRankIsSilentTheStoppedOneIsBlamedNotTheOneWaitingL
   EXPECT_EQ(w.Find(At(20), absl::Seconds(5))->rank, 0);
 }
 
+TEST(StallWatchTest, AStoppedRankThatReportedLastIsBlamedOnceItsPeerIsPastTheTimeout) {
+  // The race seen in CI: rank 1 was stopped right after its last report, which
+  // arrived after rank 0's (batched a little earlier). At the timeout only rank 0 is
+  // past it, but rank 1 is the cause.
+  StallWatch w;
+  w.Progress(0, 2, true, At(0));
+  w.Progress(1, 2, true, At(0.4));
+  w.SetStopped(1, 2, true);
+  EXPECT_FALSE(w.Find(At(4.9), absl::Seconds(5)).has_value()) << "nobody is past it yet";
+  auto stall = w.Find(At(5.1), absl::Seconds(5), absl::Seconds(1));
+  ASSERT_TRUE(stall.has_value());
+  EXPECT_EQ(stall->rank, 1);
+  EXPECT_TRUE(stall->stopped);
+  EXPECT_EQ(stall->silent, absl::Seconds(4.7));
+}
+
+TEST(StallWatchTest, WithoutAStoppedReportTheWatchWaitsTheGraceBeforeBlaming) {
+  StallWatch w;
+  w.Progress(0, 2, true, At(0));
+  w.Progress(1, 2, true, At(0.4));
+  // Past the timeout, within the grace: the agent's word may still be on its way.
+  EXPECT_FALSE(w.Find(At(5.5), absl::Seconds(5), absl::Seconds(1)).has_value());
+  // It comes: the stopped rank is named at once.
+  w.SetStopped(1, 2, true);
+  auto named = w.Find(At(5.5), absl::Seconds(5), absl::Seconds(1));
+  ASSERT_TRUE(named.has_value());
+  EXPECT_EQ(named->rank, 1);
+  // It does not: past the grace, the rank silent longest.
+  w.SetStopped(1, 2, false);
+  auto oldest = w.Find(At(6), absl::Seconds(5), absl::Seconds(1));
+  ASSERT_TRUE(oldest.has_value());
+  EXPECT_EQ(oldest->rank, 0);
+  EXPECT_FALSE(oldest->stopped);
+  EXPECT_EQ(oldest->silent, absl::Seconds(6));
+}
+
 TEST(StallWatchTest, AFinishedRankNeverStalls) {
   StallWatch w;
   w.Progress(0, 2, true, At(0));
