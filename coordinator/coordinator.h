@@ -279,8 +279,12 @@ class Coordinator {
   // Rank 0 of `job`'s active attempt reported a checkpoint: if a worker of the
   // attempt drains at a checkpoint, the job moves now, resuming from it.
   // (Not the checkpoint taken at the job's end.)
-  void MoveAfterCheckpointLocked(JobRecord& job, const v1::TrainerEvent& checkpoint,
+  void MoveAfterCheckpointLocked(JobRecord& job, const v1::TrainerEvent::Checkpoint& checkpoint,
                                  TouchList& touched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What one trainer event of `job` (already checked to come from its rank's worker)
+  // means to the coordinator: the stall watch, a drain at a checkpoint, a rank's error.
+  void ApplyEventLocked(JobRecord& job, const v1::ReportedEvent& event, TouchList& touched)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<v1::HeartbeatResponse> HeartbeatLocked(const v1::HeartbeatRequest& request,
                                                         TouchList& touched,
                                                         StoreWriter::Ticket* commit_first)

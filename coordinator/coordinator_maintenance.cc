@@ -151,7 +151,8 @@ void Coordinator::DrainNowLocked(WorkerRecord& w, TouchList& touched) {
   }
 }
 
-void Coordinator::MoveAfterCheckpointLocked(JobRecord& rec, const v1::TrainerEvent& checkpoint,
+void Coordinator::MoveAfterCheckpointLocked(JobRecord& rec,
+                                            const v1::TrainerEvent::Checkpoint& checkpoint,
                                             TouchList& touched) {
   const v1::Attempt* a = ActiveAttempt(rec);
   if (a == nullptr || !ResumesFromPeriodicCheckpoints(rec.spec)) return;

@@ -322,6 +322,36 @@ absl::Status Coordinator::ReportEvents(const v1::ReportEventsRequest& req) {
   return out;
 }
 
+void Coordinator::ApplyEventLocked(JobRecord& rec, const v1::ReportedEvent& ev,
+                                   TouchList& touched) {
+  const v1::TrainerEvent& e = ev.event();
+  const v1::Attempt* active = ActiveAttempt(rec);
+  const bool current = active != nullptr && active->number() == ev.attempt();
+  switch (e.body_case()) {
+    case v1::TrainerEvent::kError:
+      // A trainer's `error` event explains its exit: keep it in the rank table.
+      ApplyLocked(rec, RecordRankError(rec, ev.attempt(), ev.rank(), e.error().message()),
+                  touched);
+      return;
+    case v1::TrainerEvent::kDone:
+      if (current) rec.stall.Done(ev.rank());
+      return;
+    case v1::TrainerEvent::kStep:
+    case v1::TrainerEvent::kStart:
+    case v1::TrainerEvent::kEpoch:
+    case v1::TrainerEvent::kCheckpoint:
+      if (!current) return;
+      rec.stall.Progress(ev.rank(), active->world_size(), e.has_step(), clock_->Now());
+      if (rec.stall.armed()) watched_.insert(rec.job.id());
+      if (e.has_checkpoint() && !registry_.draining_at_checkpoint().empty()) {
+        MoveAfterCheckpointLocked(rec, e.checkpoint(), touched);
+      }
+      return;
+    case v1::TrainerEvent::BODY_NOT_SET:
+      return;
+  }
+}
+
 void Coordinator::ReportEvents(const v1::ReportEventsRequest& req, ReportDone done) {
   std::vector<v1::ReportedEvent> known;  // Events of jobs we have (not being deleted).
   {
@@ -347,6 +377,7 @@ void Coordinator::ReportEvents(const v1::ReportEventsRequest& req, ReportDone do
                        << " events it could not deliver";
     }
     int unknown = 0;
+    int untyped = 0;
     int64_t foreign = 0;
     std::string first_foreign;
     known.reserve(static_cast<size_t>(req.events_size()));
@@ -365,30 +396,22 @@ void Coordinator::ReportEvents(const v1::ReportEventsRequest& req, ReportDone do
         }
         continue;
       }
+      if (ev.has_event() && ev.event().body_case() == v1::TrainerEvent::BODY_NOT_SET) {
+        ++untyped;  // The flat events of an agent older than the typed ones.
+        continue;
+      }
       if (ev.has_log() && !AdmitOutputLocked(*rec, ev, known)) continue;
       known.push_back(ev);
       if (known.back().has_log() && known.back().log().text().size() > kMaxLogLineBytes) {
         CutLine(*known.back().mutable_log()->mutable_text());
       }
-      const v1::Attempt* active = ActiveAttempt(*rec);
-      if (ev.has_event() && active != nullptr && active->number() == ev.attempt() &&
-          ev.event().type() != "error") {
-        const std::string& type = ev.event().type();
-        if (type == "done") {
-          rec->stall.Done(ev.rank());
-        } else {
-          rec->stall.Progress(ev.rank(), active->world_size(), type == "step", clock_->Now());
-          if (rec->stall.armed()) watched_.insert(rec->job.id());
-        }
-        if (type == "checkpoint" && !registry_.draining_at_checkpoint().empty()) {
-          MoveAfterCheckpointLocked(*rec, ev.event(), touched);
-        }
-      }
-      // A trainer's `error` event explains its exit: keep it in the rank table.
-      if (ev.has_event() && ev.event().type() == "error") {
-        ApplyLocked(*rec, RecordRankError(*rec, ev.attempt(), ev.rank(), ev.event().message()),
-                    touched);
-      }
+      if (ev.has_event()) ApplyEventLocked(*rec, ev, touched);
+    }
+    if (untyped > 0) {
+      DDP_LOG(WARNING) << "worker " << req.worker() << " reported " << untyped
+                       << " event(s) without a typed body: dropped (its agent, version '"
+                       << worker.info.version()
+                       << "', predates typed events; upgrade it to this coordinator's)";
     }
     if (unknown > 0) {
       DDP_LOG(INFO) << "worker " << req.worker() << " reported " << unknown

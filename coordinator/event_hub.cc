@@ -15,27 +15,32 @@ int64_t ToMillis(absl::Time t) { return absl::ToUnixMillis(t); }
 }  // namespace
 
 std::string DescribeEvent(const v1::TrainerEvent& e) {
-  if (e.type() == "start") {
-    return absl::StrCat("started: ", e.model(), ", world size ", e.world_size());
-  }
-  if (e.type() == "checkpoint") {
-    return absl::StrCat("checkpoint saved: ", e.path(), " (epoch ", e.epoch(), ", step ",
-                        e.step(), ")");
-  }
-  if (e.type() == "epoch") {
-    std::string line = absl::StrFormat("epoch %d: train_loss %.4f", e.epoch(), e.train_loss());
-    if (e.has_val_loss()) absl::StrAppendFormat(&line, " val_loss %.4f", e.val_loss());
-    if (e.has_val_accuracy()) {
-      absl::StrAppendFormat(&line, " val_accuracy %.4f", e.val_accuracy());
+  switch (e.body_case()) {
+    case v1::TrainerEvent::kStart:
+      return absl::StrCat("started: ", e.start().model(), ", world size ", e.start().world_size());
+    case v1::TrainerEvent::kCheckpoint: {
+      const v1::TrainerEvent::Checkpoint& c = e.checkpoint();
+      return absl::StrCat("checkpoint saved: ", c.path(), " (epoch ", c.epoch(), ", step ",
+                          c.step(), ")");
     }
-    return line;
-  }
-  if (e.type() == "done") {
-    return absl::StrCat("done after ", e.global_step(), " steps (parameters ",
-                        e.params_fingerprint(), ")");
-  }
-  if (e.type() == "error") {
-    return absl::StrCat("error (", e.retryable() ? "retryable" : "permanent", "): ", e.message());
+    case v1::TrainerEvent::kEpoch: {
+      const v1::TrainerEvent::Epoch& ep = e.epoch();
+      std::string line = absl::StrFormat("epoch %d: train_loss %.4f", ep.epoch(), ep.train_loss());
+      if (ep.has_val_loss()) absl::StrAppendFormat(&line, " val_loss %.4f", ep.val_loss());
+      if (ep.has_val_accuracy()) {
+        absl::StrAppendFormat(&line, " val_accuracy %.4f", ep.val_accuracy());
+      }
+      return line;
+    }
+    case v1::TrainerEvent::kDone:
+      return absl::StrCat("done after ", e.done().global_step(), " steps (parameters ",
+                          e.done().params_fingerprint(), ")");
+    case v1::TrainerEvent::kError:
+      return absl::StrCat("error (", e.error().retryable() ? "retryable" : "permanent",
+                          "): ", e.error().message());
+    case v1::TrainerEvent::kStep:  // Metrics, not a log line.
+    case v1::TrainerEvent::BODY_NOT_SET:
+      break;
   }
   return "";
 }
@@ -118,18 +123,19 @@ void EventHub::Ingest(const std::vector<v1::ReportedEvent>& events,
       }
       if (!ev.has_event()) continue;
       const v1::TrainerEvent& e = ev.event();
-      if (e.type() == "step") {
+      if (e.has_step()) {
+        const v1::TrainerEvent::Step& step = e.step();
         v1::RankMetrics m;
         m.set_rank(ev.rank());
         m.set_attempt(ev.attempt());
-        m.set_epoch(e.epoch());
-        m.set_step(e.step());
-        m.set_steps(e.steps());
-        m.set_global_step(e.global_step());
-        m.set_loss(e.loss());
-        m.set_samples_per_s(e.samples_per_s());
-        m.set_step_ms(e.step_ms());
-        m.set_comm_ms(e.comm_ms());
+        m.set_epoch(step.epoch());
+        m.set_step(step.step());
+        m.set_steps(step.steps());
+        m.set_global_step(step.global_step());
+        m.set_loss(step.loss());
+        m.set_samples_per_s(step.samples_per_s());
+        m.set_step_ms(step.step_ms());
+        m.set_comm_ms(step.comm_ms());
         m.set_update_ms(now_ms);
         if (ev.attempt() > feed.metrics_attempt) {
           feed.metrics_attempt = ev.attempt();
@@ -139,13 +145,14 @@ void EventHub::Ingest(const std::vector<v1::ReportedEvent>& events,
         batch.metrics.push_back(std::move(m));
         continue;
       }
-      if (e.type() == "epoch") {
+      if (e.has_epoch()) {
+        const v1::TrainerEvent::Epoch& epoch = e.epoch();
         v1::EpochSummary s;
         s.set_attempt(ev.attempt());
-        s.set_epoch(e.epoch());
-        s.set_train_loss(e.train_loss());
-        s.set_val_loss(e.has_val_loss() ? e.val_loss() : std::nan(""));
-        s.set_val_accuracy(e.has_val_accuracy() ? e.val_accuracy() : std::nan(""));
+        s.set_epoch(epoch.epoch());
+        s.set_train_loss(epoch.train_loss());
+        s.set_val_loss(epoch.has_val_loss() ? epoch.val_loss() : std::nan(""));
+        s.set_val_accuracy(epoch.has_val_accuracy() ? epoch.val_accuracy() : std::nan(""));
         s.set_time_ms(now_ms);
         feed.epochs.push_back(s);
         batch.epochs.push_back(std::move(s));

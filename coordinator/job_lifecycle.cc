@@ -304,7 +304,7 @@ JobDelta FailAttempt(JobRecord& rec, const std::string& reason, bool retryable, 
 }
 
 bool Preempted(const v1::Attempt& attempt) {
-  return attempt.state() == v1::FAILED && absl::StartsWith(attempt.reason(), kPreemptedPrefix);
+  return attempt.state() == v1::FAILED && attempt.preempted();
 }
 
 JobDelta PreemptAttempt(JobRecord& rec, const std::string& reason, absl::Time now) {
@@ -312,6 +312,7 @@ JobDelta PreemptAttempt(JobRecord& rec, const std::string& reason, absl::Time no
   v1::Attempt* a = ActiveAttempt(rec);
   if (a == nullptr) return delta;
   a->set_state(v1::FAILED);
+  a->set_preempted(true);
   a->set_reason(absl::StrCat(kPreemptedPrefix, reason));
   a->set_end_ms(Millis(now));
   delta.attempt_rows.push_back(a->number());

@@ -122,11 +122,12 @@ JobDelta FailAttempt(JobRecord& job, const std::string& reason, bool retryable,
                      absl::Time now);
 // Ends the active attempt to move the job elsewhere (an operator drains one of its
 // workers): back to PENDING, resuming from its checkpoint, without counting against
-// max_restarts. The attempt shows as FAILED with `reason`. No-op without an active
-// attempt.
+// max_restarts. The attempt shows as FAILED, `preempted`, with the reason
+// "preempted: <reason>". No-op without an active attempt.
 JobDelta PreemptAttempt(JobRecord& job, const std::string& reason, absl::Time now);
-// Whether `attempt` ended by PreemptAttempt (its stored reason says so).
 inline constexpr char kPreemptedPrefix[] = "preempted: ";
+// Whether `attempt` ended by PreemptAttempt (Attempt.preempted; the reason is text for
+// people, never parsed).
 bool Preempted(const v1::Attempt& attempt);
 // Fails a formed attempt whose trainers are not all up by its start deadline.
 JobDelta TimeOutRendezvous(JobRecord& job, absl::Time now);

@@ -1,7 +1,8 @@
 // The coordinator's durable state: one SQLite database, <state-dir>/ddp.sqlite.
 //
-// Tables (schema in state_store.cc): jobs, attempts, ranks (the rank tables),
-// workers, metrics (per-rank step history), epochs, logs. A coordinator restarted on
+// Tables (each described once, column and field together, in store_tables.cc): jobs,
+// attempts, ranks (the rank tables), workers, worker_batches, metrics (per-rank step
+// history), epochs, logs. A coordinator restarted on
 // the same directory loads jobs, attempts, rank tables and workers with Load() and
 // serves metric history and logs from here.
 //
@@ -38,6 +39,10 @@
 #include "ddp/v1/types.pb.h"
 
 struct sqlite3;
+
+namespace ddp::store {
+struct TableInfo;  // store_tables.h
+}  // namespace ddp::store
 
 namespace ddp {
 
@@ -187,8 +192,9 @@ class StateStore {
   StateStore(sqlite3* db, sqlite3* reader, int lock_fd, RetentionOptions retention)
       : db_(db), reader_(reader), lock_fd_(lock_fd), retention_(retention) {}
   absl::Status ExecLocked(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Adds `column` to `table` unless it has it (a database from an older release).
-  absl::Status AddColumnLocked(const char* table, const char* column, const char* decl)
+  // Adds the columns of `table`'s description that the database's table lacks (a
+  // database from an older release), running each one's backfill.
+  absl::Status AddMissingColumnsLocked(const store::TableInfo& table)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job's counts, read from the database the first time (index range scans of
   // that job's rows only).

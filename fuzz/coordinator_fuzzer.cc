@@ -32,7 +32,6 @@ const char* const kSpecs[] = {
 };
 const char* const kWorkers[] = {"w0", "w1", "w2"};
 const char* const kIncarnations[] = {"i0", "i1"};
-const char* const kEventTypes[] = {"start", "step", "epoch", "checkpoint", "done", "error", "x"};
 
 // The coordinator and what it stands on, rebuilt now and then so that the store does
 // not grow without bound over a long run.
@@ -129,12 +128,29 @@ void RunOne(World& w, FuzzedDataProvider& p) {
         e->set_rank(p.ConsumeIntegralInRange<int32_t>(-1, 8));
         e->set_time_ms(p.ConsumeIntegral<int64_t>());
         if (p.ConsumeBool()) {
+          // Every body the oneof has, and none (an older agent's flat event).
           ddp::v1::TrainerEvent* ev = e->mutable_event();
-          ev->set_type(Pick(p, kEventTypes, 7));
-          ev->set_epoch(p.ConsumeIntegral<int64_t>());
-          ev->set_step(p.ConsumeIntegral<int64_t>());
-          ev->set_loss(p.ConsumeFloatingPoint<double>());
-          ev->set_message(p.ConsumeRandomLengthString(32));
+          const int64_t epoch = p.ConsumeIntegral<int64_t>();
+          const int64_t step = p.ConsumeIntegral<int64_t>();
+          switch (p.ConsumeIntegralInRange(0, 6)) {
+            case 0: ev->mutable_start()->set_world_size(p.ConsumeIntegral<int32_t>()); break;
+            case 1:
+              ev->mutable_step()->set_epoch(epoch);
+              ev->mutable_step()->set_step(step);
+              ev->mutable_step()->set_loss(p.ConsumeFloatingPoint<double>());
+              break;
+            case 2:
+              ev->mutable_epoch()->set_epoch(epoch);
+              ev->mutable_epoch()->set_train_loss(p.ConsumeFloatingPoint<double>());
+              break;
+            case 3:
+              ev->mutable_checkpoint()->set_epoch(epoch);
+              ev->mutable_checkpoint()->set_global_step(step);
+              break;
+            case 4: ev->mutable_done()->set_global_step(step); break;
+            case 5: ev->mutable_error()->set_message(p.ConsumeRandomLengthString(32)); break;
+            default: ev->set_rank(p.ConsumeIntegral<int32_t>()); break;
+          }
         } else {
           e->mutable_log()->set_text(p.ConsumeRandomLengthString(64));
           e->mutable_log()->set_stream(p.ConsumeBool() ? "stdout" : "stderr");

@@ -392,9 +392,8 @@ void SimCluster::SendReport(Agent& agent) {
         e->set_attempt(key.second);
         e->set_rank(rank);
         e->set_time_ms(now_ms);
-        v1::TrainerEvent* step = e->mutable_event();
-        step->set_type("step");
-        step->set_rank(rank);
+        e->mutable_event()->set_rank(rank);
+        v1::TrainerEvent::Step* step = e->mutable_event()->mutable_step();
         step->set_epoch(0);
         step->set_step(task.global_step - 1);
         step->set_steps(1000);

@@ -177,8 +177,7 @@ class CommandsTest : public ::testing::Test {
         v1::ReportedEvent* e = req.add_events();
         e->set_job_id(job_id);
         e->set_attempt(1);
-        v1::TrainerEvent* step = e->mutable_event();
-        step->set_type("step");
+        v1::TrainerEvent::Step* step = e->mutable_event()->mutable_step();
         step->set_epoch(i / 1000 + 1);
         step->set_step(i % 1000 + 1);
         step->set_steps(1000);

@@ -74,9 +74,8 @@ class CoordinatorMetricsTest : public ::testing::Test {
     e->set_job_id(task.job_id());
     e->set_attempt(task.attempt());
     e->set_rank(task.ranks(0));
-    v1::TrainerEvent* ev = e->mutable_event();
-    ev->set_type("step");
-    ev->set_rank(task.ranks(0));
+    e->mutable_event()->set_rank(task.ranks(0));
+    v1::TrainerEvent::Step* ev = e->mutable_event()->mutable_step();
     ev->set_global_step(7);
     ev->set_loss(0.5 + task.ranks(0));
     ev->set_samples_per_s(samples_per_s);

@@ -329,8 +329,7 @@ TEST_F(CoordinatorTest, FinishedJobsKeepNoFeedInMemoryYetShowTheirMetricsAndLogs
   v1::ReportedEvent* e = step.add_events();
   e->set_job_id(id);
   e->set_attempt(1);
-  e->mutable_event()->set_type("step");
-  e->mutable_event()->set_global_step(7);
+  e->mutable_event()->mutable_step()->set_global_step(7);
   ASSERT_TRUE(coordinator_->ReportEvents(step).ok());
   ASSERT_TRUE(ReportLines("w1", id, {"hello"}).ok());
   EXPECT_EQ(hub_->stats().feeds, 1u) << "a live job's feed";
@@ -517,8 +516,7 @@ TEST_F(CoordinatorTest, APermanentExitFailsTheJobWithoutRestarting) {
   e->set_job_id(id);
   e->set_attempt(1);
   e->set_rank(1);
-  e->mutable_event()->set_type("error");
-  e->mutable_event()->set_message("data.csv.path: cannot open 'x.csv'");
+  e->mutable_event()->mutable_error()->set_message("data.csv.path: cannot open 'x.csv'");
   ASSERT_TRUE(coordinator_->ReportEvents(events).ok());
   Heartbeat("w2", {Report(t2, /*exit_code=*/2)});
   v1::Job job = Get(id);
@@ -750,9 +748,8 @@ TEST_F(CoordinatorTest, ARestartedCoordinatorRecoversJobsRankTablesAndMetrics) {
   e->set_job_id(id);
   e->set_attempt(1);
   e->set_rank(0);
-  e->mutable_event()->set_type("step");
-  e->mutable_event()->set_global_step(7);
-  e->mutable_event()->set_loss(0.25);
+  e->mutable_event()->mutable_step()->set_global_step(7);
+  e->mutable_event()->mutable_step()->set_loss(0.25);
   ASSERT_TRUE(coordinator_->ReportEvents(events).ok());
 
   Open();  // A new coordinator on the same state directory.
@@ -963,7 +960,7 @@ TEST_F(CoordinatorTest, TheStallWatchdogNamesTheStalledRankAndKeepsBlamingItAfte
     e->set_job_id(id);
     e->set_attempt(1);
     e->set_rank(rank);
-    e->mutable_event()->set_type("step");
+    e->mutable_event()->mutable_step();
     e->mutable_event()->set_rank(rank);
     EXPECT_TRUE(coordinator_->ReportEvents(req).ok());
   };

@@ -88,10 +88,16 @@ class MaintenanceTest : public testing::CoordinatorHarness {
     e->set_job_id(id);
     e->set_attempt(job.attempts_size());
     e->set_rank(0);
-    e->mutable_event()->set_type(type);
-    e->mutable_event()->set_rank(0);
-    e->mutable_event()->set_global_step(global_step);
-    e->mutable_event()->set_epoch(epoch);
+    v1::TrainerEvent* ev = e->mutable_event();
+    ev->set_rank(0);
+    if (type == "checkpoint") {
+      ev->mutable_checkpoint()->set_global_step(global_step);
+      ev->mutable_checkpoint()->set_epoch(epoch);
+    } else {
+      ASSERT_EQ(type, "step") << "a type this helper does not build";
+      ev->mutable_step()->set_global_step(global_step);
+      ev->mutable_step()->set_epoch(epoch);
+    }
     ASSERT_TRUE(coordinator_->ReportEvents(req).ok());
   }
 };
@@ -184,6 +190,8 @@ TEST_F(MaintenanceTest, ADrainMovesAJobAfterItsNextCheckpointWithoutSpendingARes
   const v1::Job moved = Get(id);
   ASSERT_EQ(moved.attempts_size(), 2) << moved.reason();
   EXPECT_EQ(moved.attempts(0).state(), v1::FAILED);
+  EXPECT_TRUE(moved.attempts(0).preempted()) << "an outcome is a field, not a reason prefix";
+  EXPECT_FALSE(moved.attempts(1).preempted());
   EXPECT_THAT(moved.attempts(0).reason(),
               StartsWith(absl::StrCat("preempted: worker ", from, " is draining")));
   EXPECT_THAT(moved.attempts(0).reason(), HasSubstr("global step 5"));

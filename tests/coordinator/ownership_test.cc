@@ -264,8 +264,7 @@ TEST_F(OwnershipTest, EventsForRanksAWorkerDoesNotHostAreDropped) {
     e->set_attempt(attempt);
     e->set_rank(rank);
     if (error) {
-      e->mutable_event()->set_type("error");
-      e->mutable_event()->set_message(text);
+      e->mutable_event()->mutable_error()->set_message(text);
     } else {
       e->mutable_log()->set_stream("stdout");
       e->mutable_log()->set_text(text);

@@ -154,11 +154,11 @@ class StreamingTest : public ::testing::Test {
       v1::ReportedEvent* e = req.add_events();
       e->set_job_id(job_id_);
       e->set_attempt(1);
-      e->mutable_event()->set_type("epoch");
-      e->mutable_event()->set_epoch(++epochs_);
-      e->mutable_event()->set_train_loss(1.0 / epochs_);
-      e->mutable_event()->set_val_loss(2.0 / epochs_);
-      e->mutable_event()->set_val_accuracy(0.5);
+      v1::TrainerEvent::Epoch* epoch = e->mutable_event()->mutable_epoch();
+      epoch->set_epoch(++epochs_);
+      epoch->set_train_loss(1.0 / epochs_);
+      epoch->set_val_loss(2.0 / epochs_);
+      epoch->set_val_accuracy(0.5);
     }
     v1::ReportEventsResponse resp;
     return workers_->ReportEvents(&ctx, req, &resp);

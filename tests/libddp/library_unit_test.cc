@@ -153,10 +153,10 @@ TEST(ReporterTest, WritesLinesTheAgentAccepts) {
     EXPECT_EQ(ParseProgramEvent(line, 3, 0.0, &event, &why), ProgramLine::kEvent)
         << line << ": " << why;
     EXPECT_EQ(event.rank(), 3);
-    types.push_back(event.type());
-    if (event.type() == "step") {
-      EXPECT_DOUBLE_EQ(event.loss(), 0.25);
-      EXPECT_EQ(event.steps(), 10);
+    types.push_back(EventTypeName(event));
+    if (event.has_step()) {
+      EXPECT_DOUBLE_EQ(event.step().loss(), 0.25);
+      EXPECT_EQ(event.step().steps(), 10);
       EXPECT_THAT(line, ::testing::Not(HasSubstr("samples_per_s")));  // Unset: not sent.
     }
   }

@@ -99,7 +99,7 @@ TEST(RepairUtf8Test, RepairsEveryStringFieldOfANestedMessage) {
   t->set_job_id("job");
   t->set_error("cannot create /data/caf\xE9: Permission denied");
   v1::ReportedEvent ev;
-  ev.mutable_event()->set_message("torn \xE2\x82");
+  ev.mutable_event()->mutable_error()->set_message("torn \xE2\x82");  // Two levels down.
   v1::Task task;
   (*task.mutable_env())["K"] = "v\xFF";
   EXPECT_EQ(RepairUtf8(&req), 2);

@@ -327,10 +327,10 @@ TEST_F(AgentTest, RunsEachLocalRankWithTorchrunEnvironmentAndRelaysItsOutput) {
     for (const auto& e : call.events.events()) {
       if (e.has_log()) logs.push_back(absl::StrCat(e.rank(), " ", e.log().stream(), " ",
                                                    e.log().text()));
-      if (e.has_event() && e.event().type() == "step") {
+      if (e.has_event() && e.event().has_step()) {
         ++steps;
-        EXPECT_DOUBLE_EQ(e.event().loss(), 0.5);
-        EXPECT_EQ(e.event().global_step(), 7);
+        EXPECT_DOUBLE_EQ(e.event().step().loss(), 0.5);
+        EXPECT_EQ(e.event().step().global_step(), 7);
         EXPECT_EQ(e.job_id(), "job-a");
       }
     }
@@ -354,7 +354,7 @@ TEST_F(AgentTest, ATrainersErrorEventIsReportedBeforeItsExit) {
   int error_seq = -1, exit_seq = -1;
   for (const auto& call : fake_->calls()) {
     for (const auto& e : call.events.events()) {
-      if (e.has_event() && e.event().type() == "error" && e.rank() == 2) error_seq = call.seq;
+      if (e.has_event() && e.event().has_error() && e.rank() == 2) error_seq = call.seq;
     }
     if (exit_seq < 0 && Exited({call}, 2)) exit_seq = call.seq;
   }
@@ -550,7 +550,7 @@ TEST_F(AgentTest, InvalidUtf8AndHugeLinesReachTheCoordinatorRepairedAndCut) {
     EXPECT_LE(call.events.ByteSizeLong(), 1u << 20) << "batches stay far below 4 MB";
     for (const auto& e : call.events.events()) {
       if (e.has_log()) texts.push_back(e.log().text());
-      if (e.has_event() && e.event().type() == "error") error = e.event().message();
+      if (e.has_event() && e.event().has_error()) error = e.event().error().message();
     }
   }
   EXPECT_THAT(texts, ::testing::Contains("caf\xEF\xBF\xBD"));
@@ -604,7 +604,7 @@ TEST_F(AgentTest, AnExitIsReportedOnlyAfterAllTheOutputBeforeIt) {
   for (const auto& call : calls) {
     if (!call.result.ok()) continue;
     for (const auto& e : call.events.events()) {
-      if (e.has_event() && e.event().type() == "error") error_seq = call.seq;
+      if (e.has_event() && e.event().has_error()) error_seq = call.seq;
       if (e.has_log() && e.log().text() == "30000") last_line_seq = call.seq;
     }
   }

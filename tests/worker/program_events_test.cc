@@ -24,11 +24,11 @@ ProgramLine Parse(const std::string& line, v1::TrainerEvent* e, std::string* why
 TEST(ProgramEventTest, AStepNeedsOnlyItsTypeAndLoss) {
   v1::TrainerEvent e;
   ASSERT_EQ(Parse(R"({"type": "step", "loss": 0.25})", &e), ProgramLine::kEvent);
-  EXPECT_EQ(e.type(), "step");
-  EXPECT_DOUBLE_EQ(e.loss(), 0.25);
+  ASSERT_EQ(e.body_case(), v1::TrainerEvent::kStep);
+  EXPECT_DOUBLE_EQ(e.step().loss(), 0.25);
   EXPECT_EQ(e.rank(), 1);              // The worker's, not the line's.
   EXPECT_DOUBLE_EQ(e.time(), 1234.5);  // Now, when the line has none.
-  EXPECT_EQ(e.epoch(), 0);
+  EXPECT_EQ(e.step().epoch(), 0);
 }
 
 TEST(ProgramEventTest, OptionalFieldsAreReadAndUnknownOnesIgnored) {
@@ -38,12 +38,13 @@ TEST(ProgramEventTest, OptionalFieldsAreReadAndUnknownOnesIgnored) {
                   R"("rank":7,"my_metric":"x","grad_norm":3})",
                   &e),
             ProgramLine::kEvent);
-  EXPECT_EQ(e.epoch(), 2);
-  EXPECT_EQ(e.step(), 7);
-  EXPECT_EQ(e.steps(), 28);
-  EXPECT_DOUBLE_EQ(e.samples_per_s(), 812.5);
-  EXPECT_DOUBLE_EQ(e.step_ms(), 9.75);
-  EXPECT_DOUBLE_EQ(e.comm_ms(), 1.25);
+  ASSERT_TRUE(e.has_step());
+  EXPECT_EQ(e.step().epoch(), 2);
+  EXPECT_EQ(e.step().step(), 7);
+  EXPECT_EQ(e.step().steps(), 28);
+  EXPECT_DOUBLE_EQ(e.step().samples_per_s(), 812.5);
+  EXPECT_DOUBLE_EQ(e.step().step_ms(), 9.75);
+  EXPECT_DOUBLE_EQ(e.step().comm_ms(), 1.25);
   EXPECT_DOUBLE_EQ(e.time(), 99.0);
   EXPECT_EQ(e.rank(), 1) << "a program cannot report for another rank";
 }
@@ -52,12 +53,14 @@ TEST(ProgramEventTest, EpochAndCheckpointLinesAreOptionalToo) {
   v1::TrainerEvent e;
   ASSERT_EQ(Parse(R"({"type":"epoch","epoch":3,"train_loss":0.5,"val_accuracy":0.97})", &e),
             ProgramLine::kEvent);
-  EXPECT_DOUBLE_EQ(e.train_loss(), 0.5);
-  EXPECT_FALSE(e.has_val_loss());
-  EXPECT_DOUBLE_EQ(e.val_accuracy(), 0.97);
+  ASSERT_TRUE(e.has_epoch());
+  EXPECT_DOUBLE_EQ(e.epoch().train_loss(), 0.5);
+  EXPECT_FALSE(e.epoch().has_val_loss());
+  EXPECT_DOUBLE_EQ(e.epoch().val_accuracy(), 0.97);
   ASSERT_EQ(Parse(R"({"type":"checkpoint","path":"ckpt/e3.pt","epoch":3})", &e),
             ProgramLine::kEvent);
-  EXPECT_EQ(e.path(), "ckpt/e3.pt");
+  ASSERT_TRUE(e.has_checkpoint());
+  EXPECT_EQ(e.checkpoint().path(), "ckpt/e3.pt");
 }
 
 TEST(ProgramEventTest, MalformedLinesSayWhy) {
@@ -88,11 +91,12 @@ TEST(ProgramEventTest, OnlyTheTypesAProgramMaySendAreRead) {
   EXPECT_THAT(why, HasSubstr("unknown type 'start'"));
   // A program's error explains a failure worth a restart unless it says otherwise.
   ASSERT_EQ(Parse(R"({"type": "error", "message": "out of memory"})", &e), ProgramLine::kEvent);
-  EXPECT_EQ(e.message(), "out of memory");
-  EXPECT_TRUE(e.retryable());
+  ASSERT_TRUE(e.has_error());
+  EXPECT_EQ(e.error().message(), "out of memory");
+  EXPECT_TRUE(e.error().retryable());
   ASSERT_EQ(Parse(R"({"type": "error", "message": "bad config", "retryable": false})", &e),
             ProgramLine::kEvent);
-  EXPECT_FALSE(e.retryable());
+  EXPECT_FALSE(e.error().retryable());
   // Numbers an int64 cannot hold are refused, not converted.
   EXPECT_EQ(Parse(R"({"type": "step", "loss": 1, "epoch": 1e300})", &e, &why),
             ProgramLine::kMalformed);
@@ -137,7 +141,7 @@ TEST(ProgramEventTest, GarbageOnTheDescriptorIsShownOnceThenCounted) {
               HasSubstr("a line on DDP_EVENTS_FD is not an event (not a JSON object"));
   EXPECT_THAT(out[0].log().text(), HasSubstr("not json"));
   ASSERT_TRUE(out[1].has_event()) << "the good line between is relayed";
-  EXPECT_DOUBLE_EQ(out[1].event().loss(), 0.5);
+  EXPECT_DOUBLE_EQ(out[1].event().step().loss(), 0.5);
   ASSERT_TRUE(out[2].has_log());
   EXPECT_THAT(out[2].log().text(), HasSubstr("3 lines on DDP_EVENTS_FD in all were not events"));
 }

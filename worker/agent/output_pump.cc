@@ -157,7 +157,7 @@ void OutputPump::Emit(Stream& s, std::string_view line, int64_t cut_bytes) {
                            << p << " (logged once)";
         }
       }
-      relay = event.type() != "trace" && event.type() != "buckets";
+      relay = event.body_case() != v1::TrainerEvent::BODY_NOT_SET;  // Not buckets, trace.
       *ev.mutable_event() = std::move(event);
     }
   }

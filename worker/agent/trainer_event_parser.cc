@@ -119,12 +119,12 @@ class StructReader {
   std::set<std::string> seen_;
 };
 
-// Copies a definition's fields into the proto fields of the same name. Fields the
-// proto does not have are not relayed; a field whose proto type cannot hold it is
-// noted in `mismatches` (checked by a test, never expected at run time).
+// Copies a definition's fields into the body message's fields of the same name.
+// Fields the body does not have are not relayed; a field whose proto type cannot
+// hold it is noted in `mismatches` (checked by a test, never expected at run time).
 class ProtoWriter {
  public:
-  ProtoWriter(v1::TrainerEvent* out, std::vector<std::string>* mismatches,
+  ProtoWriter(google::protobuf::Message* out, std::vector<std::string>* mismatches,
               std::set<std::string>* written)
       : out_(out), mismatches_(mismatches), written_(written) {}
 
@@ -182,7 +182,7 @@ class ProtoWriter {
     mismatches_->push_back(absl::StrCat(name, ": the proto field cannot hold ", what));
   }
 
-  v1::TrainerEvent* out_;
+  google::protobuf::Message* out_;
   std::vector<std::string>* mismatches_;
   std::set<std::string>* written_;
 };
@@ -192,44 +192,65 @@ const std::set<std::string>& Envelope() {
   return *envelope;
 }
 
+// The body field of v1::TrainerEvent for an event type: the oneof member named like
+// it, nullptr for a type that is not relayed (buckets, trace) or not known.
+const FieldDescriptor* BodyField(const std::string& type) {
+  const FieldDescriptor* f = v1::TrainerEvent::descriptor()->FindFieldByName(type);
+  if (f == nullptr || f->containing_oneof() == nullptr ||
+      f->cpp_type() != FieldDescriptor::CPPTYPE_MESSAGE) {
+    return nullptr;
+  }
+  return f;
+}
+
+// Copies event type E's fields out of `json` into `event`'s body for E, if it has one.
+template <typename E>
+void ReadInto(v1::TrainerEvent* event, StructReader& reader) {
+  E definition;
+  E::Fields(definition, reader);
+  const FieldDescriptor* body = BodyField(E::kType);
+  if (body == nullptr) return;
+  google::protobuf::Message* out = event->GetReflection()->MutableMessage(event, body);
+  std::vector<std::string> mismatches;
+  std::set<std::string> written;
+  E::Fields(definition, ProtoWriter(out, &mismatches, &written));
+}
+
 }  // namespace
 
 bool ParseTrainerEvent(const Struct& json, v1::TrainerEvent* event,
                        std::vector<std::string>* problems) {
-  auto type = json.fields().find("type");
-  if (type == json.fields().end() || !type->second.has_string_value() ||
-      type->second.string_value().empty()) {
+  auto type_field = json.fields().find("type");
+  if (type_field == json.fields().end() || !type_field->second.has_string_value() ||
+      type_field->second.string_value().empty()) {
     return false;
   }
+  const std::string& type = type_field->second.string_value();
   std::vector<std::string> ignored;
   std::vector<std::string>* out = problems != nullptr ? problems : &ignored;
   event->Clear();
-  event->set_type(type->second.string_value());
   auto rank = json.fields().find("rank");
   auto time = json.fields().find("time");
   if (rank == json.fields().end() || !rank->second.has_number_value()) {
-    out->push_back(absl::StrCat(event->type(), ": missing field 'rank'"));
+    out->push_back(absl::StrCat(type, ": missing field 'rank'"));
   } else {
     event->set_rank(static_cast<int32_t>(rank->second.number_value()));
   }
   if (time == json.fields().end() || !time->second.has_number_value()) {
-    out->push_back(absl::StrCat(event->type(), ": missing field 'time'"));
+    out->push_back(absl::StrCat(type, ": missing field 'time'"));
   } else {
     event->set_time(time->second.number_value());
   }
   bool known = false;
   ForEachEventType([&](auto definition) {
     using E = decltype(definition);
-    if (known || event->type() != E::kType) return;
+    if (known || type != E::kType) return;
     known = true;
     StructReader reader(json, E::kType, out);
-    E::Fields(definition, reader);
+    ReadInto<E>(event, reader);
     reader.ReportUnknown(Envelope());
-    std::vector<std::string> mismatches;
-    std::set<std::string> written;
-    E::Fields(definition, ProtoWriter(event, &mismatches, &written));
   });
-  if (!known) out->push_back(absl::StrCat("unknown event type '", event->type(), "'"));
+  if (!known) out->push_back(absl::StrCat("unknown event type '", type, "'"));
   return true;
 }
 
@@ -257,56 +278,77 @@ ProgramLine ParseProgramEvent(const std::string& line, int rank, double now,
       type->second.string_value().empty()) {
     return malformed("no \"type\" string");
   }
+  const std::string& name = type->second.string_value();
   event->Clear();
-  event->set_type(type->second.string_value());
   // Whatever the program says, the rank is the one the worker started it as.
   event->set_rank(rank);
   auto time = json.fields().find("time");
   event->set_time(time != json.fields().end() && time->second.has_number_value()
                       ? time->second.number_value()
                       : now);
-  if (event->type() == "trace" || event->type() == "buckets") return ProgramLine::kDropped;
+  if (name == "trace" || name == "buckets") return ProgramLine::kDropped;
   static const auto* kProgramTypes =
       new std::set<std::string>{"step", "epoch", "checkpoint", "error", "done"};
-  if (!kProgramTypes->count(event->type())) {
-    return malformed(absl::StrCat("unknown type '", event->type(),
+  if (!kProgramTypes->count(name)) {
+    return malformed(absl::StrCat("unknown type '", name,
                                   "' (step, epoch, checkpoint, error or done)"));
   }
-  bool known = false;
   std::vector<std::string> problems;
   ForEachEventType([&](auto definition) {
     using E = decltype(definition);
-    if (known || event->type() != E::kType) return;
-    known = true;
+    if (name != E::kType) return;
     StructReader reader(json, E::kType, &problems, /*lenient=*/true);
-    E::Fields(definition, reader);
-    std::vector<std::string> mismatches;
-    std::set<std::string> written;
-    E::Fields(definition, ProtoWriter(event, &mismatches, &written));
+    ReadInto<E>(event, reader);
   });
   if (!problems.empty()) return malformed(problems.front());
-  // A program's failure is worth a restart unless it says otherwise (torchrun's rule).
-  if (event->type() == "error" && !json.fields().count("retryable")) event->set_retryable(true);
-  if (event->type() == "step") {
-    auto loss = json.fields().find("loss");
-    if (loss == json.fields().end()) return malformed("a step line needs \"loss\"");
+  switch (event->body_case()) {
+    case v1::TrainerEvent::kError:
+      // A program's failure is worth a restart unless it says otherwise (torchrun's rule).
+      if (!json.fields().count("retryable")) event->mutable_error()->set_retryable(true);
+      break;
+    case v1::TrainerEvent::kStep:
+      if (!json.fields().count("loss")) return malformed("a step line needs \"loss\"");
+      break;
+    default:
+      break;
   }
   return ProgramLine::kEvent;
 }
 
+std::string EventTypeName(const v1::TrainerEvent& event) {
+  const google::protobuf::OneofDescriptor* body =
+      v1::TrainerEvent::descriptor()->FindOneofByName("body");
+  const FieldDescriptor* f = event.GetReflection()->GetOneofFieldDescriptor(event, body);
+  return f == nullptr ? "" : f->name();
+}
+
 std::vector<std::string> TrainerEventProtoMismatches() {
   std::vector<std::string> mismatches;
-  std::set<std::string> written;
+  std::set<std::string> types;
   ForEachEventType([&](auto definition) {
     using E = decltype(definition);
+    types.insert(E::kType);
+    const FieldDescriptor* body = BodyField(E::kType);
+    if (body == nullptr) return;  // Not relayed.
     v1::TrainerEvent scratch;
-    E::Fields(definition, ProtoWriter(&scratch, &mismatches, &written));
+    google::protobuf::Message* out = scratch.GetReflection()->MutableMessage(&scratch, body);
+    std::vector<std::string> found;
+    std::set<std::string> written;
+    E::Fields(definition, ProtoWriter(out, &found, &written));
+    for (const std::string& m : found) mismatches.push_back(absl::StrCat(E::kType, ".", m));
+    const google::protobuf::Descriptor* d = body->message_type();
+    for (int i = 0; i < d->field_count(); ++i) {
+      if (!written.count(d->field(i)->name())) {
+        mismatches.push_back(
+            absl::StrCat(E::kType, ".", d->field(i)->name(), ": the event type does not define it"));
+      }
+    }
   });
-  const google::protobuf::Descriptor* d = v1::TrainerEvent::descriptor();
-  for (int i = 0; i < d->field_count(); ++i) {
-    const std::string& name = d->field(i)->name();
-    if (!Envelope().count(name) && !written.count(name)) {
-      mismatches.push_back(absl::StrCat(name, ": no event type defines it"));
+  const google::protobuf::OneofDescriptor* oneof =
+      v1::TrainerEvent::descriptor()->FindOneofByName("body");
+  for (int i = 0; i < oneof->field_count(); ++i) {
+    if (!types.count(oneof->field(i)->name())) {
+      mismatches.push_back(absl::StrCat(oneof->field(i)->name(), ": no event type of that name"));
     }
   }
   return mismatches;

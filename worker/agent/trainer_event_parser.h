@@ -1,6 +1,7 @@
 // The agent's side of the event contract (common/contract/events.h): parses
 // one line from a trainer's event pipe, checks it against the definition of its type
-// field by field, and maps it into v1::TrainerEvent by field name.
+// field by field, and maps it into v1::TrainerEvent: the envelope, and the type's
+// fields into the body message named like the type, by field name.
 //
 // Strict but forgiving: an unknown field, a missing one or one of the wrong type is
 // reported in `problems` (the agent logs each kind once; the contract tests require
@@ -18,7 +19,8 @@
 namespace ddp {
 
 // False if `line` is not a JSON object with a string "type" (then it is plain
-// output). Otherwise fills `event` with the envelope and every field the proto has,
+// output). Otherwise fills `event` with the envelope and, for a relayed type, the
+// body with every field it has (`buckets`, `trace` and unknown types get no body),
 // and appends to `problems` (if given) what did not match the definition:
 // "step: missing field 'loss'", "step: unknown field 'extra'", "unknown event type 'x'".
 bool ParseTrainerEvent(const std::string& line, v1::TrainerEvent* event,
@@ -38,9 +40,13 @@ enum class ProgramLine { kEvent, kDropped, kMalformed };
 ProgramLine ParseProgramEvent(const std::string& line, int rank, double now,
                               v1::TrainerEvent* event, std::string* why);
 
-// Fields of v1::TrainerEvent, other than the envelope, that no event type defines
-// or that an event type defines with a type the proto cannot hold: each is
-// "<field>: <why>". Empty when the proto and the definitions agree.
+// The event type of `event`'s body ("step", ...), "" when it has none.
+std::string EventTypeName(const v1::TrainerEvent& event);
+
+// Where v1::TrainerEvent's bodies and the definitions disagree: a body field its
+// event type does not define, or defines with a type the proto cannot hold, or a
+// body named like no event type. Each is "<type>.<field>: <why>" or "<body>: <why>".
+// Empty when the proto and the definitions agree.
 std::vector<std::string> TrainerEventProtoMismatches();
 
 }  // namespace ddp
