@@ -1,5 +1,5 @@
 // `ddpctl plot`: fetches the job with its metric history and writes an SVG or PNG, or
-// draws a Unicode chart on the terminal (client/plot.h has the pure parts).
+// draws a Unicode chart on the terminal (client/plot/plot.h has the pure parts).
 #include <sys/ioctl.h>
 #include <unistd.h>
 
@@ -12,8 +12,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/commands.h"
-#include "client/png.h"
-#include "client/term_chart.h"
+#include "client/plot/png.h"
+#include "client/plot/term_chart.h"
 #include "common/rpc/status.h"
 
 namespace ddp {

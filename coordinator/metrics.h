@@ -19,7 +19,7 @@
 #include <memory>
 #include <vector>
 
-#include "coordinator/coordinator.h"
+#include "coordinator/core/coordinator.h"
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"

@@ -9,7 +9,7 @@
 #include "common/metrics/metrics_server.h"
 #include "common/net.h"
 #include "coordinator/metrics.h"
-#include "coordinator/request_limits.h"
+#include "coordinator/rpc/request_limits.h"
 
 namespace ddp {
 

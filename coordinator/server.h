@@ -16,11 +16,11 @@
 #include "common/clock.h"
 #include "common/rpc/credentials.h"
 #include "common/rpc/health_server.h"
-#include "coordinator/auth.h"
-#include "coordinator/coordinator.h"
-#include "coordinator/event_hub.h"
-#include "coordinator/grpc_service.h"
-#include "coordinator/state_store.h"
+#include "coordinator/rpc/auth.h"
+#include "coordinator/core/coordinator.h"
+#include "coordinator/core/event_hub.h"
+#include "coordinator/rpc/grpc_service.h"
+#include "coordinator/store/state_store.h"
 
 namespace ddp {
 

@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "common/clock.h"
-#include "coordinator/coordinator.h"
-#include "coordinator/event_hub.h"
-#include "coordinator/state_store.h"
+#include "coordinator/core/coordinator.h"
+#include "coordinator/core/event_hub.h"
+#include "coordinator/store/state_store.h"
 #include "ddp/v1/job_service.pb.h"
 #include "ddp/v1/worker_service.pb.h"
 

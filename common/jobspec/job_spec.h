@@ -137,7 +137,7 @@ struct TrainSpec {
   double collective_timeout_s = 300.0;
   // The coordinator's stall watchdog: a running rank that reports no progress for
   // this long fails the attempt, naming it. 0: chosen from the step reports seen
-  // (coordinator/stall_watchdog.h).
+  // (coordinator/core/stall_watchdog.h).
   double stall_timeout_s = 0.0;
   int64_t threads = 0;    // Intra-op threads per rank; 0: cores / LOCAL_WORLD_SIZE.
   int64_t max_steps = 0;  // Stop after this many optimizer steps in total; 0: no cap.

@@ -1,7 +1,7 @@
 // ddpctl plot: series from a job's history, the drawing laid out from them, and the
 // SVG and PNG made of it, read back by an independent checker (tests/client/
 // check_plot.py: Python's XML parser and its own PNG decoder).
-#include "client/plot.h"
+#include "client/plot/plot.h"
 
 #include <cmath>
 #include <cstdio>
@@ -11,8 +11,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "client/png.h"
-#include "client/term_chart.h"
+#include "client/plot/png.h"
+#include "client/plot/term_chart.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/test_util.h"

@@ -1,5 +1,5 @@
 // The authorization table and the token file, without sockets: who may call what.
-#include "coordinator/auth.h"
+#include "coordinator/rpc/auth.h"
 
 #include "common/auth/tokens.h"
 #include "gmock/gmock.h"

@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/coordinator.h"
-#include "coordinator/event_hub.h"
-#include "coordinator/state_store.h"
+#include "coordinator/core/coordinator.h"
+#include "coordinator/core/event_hub.h"
+#include "coordinator/store/state_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/test_util.h"

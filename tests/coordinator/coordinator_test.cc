@@ -1,7 +1,7 @@
 // The coordinator's state machine, driven directly with a FakeClock: registration,
 // heartbeats and their expiry, rendezvous with last call, rank assignment, the FIFO
 // queue, restarts and recovery. Real SQLite store, no sockets, no sleeps.
-#include "coordinator/coordinator.h"
+#include "coordinator/core/coordinator.h"
 
 #include <sqlite3.h>
 
@@ -13,8 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "common/contract/exit_codes.h"
-#include "coordinator/event_hub.h"
-#include "coordinator/state_store.h"
+#include "coordinator/core/event_hub.h"
+#include "coordinator/store/state_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/status_matchers.h"

@@ -1,6 +1,6 @@
 // The ingest queue on a real hub and SQLite store: every batch is answered, only once
 // its events are stored, in the order batches were posted.
-#include "coordinator/ingest_queue.h"
+#include "coordinator/core/ingest_queue.h"
 
 #include <filesystem>
 #include <memory>

@@ -1,6 +1,6 @@
 // The job state machine alone: every transition of job_lifecycle.h's diagram, as a
 // table of (state before, event, state after), with no workers, queue, store or lock.
-#include "coordinator/job_lifecycle.h"
+#include "coordinator/core/job_lifecycle.h"
 
 #include <functional>
 #include <string>

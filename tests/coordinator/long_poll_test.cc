@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
-#include "coordinator/task_waiters.h"
+#include "coordinator/core/task_waiters.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/coordinator/coordinator_harness.h"

@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/rpc/credentials.h"
 #include "common/rpc/status.h"
-#include "coordinator/request_limits.h"
+#include "coordinator/rpc/request_limits.h"
 #include "coordinator/server.h"
 #include "ddp/v1/job_service.grpc.pb.h"
 #include "ddp/v1/worker_service.grpc.pb.h"

@@ -1,6 +1,6 @@
 // The scheduler's decisions against a fake cluster: FIFO gang order, unschedulable
 // jobs skipped, last call, and how much of the cluster a pass looks at.
-#include "coordinator/scheduler.h"
+#include "coordinator/core/scheduler.h"
 
 #include <deque>
 #include <string>

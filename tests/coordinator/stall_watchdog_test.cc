@@ -1,6 +1,6 @@
 // The stall watch alone, on explicit times: arming, the learned timeout and its
 // bounds, and whom it blames.
-#include "coordinator/stall_watchdog.h"
+#include "coordinator/core/stall_watchdog.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

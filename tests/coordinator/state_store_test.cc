@@ -1,7 +1,7 @@
 // The state store on a real SQLite database in a scratch directory: every stored
 // field round-trips, older databases gain new columns, retention, and the exclusive
 // hold a store takes on its directory.
-#include "coordinator/state_store.h"
+#include "coordinator/store/state_store.h"
 
 #include <sqlite3.h>
 #include <unistd.h>
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/store_tables.h"
+#include "coordinator/store/store_tables.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/message_differencer.h"

@@ -1,6 +1,6 @@
 // The worker registry alone: liveness from the deadline heap, incarnations, and the
 // slot counts the scheduler reads.
-#include "coordinator/worker_registry.h"
+#include "coordinator/core/worker_registry.h"
 
 #include <string>
 #include <vector>

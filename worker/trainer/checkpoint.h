@@ -32,17 +32,15 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "ddp/position.h"
 #include "worker/trainer/model.h"
 
 namespace ddp {
 
 inline constexpr char kCheckpointFormat[] = "ddp.checkpoint/2";
 
-struct TrainingPosition {
-  int64_t epoch = 0;
-  int64_t step = 0;  // Optimizer steps completed within `epoch`.
-  int64_t global_step = 0;
-};
+// The public ddp::Position (optimizer steps completed within `epoch`).
+using TrainingPosition = Position;
 
 // The inputs of the data order (DistributedSampler and the batching over it).
 struct SamplerState {

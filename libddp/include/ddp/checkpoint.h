@@ -22,16 +22,11 @@
 #include <optional>
 #include <string>
 
+#include "ddp/position.h"
 #include "ddp/process_group.h"
 
 namespace ddp {
 
-// Where training stands: `step` optimizer steps of `epoch` are done.
-struct Position {
-  int64_t epoch = 0;
-  int64_t step = 0;
-  int64_t global_step = 0;
-};
 
 struct CheckpointOptions {
   std::string dir;        // Required. {job_id} and {node} are replaced.

@@ -13,6 +13,7 @@
 #include "ddp/error.h"
 #include "ddp/lr_schedule.h"
 #include "ddp/lr_scheduler.h"
+#include "ddp/position.h"
 #include "ddp/process_group.h"
 #include "ddp/report.h"
 #include "ddp/sampler.h"

@@ -1,0 +1,447 @@
+// The facade's job side: submission, queries, cancellation, scheduling, and acting
+// on what transitions changed. Worker-facing methods are in coordinator_workers.cc,
+// time-driven work in coordinator_housekeeping.cc.
+#include "coordinator/core/coordinator.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/notification.h"
+#include "common/jobspec/redact.h"
+#include "common/logging.h"
+#include "coordinator/core/rendezvous.h"
+
+namespace ddp {
+namespace {
+
+std::string Seconds(absl::Duration d) {
+  return absl::StrFormat("%gs", absl::ToDoubleSeconds(d));
+}
+
+}  // namespace
+
+absl::Status ValidateTimeouts(const CoordinatorOptions& o) {
+  if (o.rpc_deadline <= absl::ZeroDuration() || o.rpc_deadline >= o.heartbeat_interval) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--rpc-deadline (", absl::FormatDuration(o.rpc_deadline),
+        ") must be positive and shorter than --heartbeat-interval (",
+        absl::FormatDuration(o.heartbeat_interval), ")"));
+  }
+  if (o.heartbeat_interval >= o.heartbeat_timeout) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--heartbeat-interval (", absl::FormatDuration(o.heartbeat_interval),
+        ") must be shorter than --heartbeat-timeout (",
+        absl::FormatDuration(o.heartbeat_timeout), ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Duration StartTimeout(const CoordinatorOptions& o) {
+  if (o.start_timeout > absl::ZeroDuration()) return o.start_timeout;
+  return std::max(5 * o.heartbeat_interval, absl::Seconds(10));
+}
+
+Coordinator::TouchList::~TouchList() {
+  for (const std::string& id : finished_) hub_->MarkFinished(id);
+  for (const std::string& id : ids_) hub_->Touch(id);
+}
+
+Coordinator::Coordinator(CoordinatorOptions options, StateStore* store, EventHub* hub,
+                         Clock* clock, UsageLimits limits)
+    : options_(options),
+      limits_(limits),
+      store_(store),
+      hub_(hub),
+      clock_(clock),
+      writer_(store),
+      ingest_(hub),
+      registry_(options.heartbeat_timeout) {
+  absl::MutexLock lock(&mu_);
+  last_retention_ = clock_->Now();
+}
+
+JobRecord* Coordinator::FindLocked(const std::string& job_id) {
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+Coordinator::Stats Coordinator::stats() {
+  Stats s;
+  s.store = writer_.stats();
+  absl::MutexLock lock(&mu_);
+  s.heartbeats = heartbeats_;
+  s.scheduling_passes = passes_;
+  s.foreign_reports = foreign_total_;
+  return s;
+}
+
+void Coordinator::ApplyLocked(JobRecord& rec, const JobDelta& delta, TouchList& touched) {
+  const std::string& id = rec.job.id();
+  if (!rec.retiring) {  // A retiring job is being deleted: nothing more is written.
+    if (delta.job_row) writer_.PutJob(rec.job, rec.seq);
+    for (int n : delta.attempt_rows) writer_.PutAttempt(id, rec.job.attempts(n - 1));
+    for (const auto& [n, rank] : delta.rank_rows) {
+      const v1::Attempt& a = rec.job.attempts(n - 1);
+      if (rank < a.ranks_size() && a.ranks(rank).rank() == rank) {
+        writer_.PutRank(id, n, a.ranks(rank));
+      } else {
+        for (const v1::RankAssignment& r : a.ranks()) {
+          if (r.rank() == rank) writer_.PutRank(id, n, r);
+        }
+      }
+    }
+  }
+  if (!delta.empty() || delta.finished) touched.Add(id, IsTerminal(rec.job.state()));
+  if (delta.ended_attempt != 0) EndAttemptLocked(rec, delta.ended_attempt);
+  if (delta.formed) {
+    PlaceAttemptLocked(rec);
+    rec.formed_ticket = writer_.last_staged();  // Covers the attempt's rows.
+  }
+  NoteMetricsLocked(rec, delta);
+  if (queue_.Sync(rec)) schedule_dirty_ = true;  // The queue changed.
+}
+
+void Coordinator::PlaceAttemptLocked(JobRecord& rec) {
+  const v1::Attempt* a = ActiveAttempt(rec);
+  if (a == nullptr) return;
+  const TaskKey key{rec.job.id(), a->number()};
+  std::map<std::string, AssignedTask> tasks;
+  for (const v1::RankAssignment& r : a->ranks()) {
+    AssignedTask& t = tasks[r.worker()];
+    t.ranks.push_back(r.rank());
+    if (!r.gpu_uuid().empty()) t.gpu_uuids.push_back(r.gpu_uuid());
+    t.group_rank = r.group_rank();
+  }
+  for (auto& [worker, task] : tasks) {
+    registry_.Assign(worker, key, std::move(task));
+    WakeLongPollsLocked(worker);
+  }
+  master_ports_[a->master_addr()].insert(a->master_port());
+  if (a->state() == v1::RENDEZVOUS) {
+    start_deadlines_.emplace(rec.start_deadline, rec.job.id(), a->number());
+  }
+}
+
+void Coordinator::WakeLongPollsLocked(const std::string& worker) {
+  if (const WorkerRecord* w = registry_.Find(worker)) {
+    task_waiters_.Changed(worker, w->desired_version);
+  }
+}
+
+void Coordinator::EndAttemptLocked(JobRecord& rec, int attempt) {
+  const v1::Attempt& a = rec.job.attempts(attempt - 1);
+  const TaskKey key{rec.job.id(), attempt};
+  std::set<std::string> workers;
+  for (const v1::RankAssignment& r : a.ranks()) workers.insert(r.worker());
+  // Its trainers drop out of their workers' desired state; their slots free up as
+  // the workers report them gone.
+  for (const std::string& w : workers) {
+    if (registry_.Unassign(w, key)) schedule_dirty_ = true;
+    WakeLongPollsLocked(w);
+  }
+  auto ports = master_ports_.find(a.master_addr());
+  if (ports != master_ports_.end()) {
+    auto it = ports->second.find(a.master_port());
+    if (it != ports->second.end()) ports->second.erase(it);
+    if (ports->second.empty()) master_ports_.erase(ports);
+  }
+}
+
+void Coordinator::ScheduleLocked(TouchList& touched) {
+  if (!schedule_dirty_) return;
+  ++passes_;
+  const absl::Time now = clock_->Now();
+  bool formed = true;
+  while (formed) {  // Each attempt formed changes the cluster: look again.
+    schedule_dirty_ = false;
+    formed = false;
+    for (Decision& d : SchedulePass(queue_, registry_, now)) {
+      JobRecord& rec = *d.job;
+      switch (d.kind) {
+        case Decision::Kind::kUnschedulable:
+          ApplyLocked(rec, MarkUnschedulable(rec, d.reason), touched);
+          break;
+        case Decision::Kind::kWait:
+          ApplyLocked(rec, Wait(rec, d.reason), touched);
+          break;
+        case Decision::Kind::kLastCall:
+          ApplyLocked(rec, OpenLastCall(rec, d.window_end, d.eligible), touched);
+          break;
+        case Decision::Kind::kForm:
+          formed = FormLocked(rec, d.nodes, touched);
+          break;
+      }
+    }
+  }
+  schedule_dirty_ = false;
+}
+
+bool Coordinator::FormLocked(JobRecord& rec, const std::vector<NodeOffer>& nodes,
+                             TouchList& touched) {
+  WorkerRecord* head = registry_.Find(nodes[0].worker);
+  const int port = head == nullptr ? 0
+                                   : PickMasterPort(head->free_ports,
+                                                    master_ports_[nodes[0].address]);
+  if (port == 0) {
+    ApplyLocked(rec, WaitForPort(rec, nodes[0].worker), touched);
+    port_wait_worker_ = nodes[0].worker;  // Its next heartbeat with ports: try again.
+    return false;
+  }
+  head->free_ports.erase(std::find(head->free_ports.begin(), head->free_ports.end(), port));
+  if (port_wait_worker_ == nodes[0].worker) port_wait_worker_.clear();
+  ApplyLocked(rec, FormAttempt(rec, nodes, port, clock_->Now(), StartTimeout(options_)), touched);
+  return true;
+}
+
+absl::Status Coordinator::Recover() {
+  auto loaded = store_->Load();
+  if (!loaded.ok()) return loaded.status();
+  {
+    TouchList touched(hub_);  // Tells the hub which jobs are finished.
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = clock_->Now();
+    const absl::Duration grace = std::max(options_.recovery_grace, options_.heartbeat_timeout);
+    for (const v1::Worker& w : loaded->workers) registry_.Restore(w, now, grace);
+    // The last batch stored of each worker's incarnation: a re-sent one is dropped.
+    for (const BatchMark& m : loaded->batch_marks) {
+      WorkerRecord* w = registry_.Find(m.worker);
+      if (w != nullptr && w->info.incarnation() == m.incarnation) {
+        w->last_batch_seq = m.batch_seq;
+      }
+    }
+    for (auto& stored : loaded->jobs) {
+      JobRecord loaded_rec;
+      loaded_rec.job = std::move(stored.job);
+      loaded_rec.seq = stored.seq;
+      loaded_rec.log_bytes = stored.log_bytes;
+      next_seq_ = std::max(next_seq_, loaded_rec.seq + 1);
+      const std::string id = loaded_rec.job.id();
+      JobRecord& rec = jobs_[id] = std::move(loaded_rec);
+      const JobDelta delta = RestoreJob(rec, now);
+      PlaceAttemptLocked(rec);
+      ApplyLocked(rec, delta, touched);
+      if (IsTerminal(rec.job.state())) touched.Add(id, /*finished=*/true);
+    }
+    schedule_dirty_ = true;  // The next Tick decides for the queue.
+    DDP_LOG(INFO) << "recovered " << jobs_.size() << " jobs and "
+                  << registry_.workers().size() << " workers from the state store";
+  }
+  // What recovery changed (jobs whose spec no longer parses) is stored before the
+  // coordinator serves.
+  return writer_.Flush();
+}
+
+std::string Coordinator::NewJobIdLocked(const std::string& name) {
+  static constexpr char kAlphabet[] = "abcdefghijklmnopqrstuvwxyz0123456789";
+  while (true) {
+    std::string id = name.substr(0, 50) + "-";
+    for (int i = 0; i < 5; ++i) id += kAlphabet[absl::Uniform(rng_, 0, 36)];
+    if (jobs_.count(id) == 0 && reserved_ids_.count(id) == 0) return id;
+  }
+}
+
+absl::StatusOr<v1::Job> Coordinator::Submit(const v1::SubmitJobRequest& request,
+                                            const Caller& caller) {
+  const std::string source = request.source_name().empty() ? "job.yaml" : request.source_name();
+  auto spec = ParseJobSpec(request.spec_yaml(), source);
+  if (!spec.ok()) return spec.status();
+  if (absl::Seconds(spec->rdzv.timeout_s) <= options_.heartbeat_timeout) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": rdzv.timeout_s: must be greater than the coordinator's heartbeat timeout (",
+        Seconds(options_.heartbeat_timeout), "): timeouts are ordered heartbeat < rendezvous"));
+  }
+  if (spec->is_command() && limits_.command_jobs == UsageLimits::CommandJobs::kOff) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        source, ": command: this coordinator runs no command jobs (--command-jobs=off); use "
+        "the built-in trainer (model, data, train) or ask its operator"));
+  }
+  if (spec->is_command() && limits_.command_jobs == UsageLimits::CommandJobs::kAdmins &&
+      !caller.admin) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        source, ": command: on this coordinator only role admin may submit a job that runs "
+        "its own program (--command-jobs=admins); ", caller.name.empty() ? "you" : caller.name,
+        " may submit built-in trainer jobs"));
+  }
+  std::string workdir = !request.workdir().empty() ? request.workdir() : spec->workdir;
+  if (!workdir.empty() && workdir[0] != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("workdir: '", workdir, "' must be an absolute path"));
+  }
+
+  JobRecord rec;
+  StoreWriter::Ticket ticket;
+  {
+    absl::MutexLock lock(&mu_);
+    const std::string id = NewJobIdLocked(spec->name);
+    const std::string rdzv_id = spec->rdzv_id.empty() ? id : spec->rdzv_id;
+    // Submissions being stored count as queued: a burst cannot overshoot the limits.
+    int64_t queued = static_cast<int64_t>(reserved_ids_.size());
+    int64_t queued_by_caller = static_cast<int64_t>(reserved_owners_.count(caller.name));
+    for (const auto& [other_id, other] : jobs_) {
+      if (Queued(other)) {
+        ++queued;
+        if (other.job.owner() == caller.name) ++queued_by_caller;
+      }
+      if (!IsTerminal(other.job.state()) && other.job.rdzv_id() == rdzv_id) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "rdzv_id '", rdzv_id, "' is in use by job ", other_id, " (",
+            JobStateName(other.job.state()),
+            "): wait for it to finish, cancel it, or choose another rdzv_id"));
+      }
+    }
+    if (queued >= limits_.queued_jobs) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the queue is full: ", queued, " jobs are waiting, the coordinator's "
+          "--max-queued-jobs is ", limits_.queued_jobs,
+          ": wait for some to start, or cancel some"));
+    }
+    // Per user: only named callers (an open coordinator's callers are one anonymous
+    // caller, bounded by the total alone).
+    if (!caller.name.empty() && queued_by_caller >= limits_.queued_jobs_per_user) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          caller.name, " has ", queued_by_caller, " jobs waiting in the queue, the "
+          "coordinator's --max-queued-jobs-per-user is ", limits_.queued_jobs_per_user,
+          ": wait for some to start, or cancel some"));
+    }
+    if (reserved_rdzv_ids_.count(rdzv_id)) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "rdzv_id '", rdzv_id, "' is in use by a job being submitted right now: choose "
+          "another rdzv_id"));
+    }
+    rec = NewJob(id, next_seq_++, *std::move(spec), rdzv_id, request.spec_yaml(), workdir,
+                 clock_->Now());
+    rec.job.set_owner(caller.name);
+    reserved_ids_.insert(id);
+    reserved_owners_.insert(caller.name);
+    reserved_rdzv_ids_.insert(rdzv_id);
+    ticket = writer_.PutJob(rec.job, rec.seq, /*creation=*/true);
+  }
+  // Stored before it is visible: a job the store did not take was never submitted.
+  // Concurrent submissions share one commit.
+  const absl::Status stored = writer_.Wait(ticket);
+  v1::Job view;
+  {
+    TouchList touched(hub_);
+    absl::MutexLock lock(&mu_);
+    const std::string id = rec.job.id();
+    reserved_ids_.erase(id);
+    reserved_rdzv_ids_.erase(rec.job.rdzv_id());
+    reserved_owners_.erase(reserved_owners_.find(caller.name));
+    if (!stored.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          "the coordinator could not store the job (", stored.message(),
+          "); nothing was queued: check the coordinator's --state-dir (disk full? "
+          "permissions?) and submit again"));
+    }
+    JobRecord& job = jobs_[id] = std::move(rec);
+    DDP_LOG(INFO) << "job " << id << " submitted (" << NodeRangeString(job.spec.nodes)
+                  << " nodes)" << (caller.name.empty() ? "" : " by " + caller.name);
+    touched.Add(id, false);
+    if (queue_.Sync(job)) schedule_dirty_ = true;
+    ScheduleLocked(touched);
+    view = SummaryLocked(job);
+  }
+  FillView(view, false);
+  return view;
+}
+
+v1::Job Coordinator::SummaryLocked(const JobRecord& rec) {
+  v1::Job view = rec.job;
+  for (v1::Attempt& a : *view.mutable_attempts()) {
+    const TaskKey key{rec.job.id(), a.number()};
+    int live = 0;
+    for (const v1::RankAssignment& r : a.ranks()) {
+      const WorkerRecord* w = registry_.Find(r.worker());
+      if (w != nullptr && registry_.RankMayLive(*w, key, r)) ++live;
+    }
+    a.set_live_trainers(live);
+  }
+  view.set_queue_position(queue_.Position(rec));
+  return view;
+}
+
+void Coordinator::FillView(v1::Job& view, bool metric_history) {
+  const int attempt =
+      view.attempts().empty() ? 0 : view.attempts(view.attempts_size() - 1).number();
+  hub_->Fill(view.id(), attempt, &view);
+  if (metric_history) {
+    auto history = store_->MetricHistory(view.id());
+    if (history.ok()) {
+      for (auto& m : *history) *view.add_history() = std::move(m);
+    }
+  }
+}
+
+absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id, bool metric_history,
+                                            const Caller& caller) {
+  v1::Job view;
+  {
+    absl::MutexLock lock(&mu_);
+    JobRecord* rec = FindLocked(job_id);
+    if (rec == nullptr) {
+      return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
+    }
+    view = SummaryLocked(*rec);
+  }
+  if (!caller.Owns(view)) view.set_spec_yaml(RedactSpecEnv(view.spec_yaml()));
+  FillView(view, metric_history);  // Reads of history never hold the lock.
+  return view;
+}
+
+std::vector<v1::Job> Coordinator::ListJobs(int limit) {
+  absl::MutexLock lock(&mu_);
+  std::vector<const JobRecord*> recs;
+  for (const auto& [id, rec] : jobs_) recs.push_back(&rec);
+  std::sort(recs.begin(), recs.end(),
+            [](const JobRecord* a, const JobRecord* b) { return a->seq > b->seq; });
+  if (limit <= 0) limit = 100;
+  std::vector<v1::Job> out;
+  for (const JobRecord* rec : recs) {
+    if (static_cast<int>(out.size()) >= limit) break;
+    v1::Job view = SummaryLocked(*rec);  // No metrics: no hub (or SQLite) reads per job.
+    view.clear_spec_yaml();
+    out.push_back(std::move(view));
+  }
+  return out;
+}
+
+absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& job_id, const Caller& caller) {
+  v1::Job view;
+  StoreWriter::Ticket ticket;
+  {
+    TouchList touched(hub_);
+    absl::MutexLock lock(&mu_);
+    JobRecord* rec = FindLocked(job_id);
+    if (rec == nullptr) {
+      return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
+    }
+    if (!caller.Owns(rec->job)) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          caller.name, " may not cancel job ", job_id, ": it belongs to ",
+          rec->job.owner().empty() ? "no one (submitted without authentication)"
+                                   : rec->job.owner(),
+          "; a user cancels only the jobs it submitted (an admin token cancels any)"));
+    }
+    auto delta = ddp::Cancel(*rec, clock_->Now());
+    if (!delta.ok()) return delta.status();
+    ApplyLocked(*rec, *delta, touched);
+    DDP_LOG(INFO) << "job " << job_id << " cancelled"
+                  << (caller.name.empty() ? "" : " by " + caller.name);
+    ScheduleLocked(touched);  // Its slots free up once its trainers are gone.
+    ticket = writer_.last_staged();
+    view = SummaryLocked(*rec);
+  }
+  // Answered once stored: an acknowledged cancel survives a crash.
+  if (absl::Status st = writer_.Wait(ticket); !st.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "job ", job_id, " is cancelled, but the coordinator could not store that yet (",
+        st.message(), "); it keeps retrying: check the coordinator's --state-dir"));
+  }
+  FillView(view, false);
+  return view;
+}
+
+}  // namespace ddp

@@ -1,0 +1,184 @@
+// Node maintenance: an operator cordons, drains, uncordons or removes a worker
+// (ddpctl workers cordon|drain|uncordon|rm). The state lives in the worker's record
+// (v1::Worker.maintenance, stored with its row), so it survives coordinator and agent
+// restarts; the registry counts a cordoned or draining worker out of capacity. What a
+// drain does to the jobs running there is here: each moves by PreemptAttempt (back
+// to PENDING without spending a restart) when its policy says so.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "coordinator/core/coordinator.h"
+
+namespace ddp {
+namespace {
+
+const char* MaintenanceVerb(v1::WorkerMaintenance m) {
+  switch (m) {
+    case v1::WORKER_CORDONED: return "cordoned";
+    case v1::WORKER_DRAINING: return "draining";
+    default: return "uncordoned";
+  }
+}
+
+// Whether `spec` takes checkpoints before its end that a restart resumes from: only
+// then is there a "next checkpoint" to move the job at.
+bool ResumesFromPeriodicCheckpoints(const JobSpec& spec) {
+  // A user's program keeps its own checkpoints and says when it wrote one (a
+  // `checkpoint` event line); one that never does runs to its end where it is.
+  if (spec.is_command()) return true;
+  const CheckpointSpec& c = spec.checkpoint;
+  return !c.dir.empty() && (c.every_steps > 0 || c.every_epochs > 0) &&
+         c.resume != ResumePolicy::kNo;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::Worker> Coordinator::SetMaintenance(const std::string& name,
+                                                       v1::WorkerMaintenance maintenance,
+                                                       v1::DrainPolicy policy,
+                                                       const Caller& caller) {
+  if (!v1::WorkerMaintenance_IsValid(maintenance) || !v1::DrainPolicy_IsValid(policy)) {
+    return absl::InvalidArgumentError("unknown maintenance state or drain policy");
+  }
+  v1::Worker view;
+  StoreWriter::Ticket ticket;
+  {
+    TouchList touched(hub_);
+    absl::MutexLock lock(&mu_);
+    WorkerRecord* w = registry_.Find(name);
+    if (w == nullptr) {
+      return absl::NotFoundError(
+          absl::StrCat("no worker named '", name, "' (`ddpctl workers` lists them)"));
+    }
+    if (registry_.SetMaintenance(*w, maintenance, policy, caller.name, clock_->Now())) {
+      schedule_dirty_ = true;  // Capacity changed (shrank, or grew on an uncordon).
+    }
+    DDP_LOG(INFO) << "worker " << name << " " << MaintenanceVerb(maintenance)
+                  << (maintenance == v1::WORKER_DRAINING
+                          ? absl::StrCat(" (", v1::DrainPolicy_Name(policy), ")")
+                          : "")
+                  << (caller.name.empty() ? "" : " by " + caller.name);
+    if (maintenance == v1::WORKER_DRAINING) DrainNowLocked(*w, touched);
+    writer_.PutWorker(w->info);
+    ScheduleLocked(touched);
+    ticket = writer_.last_staged();
+    view = WorkerViewLocked(*w);
+  }
+  // Answered once stored, as Cancel: an acknowledged cordon survives a crash.
+  if (absl::Status st = writer_.Wait(ticket); !st.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "worker ", name, " is ", MaintenanceVerb(maintenance),
+        ", but the coordinator could not store that yet (", st.message(),
+        "); it keeps retrying: check the coordinator's --state-dir"));
+  }
+  return view;
+}
+
+absl::Status Coordinator::RemoveWorker(const std::string& name) {
+  StoreWriter::Ticket ticket;
+  {
+    TouchList touched(hub_);
+    absl::MutexLock lock(&mu_);
+    WorkerRecord* w = registry_.Find(name);
+    if (w == nullptr) {
+      return absl::NotFoundError(
+          absl::StrCat("no worker named '", name, "' (`ddpctl workers` lists them)"));
+    }
+    if (w->alive) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "worker ", name, " is ",
+          w->confirmed ? "alive" : "not yet checked in since this coordinator started",
+          ": only a lost worker can be removed; drain it (`ddpctl workers drain ", name,
+          "`), stop its ddp-worker, and remove it once `ddpctl workers` shows it lost"));
+    }
+    // A lost worker's attempts failed when it was lost; anything still assigned (an
+    // attempt of a restored job) is restarted elsewhere first.
+    FailAttemptsOnWorkerLocked(name, absl::StrCat("worker ", name, " was removed"), touched);
+    std::vector<TaskKey> keys;
+    for (const auto& [key, task] : w->assigned) keys.push_back(key);
+    for (const TaskKey& key : keys) registry_.Unassign(name, key);
+    // An open long poll returns (its next heartbeat hears that the worker is unknown).
+    task_waiters_.Changed(name, ++w->desired_version);
+    registry_.Remove(name);
+    port_wait_worker_ = port_wait_worker_ == name ? "" : port_wait_worker_;
+    ticket = writer_.RemoveWorker(name);
+    schedule_dirty_ = true;  // A queued job may have waited on it, or turn unschedulable.
+    ScheduleLocked(touched);
+    DDP_LOG(INFO) << "worker " << name << " removed";
+  }
+  if (absl::Status st = writer_.Wait(ticket); !st.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "worker ", name, " is removed, but the coordinator could not store that yet (",
+        st.message(), "); it keeps retrying: check the coordinator's --state-dir"));
+  }
+  return absl::OkStatus();
+}
+
+void Coordinator::DrainNowLocked(WorkerRecord& w, TouchList& touched) {
+  const v1::DrainPolicy policy = w.info.drain_policy();
+  if (policy == v1::DRAIN_WAIT) return;
+  std::vector<TaskKey> keys;
+  for (const auto& [key, task] : w.assigned) keys.push_back(key);
+  for (const TaskKey& key : keys) {
+    JobRecord* rec = FindLocked(key.first);
+    const v1::Attempt* a = rec == nullptr ? nullptr : ActiveAttempt(*rec);
+    if (a == nullptr || a->number() != key.second) continue;
+    std::string reason;
+    if (policy == v1::DRAIN_NOW) {
+      reason = absl::StrCat("worker ", w.info.name(), " is draining now: restarting elsewhere",
+                            rec->spec.is_command() ? " (the program resumes from its own "
+                                                     "checkpoints, if it keeps any)"
+                            : rec->spec.checkpoint.dir.empty() ||
+                                    rec->spec.checkpoint.resume == ResumePolicy::kNo
+                                ? " from the start (it resumes from no checkpoint)"
+                                : " from the last checkpoint");
+    } else if (a->state() != v1::RUNNING) {
+      // Still starting: nothing to lose by moving at once.
+      reason = absl::StrCat("worker ", w.info.name(),
+                            " is draining: moving before its trainers started");
+    } else {
+      if (!ResumesFromPeriodicCheckpoints(rec->spec)) {
+        DDP_LOG(INFO) << "worker " << w.info.name() << " is draining: job " << key.first
+                      << " takes no periodic checkpoints to resume from, so it runs to its "
+                         "end there";
+      }
+      continue;  // Moves after its next checkpoint (MoveAfterCheckpointLocked).
+    }
+    ApplyLocked(*rec, PreemptAttempt(*rec, reason, clock_->Now()), touched);
+  }
+}
+
+void Coordinator::MoveAfterCheckpointLocked(JobRecord& rec,
+                                            const v1::TrainerEvent::Checkpoint& checkpoint,
+                                            TouchList& touched) {
+  const v1::Attempt* a = ActiveAttempt(rec);
+  if (a == nullptr || !ResumesFromPeriodicCheckpoints(rec.spec)) return;
+  // The checkpoint taken as the job finishes: nothing would be left to train elsewhere.
+  const TrainSpec& train = rec.spec.train;
+  const int64_t global_step = checkpoint.global_step();
+  // (A program's epochs are its own: any checkpoint it reports is one to move at.)
+  if (!rec.spec.is_command() && (checkpoint.epoch() >= train.epochs ||
+                                 (train.max_steps > 0 && global_step >= train.max_steps))) {
+    return;
+  }
+  const TaskKey key{rec.job.id(), a->number()};
+  for (const std::string& name : registry_.draining_at_checkpoint()) {
+    const WorkerRecord* w = registry_.Find(name);
+    if (w == nullptr || !w->assigned.count(key)) continue;
+    ApplyLocked(rec,
+                PreemptAttempt(rec,
+                               absl::StrCat("worker ", name,
+                                            " is draining: moving to other workers from the "
+                                            "checkpoint of global step ",
+                                            global_step),
+                               clock_->Now()),
+                touched);
+    ScheduleLocked(touched);
+    return;
+  }
+}
+
+}  // namespace ddp

@@ -1,0 +1,139 @@
+// A job's record and every transition of its state diagram, in one place.
+//
+//   submit ─▶ PENDING ──(head of queue, >= min nodes free)──▶ RENDEZVOUS
+//              ▲  │ ▲                                            │ last-call window for
+//              │  ▼ │ (the cluster can hold it again)            │ more nodes (elastic)
+//              │ PENDING, unschedulable: skipped by the queue    ▼ attempt formed: ranks
+//              │                                        trainers start on its workers
+//              │                                                 │ every rank's process up
+//              │  retryable failure, restarts left               ▼
+//              └─────────────────────────────────────────────  RUNNING ──▶ SUCCEEDED
+//                                                                │        (all ranks exit 0)
+//                             permanent failure or no restarts left ▼
+//                                                              FAILED
+//   PENDING / RENDEZVOUS / RUNNING ──(Cancel)──▶ CANCELLED
+//   RENDEZVOUS / RUNNING ──(a worker drained: PreemptAttempt)──▶ PENDING, not counted
+//
+// An attempt fails when a rank exits nonzero (exit code 2, the trainer's permanent
+// error, is never restarted), its worker misses heartbeats for the heartbeat timeout,
+// its worker restarts (new incarnation), or its trainers are not all running within
+// the coordinator's start timeout (a few heartbeats; rdzv.timeout_s after a
+// coordinator restart, when the workers have that long to check in), or a rank
+// stalls (the facade's stall watchdog, stall_watchdog.h). Its other trainers are
+// stopped: they drop out of their workers' desired state.
+//
+// The transitions are free functions over a JobRecord. They change the record and
+// return a JobDelta saying what changed: which rows to store, whether the active
+// attempt formed or ended, whether the job finished. They know nothing of workers,
+// the queue, the store or any lock; the Coordinator facade acts on the delta.
+#ifndef DDP_COORDINATOR_CORE_JOB_LIFECYCLE_H_
+#define DDP_COORDINATOR_CORE_JOB_LIFECYCLE_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/jobspec/job_spec.h"
+#include "coordinator/core/rendezvous.h"
+#include "coordinator/core/stall_watchdog.h"
+#include "ddp/v1/types.pb.h"
+#include "ddp/v1/worker_service.pb.h"
+
+namespace ddp {
+
+bool IsTerminal(v1::JobState state);
+const char* JobStateName(v1::JobState state);
+
+// "a, b, c, d, e and 995 more": failure reasons name a few workers, never thousands.
+std::string ListSome(const std::vector<std::string>& names, size_t shown = 5);
+
+struct JobRecord {
+  v1::Job job;  // As stored: attempts and rank tables, no metrics.
+  JobSpec spec;
+  int64_t seq = 0;            // Submission order.
+  bool gathering = false;     // RENDEZVOUS before the attempt forms.
+  absl::Time window_end;      // End of the last-call window while gathering.
+  absl::Time start_deadline;  // Formed attempt: trainers must be up by then.
+  absl::Duration start_timeout;  // What start_deadline allowed (for the reason).
+  bool retiring = false;      // Past retention: being deleted, no longer written.
+  // Counts over the active attempt's rank table, kept as ranks change, so that a
+  // report of a few ranks costs as much in a 4,096-rank job as in a 2-rank one.
+  int ranks_up = 0;      // pid reported.
+  int ranks_exited = 0;
+  int ranks_failed = 0;  // Exited nonzero or by a signal.
+  uint64_t formed_ticket = 0;  // The store ticket of the active attempt's rows.
+  int64_t log_bytes = 0;       // Output text accepted (UsageLimits::log_bytes_per_job).
+  StallWatch stall;  // The active attempt's progress, by rank (reset when one forms).
+};
+
+// What a transition changed.
+struct JobDelta {
+  bool job_row = false;                       // The job's own row.
+  std::vector<int> attempt_rows;              // Attempt numbers.
+  std::vector<std::pair<int, int>> rank_rows; // (attempt, rank)
+  bool formed = false;    // A new active attempt: its ranks join their workers.
+  int ended_attempt = 0;  // The active attempt that ended (its trainers are to stop).
+  bool finished = false;  // The job reached a terminal state.
+
+  bool empty() const { return !job_row && attempt_rows.empty() && rank_rows.empty(); }
+  void Merge(const JobDelta& other);
+};
+
+// The active attempt (RENDEZVOUS with ranks, or RUNNING), or null.
+v1::Attempt* ActiveAttempt(JobRecord& job);
+const v1::Attempt* ActiveAttempt(const JobRecord& job);
+// Whether the job waits in the queue: PENDING, or RENDEZVOUS still gathering.
+bool Queued(const JobRecord& job);
+
+// A new job, PENDING ("queued"), from a validated spec.
+JobRecord NewJob(std::string id, int64_t seq, JobSpec spec, std::string rdzv_id,
+                 std::string spec_yaml, std::string workdir, absl::Time now);
+
+// A job loaded from the store, made whole again: its spec parsed (a job in flight
+// whose spec no longer parses becomes FAILED: shown, not hidden), a RENDEZVOUS that
+// was still gathering back to PENDING, the rank counts recomputed, and a formed
+// attempt given rdzv.timeout_s from `now` to start.
+JobDelta RestoreJob(JobRecord& job, absl::Time now);
+
+// Scheduler outcomes for a queued job. Each writes only if something changed.
+JobDelta Wait(JobRecord& job, const std::string& reason);
+JobDelta MarkUnschedulable(JobRecord& job, const std::string& reason);
+JobDelta OpenLastCall(JobRecord& job, absl::Time window_end, int nodes);
+JobDelta WaitForPort(JobRecord& job, const std::string& worker);
+// A new attempt on `nodes` (chosen, at least one) with the store on `port` of node 0;
+// its trainers must all be up (pids reported) within `start_timeout`.
+JobDelta FormAttempt(JobRecord& job, const std::vector<NodeOffer>& nodes, int port,
+                     absl::Time now, absl::Duration start_timeout);
+
+// A worker's report on its ranks of one attempt (pids and exits, or a start error).
+// Decides RUNNING (every rank up), SUCCEEDED (every rank exited 0) and failures (a
+// permanent failure anywhere decides; a permanent exit reported while the job waits
+// to restart after a retryable one fails the job instead).
+JobDelta ApplyReport(JobRecord& job, const std::string& worker, const v1::TaskStatus& status,
+                     absl::Time now);
+// A trainer's `error` event: kept in its rank's row to explain its exit.
+JobDelta RecordRankError(JobRecord& job, int attempt, int rank, const std::string& message);
+// Fails the active attempt: back to PENDING if retryable with restarts left, else
+// FAILED. No-op without an active attempt.
+JobDelta FailAttempt(JobRecord& job, const std::string& reason, bool retryable,
+                     absl::Time now);
+// Ends the active attempt to move the job elsewhere (an operator drains one of its
+// workers): back to PENDING, resuming from its checkpoint, without counting against
+// max_restarts. The attempt shows as FAILED, `preempted`, with the reason
+// "preempted: <reason>". No-op without an active attempt.
+JobDelta PreemptAttempt(JobRecord& job, const std::string& reason, absl::Time now);
+inline constexpr char kPreemptedPrefix[] = "preempted: ";
+// Whether `attempt` ended by PreemptAttempt (Attempt.preempted; the reason is text for
+// people, never parsed).
+bool Preempted(const v1::Attempt& attempt);
+// Fails a formed attempt whose trainers are not all up by its start deadline.
+JobDelta TimeOutRendezvous(JobRecord& job, absl::Time now);
+// FAILED_PRECONDITION when already finished.
+absl::StatusOr<JobDelta> Cancel(JobRecord& job, absl::Time now);
+
+}  // namespace ddp
+
+#endif  // DDP_COORDINATOR_CORE_JOB_LIFECYCLE_H_

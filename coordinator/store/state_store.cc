@@ -1,0 +1,504 @@
+#include "coordinator/store/state_store.h"
+
+#include <fcntl.h>
+#include <sqlite3.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "coordinator/store/sqlite.h"
+#include "coordinator/store/store_tables.h"
+
+namespace ddp {
+namespace {
+
+using sql::InTransaction;
+using sql::Stmt;
+
+constexpr int kSchemaVersion = 1;
+
+// Upserts `rows` into `table` (the parent column, if the table has one, bound to
+// `parent`).
+template <typename Row>
+absl::Status Upsert(sqlite3* db, const store::Table<Row>& table, const std::vector<Row>& rows,
+                    const std::string* parent = nullptr) {
+  if (rows.empty()) return absl::OkStatus();
+  Stmt s(db, table.InsertSql());
+  DDP_RETURN_IF_ERROR(s.ok());
+  for (const Row& row : rows) {
+    if (parent != nullptr) s.Bind(1, *parent);
+    table.Bind(s, row);
+    DDP_RETURN_IF_ERROR(s.Run());
+  }
+  return absl::OkStatus();
+}
+
+// Every row a statement of `table.SelectSql(...)` returns (`bind` binds its
+// parameters).
+template <typename Row, typename BindFn>
+absl::StatusOr<std::vector<Row>> Select(sqlite3* db, const store::Table<Row>& table,
+                                        const std::string& rest, BindFn&& bind) {
+  Stmt s(db, table.SelectSql(rest));
+  DDP_RETURN_IF_ERROR(s.ok());
+  bind(s);
+  std::vector<Row> out;
+  while (s.Step()) table.Load(s, out.emplace_back());
+  DDP_RETURN_IF_ERROR(s.Done());
+  return out;
+}
+
+// Takes <dir>/LOCK exclusively (flock: released when the process dies, however it
+// dies) and writes our pid into it for the next one to name. Returns its descriptor.
+absl::StatusOr<int> LockStateDir(const std::string& dir) {
+  const std::string path = (std::filesystem::path(dir) / "LOCK").string();
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("--state-dir: cannot open ", path, ": ", std::strerror(errno)));
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char buf[32] = {};
+    const ssize_t n = ::pread(fd, buf, sizeof(buf) - 1, 0);
+    std::string holder = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+    holder.erase(holder.find_last_not_of(" \n") + 1);
+    ::close(fd);
+    if (err == EWOULDBLOCK) {
+      return absl::UnavailableError(absl::StrCat(
+          "state dir ", dir, " is in use by another ddp-coordinator (pid ",
+          holder.empty() ? "unknown" : holder, "?): stop it, or give this one another --state-dir"));
+    }
+    return absl::UnavailableError(
+        absl::StrCat("--state-dir: cannot lock ", path, ": ", std::strerror(err)));
+  }
+  const std::string pid = absl::StrCat(::getpid(), "\n");
+  // Best effort: the pid only improves a later contender's message.
+  (void)!::ftruncate(fd, 0);
+  (void)!::pwrite(fd, pid.data(), pid.size(), 0);
+  return fd;
+}
+
+}  // namespace
+
+absl::Status ValidateRetention(const RetentionOptions& r) {
+  for (auto [flag, value] : {std::pair{"--retain-jobs", r.retain_jobs},
+                             std::pair{"--max-log-lines", r.max_log_lines},
+                             std::pair{"--max-metric-rows", r.max_metric_rows}}) {
+    if (value < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, ": must be >= 1 (got ", value, "); it bounds what is kept"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> JobsPastRetention(std::vector<FinishedJob> finished,
+                                           int64_t retain_jobs) {
+  std::sort(finished.begin(), finished.end(), [](const FinishedJob& a, const FinishedJob& b) {
+    return std::tie(a.end_ms, a.seq) < std::tie(b.end_ms, b.seq);
+  });
+  std::vector<std::string> out;
+  const int64_t drop = static_cast<int64_t>(finished.size()) - std::max<int64_t>(retain_jobs, 0);
+  for (int64_t i = 0; i < drop; ++i) out.push_back(finished[static_cast<size_t>(i)].id);
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& dir,
+                                                             RetentionOptions retention) {
+  DDP_RETURN_IF_ERROR(ValidateRetention(retention));
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat("--state-dir: cannot create ", dir, ": ", ec.message()));
+  }
+  auto lock_fd = LockStateDir(dir);
+  if (!lock_fd.ok()) return lock_fd.status();
+  const std::string path = (std::filesystem::path(dir) / "ddp.sqlite").string();
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db,
+                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
+                      nullptr) != SQLITE_OK) {
+    std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
+    sqlite3_close(db);
+    ::close(*lock_fd);
+    return absl::UnavailableError(absl::StrCat("cannot open ", path, ": ", msg));
+  }
+  sqlite3_busy_timeout(db, 5000);
+  std::unique_ptr<StateStore> store(new StateStore(db, nullptr, *lock_fd, retention));
+  {
+    absl::MutexLock lock(&store->mu_);
+    DDP_RETURN_IF_ERROR(store->ExecLocked("PRAGMA journal_mode=WAL"));
+    DDP_RETURN_IF_ERROR(store->ExecLocked("PRAGMA synchronous=NORMAL"));
+    // The schema, from the tables' descriptions (store_tables.cc); a database made
+    // by an older coordinator gains the columns added since, with their backfills.
+    std::string schema =
+        "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);";
+    for (const store::TableInfo* t : store::AllTables()) absl::StrAppend(&schema, "\n", t->CreateSql());
+    absl::Status st = store->ExecLocked(schema.c_str());
+    if (!st.ok()) {
+      return absl::DataLossError(
+          absl::StrCat(path, " is not a ddp state database (", st.message(), ")"));
+    }
+    for (const store::TableInfo* t : store::AllTables()) {
+      DDP_RETURN_IF_ERROR(store->AddMissingColumnsLocked(*t));
+    }
+    Stmt get(db, "SELECT value FROM meta WHERE key = 'schema_version'");
+    DDP_RETURN_IF_ERROR(get.ok());
+    if (get.Step()) {
+      if (get.Text(0) != std::to_string(kSchemaVersion)) {
+        return absl::DataLossError(absl::StrCat(path, " has schema version ", get.Text(0),
+                                                "; this coordinator reads version ",
+                                                kSchemaVersion));
+      }
+    } else {
+      Stmt put(db, "INSERT INTO meta(key, value) VALUES('schema_version', ?)");
+      DDP_RETURN_IF_ERROR(put.Bind(1, std::to_string(kSchemaVersion)).Run());
+    }
+  }
+  // History is read on a connection of its own: WAL readers never wait for the
+  // writer, nor it for them.
+  sqlite3* reader = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &reader, SQLITE_OPEN_READONLY | SQLITE_OPEN_FULLMUTEX,
+                      nullptr) != SQLITE_OK) {
+    std::string msg = reader ? sqlite3_errmsg(reader) : "out of memory";
+    sqlite3_close(reader);
+    return absl::UnavailableError(absl::StrCat("cannot open ", path, " for reading: ", msg));
+  }
+  sqlite3_busy_timeout(reader, 5000);
+  absl::MutexLock lock(&store->read_mu_);
+  store->reader_ = reader;
+  return store;
+}
+
+StateStore::~StateStore() {
+  {
+    absl::MutexLock lock(&read_mu_);
+    sqlite3_close(reader_);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    sqlite3_close(db_);
+  }
+  ::close(lock_fd_);  // Releases the state dir.
+}
+
+absl::Status StateStore::ExecLocked(const char* sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = err ? err : "unknown error";
+    sqlite3_free(err);
+    return absl::InternalError(absl::StrCat("sqlite: ", msg));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StateStore::AddMissingColumnsLocked(const store::TableInfo& table) {
+  Stmt info(db_, absl::StrCat("PRAGMA table_info(", table.name, ")"));
+  DDP_RETURN_IF_ERROR(info.ok());
+  std::set<std::string> present;
+  while (info.Step()) present.insert(info.Text(1));
+  DDP_RETURN_IF_ERROR(info.Done());
+  for (const store::ColumnInfo& c : table.columns) {
+    if (present.count(c.name)) continue;
+    DDP_LOG(INFO) << "state store: adding column " << table.name << "." << c.name
+                  << " to a database written by an older coordinator";
+    DDP_RETURN_IF_ERROR(
+        ExecLocked(absl::StrCat("ALTER TABLE ", table.name, " ADD COLUMN ", c.name, " ", c.decl)
+                       .c_str()));
+    if (c.backfill != nullptr) DDP_RETURN_IF_ERROR(ExecLocked(c.backfill));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StateStore::Write(const RowBatch& batch) {
+  if (batch.empty()) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  // The lambda runs inside this call, under mu_: it uses the connection through a
+  // local, which the thread-safety analysis (which does not follow lambdas) accepts.
+  sqlite3* const db = db_;
+  return InTransaction(db, [&]() -> absl::Status {
+    DDP_RETURN_IF_ERROR(Upsert(db, store::Jobs(), batch.jobs));
+    DDP_RETURN_IF_ERROR(Upsert(db, store::Attempts(), batch.attempts));
+    DDP_RETURN_IF_ERROR(Upsert(db, store::Ranks(), batch.ranks));
+    DDP_RETURN_IF_ERROR(Upsert(db, store::Workers(), batch.workers));
+    if (!batch.removed_workers.empty()) {
+      Stmt d(db, "DELETE FROM workers WHERE name = ?");
+      DDP_RETURN_IF_ERROR(d.ok());
+      Stmt b(db, "DELETE FROM worker_batches WHERE worker = ?");
+      DDP_RETURN_IF_ERROR(b.ok());
+      for (const std::string& name : batch.removed_workers) {
+        d.Bind(1, name);
+        DDP_RETURN_IF_ERROR(d.Run());
+        b.Bind(1, name);
+        DDP_RETURN_IF_ERROR(b.Run());
+      }
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status StateStore::SaveJob(const v1::Job& job, int64_t seq) {
+  RowBatch batch;
+  batch.jobs.push_back({job, seq});
+  for (const v1::Attempt& at : job.attempts()) {
+    batch.attempts.push_back({job.id(), at});
+    for (const v1::RankAssignment& rk : at.ranks()) {
+      batch.ranks.push_back({job.id(), at.number(), rk});
+    }
+  }
+  return Write(batch);
+}
+
+absl::Status StateStore::SaveWorker(const v1::Worker& w) {
+  RowBatch batch;
+  batch.workers.push_back(w);
+  return Write(batch);
+}
+
+absl::StatusOr<LoadedState> StateStore::Load() {
+  absl::MutexLock lock(&mu_);
+  LoadedState out;
+  std::map<std::string, size_t> index;
+  DDP_ASSIGN_OR_RETURN(std::vector<RowBatch::JobRow> jobs,
+                       Select(db_, store::Jobs(), "ORDER BY seq", [](Stmt&) {}));
+  for (RowBatch::JobRow& row : jobs) {
+    index[row.job.id()] = out.jobs.size();
+    StoredJob& sj = out.jobs.emplace_back();
+    sj.job = std::move(row.job);
+    sj.seq = row.seq;
+  }
+  DDP_ASSIGN_OR_RETURN(std::vector<RowBatch::AttemptRow> attempts,
+                       Select(db_, store::Attempts(), "ORDER BY job_id, number", [](Stmt&) {}));
+  // Attempt number n of a job sits at index n - 1 (numbers are 1, 2, ... in order).
+  for (RowBatch::AttemptRow& row : attempts) {
+    auto it = index.find(row.job_id);
+    if (it == index.end()) continue;
+    *out.jobs[it->second].job.add_attempts() = std::move(row.attempt);
+  }
+  DDP_ASSIGN_OR_RETURN(std::vector<RowBatch::RankRow> ranks,
+                       Select(db_, store::Ranks(), "ORDER BY job_id, attempt, rank", [](Stmt&) {}));
+  for (RowBatch::RankRow& row : ranks) {
+    auto it = index.find(row.job_id);
+    if (it == index.end()) continue;
+    for (v1::Attempt& at : *out.jobs[it->second].job.mutable_attempts()) {
+      if (at.number() == row.attempt) *at.add_ranks() = std::move(row.rank);
+    }
+  }
+  DDP_ASSIGN_OR_RETURN(out.workers,
+                       Select(db_, store::Workers(), "ORDER BY name", [](Stmt&) {}));
+  DDP_ASSIGN_OR_RETURN(out.batch_marks,
+                       Select(db_, store::WorkerBatches(), "ORDER BY worker", [](Stmt&) {}));
+  // Output already kept per job, for --max-log-bytes-per-job (one pass over the logs
+  // table at start).
+  Stmt lb(db_, "SELECT job_id, SUM(LENGTH(CAST(text AS BLOB))) FROM logs GROUP BY job_id");
+  DDP_RETURN_IF_ERROR(lb.ok());
+  while (lb.Step()) {
+    auto it = index.find(lb.Text(0));
+    if (it != index.end()) out.jobs[it->second].log_bytes = lb.Int(1);
+  }
+  DDP_RETURN_IF_ERROR(lb.Done());
+  return out;
+}
+
+absl::Status StateStore::Append(const std::string& job_id,
+                                const std::vector<v1::RankMetrics>& metrics,
+                                const std::vector<v1::EpochSummary>& epochs,
+                                const std::vector<v1::LogLine>& logs) {
+  return AppendAll({JobOutput{job_id, metrics, epochs, logs}}, {});
+}
+
+absl::Status StateStore::AppendAll(const std::vector<JobOutput>& outputs,
+                                   const std::vector<BatchMark>& marks) {
+  bool empty = marks.empty();
+  for (const JobOutput& o : outputs) {
+    empty = empty && o.metrics.empty() && o.epochs.empty() && o.logs.empty();
+  }
+  if (empty) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  std::vector<OutputCount*> counts;
+  for (const JobOutput& o : outputs) {
+    auto count = CountLocked(o.job_id);
+    if (!count.ok()) return count.status();
+    counts.push_back(*count);
+  }
+  // The lambda runs inside this call, under mu_: it uses the connection through a
+  // local, which the thread-safety analysis (which does not follow lambdas) accepts.
+  sqlite3* const db = db_;
+  absl::Status st = InTransaction(db, [&]() -> absl::Status {
+    Stmt m(db, store::Metrics().InsertSql("INSERT"));
+    Stmt e(db, store::Epochs().InsertSql());
+    Stmt l(db, store::Logs().InsertSql());
+    DDP_RETURN_IF_ERROR(m.ok());
+    DDP_RETURN_IF_ERROR(e.ok());
+    DDP_RETURN_IF_ERROR(l.ok());
+    for (const JobOutput& o : outputs) {
+      for (const v1::RankMetrics& x : o.metrics) {
+        store::Metrics().Bind(m.Bind(1, o.job_id), x);
+        DDP_RETURN_IF_ERROR(m.Run());
+      }
+      for (const v1::EpochSummary& x : o.epochs) {
+        store::Epochs().Bind(e.Bind(1, o.job_id), x);
+        DDP_RETURN_IF_ERROR(e.Run());
+      }
+      for (const v1::LogLine& x : o.logs) {
+        store::Logs().Bind(l.Bind(1, o.job_id), x);
+        DDP_RETURN_IF_ERROR(l.Run());
+      }
+    }
+    // A new incarnation starts its numbering again; within one, numbers only grow.
+    Stmt b(db, store::WorkerBatches().InsertSql("INSERT") +
+                   " ON CONFLICT(worker) DO UPDATE SET batch_seq = CASE"
+                   " WHEN incarnation = excluded.incarnation THEN"
+                   " MAX(batch_seq, excluded.batch_seq)"
+                   " ELSE excluded.batch_seq END, incarnation = excluded.incarnation");
+    DDP_RETURN_IF_ERROR(b.ok());
+    for (const BatchMark& x : marks) {
+      store::WorkerBatches().Bind(b, x);
+      DDP_RETURN_IF_ERROR(b.Run());
+    }
+    return absl::OkStatus();
+  });
+  if (st.ok()) {
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      OutputCount& c = *counts[i];
+      c.metric_rows += static_cast<int64_t>(outputs[i].metrics.size());
+      for (const v1::LogLine& x : outputs[i].logs) c.log_top = std::max(c.log_top, x.seq());
+    }
+  }
+  return st;
+}
+
+absl::StatusOr<StateStore::OutputCount*> StateStore::CountLocked(const std::string& job_id) {
+  auto it = output_.find(job_id);
+  if (it != output_.end()) return &it->second;
+  OutputCount c;
+  Stmt m(db_, "SELECT COUNT(*) FROM metrics WHERE job_id = ?");
+  DDP_RETURN_IF_ERROR(m.ok());
+  m.Bind(1, job_id);
+  m.Step();
+  DDP_RETURN_IF_ERROR(m.Done());
+  c.metric_rows = m.Int(0);
+  Stmt l(db_, "SELECT COALESCE(MIN(seq), 1) - 1, COALESCE(MAX(seq), 0) FROM logs WHERE job_id = ?");
+  DDP_RETURN_IF_ERROR(l.ok());
+  l.Bind(1, job_id);
+  l.Step();
+  DDP_RETURN_IF_ERROR(l.Done());
+  c.log_floor = l.Int(0);
+  c.log_top = l.Int(1);
+  return &output_.emplace(job_id, c).first->second;
+}
+
+absl::StatusOr<std::vector<v1::LogLine>> StateStore::ReadLogs(const std::string& job_id,
+                                                              int64_t after_seq,
+                                                              std::optional<int> rank,
+                                                              int64_t limit, int64_t tail) {
+  absl::MutexLock lock(&read_mu_);
+  // With a tail, take the newest `tail` lines (descending) and flip them.
+  const std::string rest = absl::StrCat(
+      "WHERE job_id = ?1 AND seq > ?2", rank.has_value() ? " AND rank = ?3" : "",
+      tail > 0 ? " ORDER BY seq DESC LIMIT ?4" : " ORDER BY seq LIMIT ?4");
+  DDP_ASSIGN_OR_RETURN(std::vector<v1::LogLine> out,
+                       Select(reader_, store::Logs(), rest, [&](Stmt& s) {
+                         s.Bind(1, job_id).Bind(2, after_seq);
+                         s.Bind(4, tail > 0 ? std::min(tail, limit) : limit);
+                         if (rank.has_value()) s.Bind(3, *rank);
+                       }));
+  if (tail > 0) std::reverse(out.begin(), out.end());
+  return out;
+}
+
+absl::StatusOr<int64_t> StateStore::MaxLogSeq(const std::string& job_id) {
+  absl::MutexLock lock(&read_mu_);
+  Stmt s(reader_, "SELECT COALESCE(MAX(seq), 0) FROM logs WHERE job_id = ?");
+  DDP_RETURN_IF_ERROR(s.ok());
+  s.Bind(1, job_id);
+  s.Step();
+  DDP_RETURN_IF_ERROR(s.Done());
+  return s.Int(0);
+}
+
+absl::StatusOr<std::vector<v1::RankMetrics>> StateStore::LatestMetrics(const std::string& job_id,
+                                                                       int attempt) {
+  absl::MutexLock lock(&read_mu_);
+  return Select(reader_, store::Metrics(),
+                "AS m WHERE job_id = ?1 AND attempt = ?2 AND global_step ="
+                " (SELECT MAX(global_step) FROM metrics WHERE job_id = ?1 AND"
+                " attempt = ?2 AND rank = m.rank) ORDER BY rank",
+                [&](Stmt& s) { s.Bind(1, job_id).Bind(2, attempt); });
+}
+
+absl::StatusOr<std::vector<v1::RankMetrics>> StateStore::MetricHistory(const std::string& job_id) {
+  absl::MutexLock lock(&read_mu_);
+  return Select(reader_, store::Metrics(), "WHERE job_id = ? ORDER BY attempt, global_step, rank",
+                [&](Stmt& s) { s.Bind(1, job_id); });
+}
+
+absl::StatusOr<std::vector<v1::EpochSummary>> StateStore::Epochs(const std::string& job_id) {
+  absl::MutexLock lock(&read_mu_);
+  return Select(reader_, store::Epochs(), "WHERE job_id = ? ORDER BY attempt, epoch",
+                [&](Stmt& s) { s.Bind(1, job_id); });
+}
+
+absl::Status StateStore::EnforceRetention(const std::vector<std::string>& delete_ids) {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::pair<std::string, OutputCount>> trimmed;
+  // The lambda runs inside this call, under mu_: it uses the connection through a
+  // local, which the thread-safety analysis (which does not follow lambdas) accepts.
+  sqlite3* const db = db_;
+  const std::map<std::string, OutputCount>* const output = &output_;
+  absl::Status st = InTransaction(db, [&]() -> absl::Status {
+    for (const char* table : {"jobs", "attempts", "ranks", "metrics", "epochs", "logs"}) {
+      Stmt d(db, absl::StrCat("DELETE FROM ", table, " WHERE ",
+                               std::string(table) == "jobs" ? "id" : "job_id", " = ?")
+                      .c_str());
+      DDP_RETURN_IF_ERROR(d.ok());
+      for (const std::string& id : delete_ids) DDP_RETURN_IF_ERROR(d.Bind(1, id).Run());
+    }
+    // Per job over a bound: delete its oldest rows (by row id, and by seq for lines),
+    // walking only the rows that go.
+    Stmt metrics(db,
+                 "DELETE FROM metrics WHERE rowid IN (SELECT rowid FROM metrics"
+                 " WHERE job_id = ? ORDER BY rowid LIMIT ?)");
+    Stmt logs(db, "DELETE FROM logs WHERE job_id = ? AND seq <= ?");
+    DDP_RETURN_IF_ERROR(metrics.ok());
+    DDP_RETURN_IF_ERROR(logs.ok());
+    for (const auto& [id, c] : *output) {
+      if (std::find(delete_ids.begin(), delete_ids.end(), id) != delete_ids.end()) continue;
+      OutputCount after = c;
+      if (c.metric_rows > retention_.max_metric_rows) {
+        DDP_RETURN_IF_ERROR(
+            metrics.Bind(1, id).Bind(2, c.metric_rows - retention_.max_metric_rows).Run());
+        after.metric_rows = retention_.max_metric_rows;
+      }
+      if (c.log_top - c.log_floor > retention_.max_log_lines) {
+        after.log_floor = c.log_top - retention_.max_log_lines;
+        DDP_RETURN_IF_ERROR(logs.Bind(1, id).Bind(2, after.log_floor).Run());
+      }
+      if (after.metric_rows != c.metric_rows || after.log_floor != c.log_floor) {
+        trimmed.emplace_back(id, after);
+      }
+    }
+    return absl::OkStatus();
+  });
+  if (!st.ok()) return st;  // Nothing changed: the counts stand.
+  for (const std::string& id : delete_ids) output_.erase(id);
+  for (auto& [id, c] : trimmed) output_[id] = c;
+  return absl::OkStatus();
+}
+
+}  // namespace ddp

@@ -1,0 +1,96 @@
+// Where every column of the coordinator's database is stored: each table is
+// described once, in store_tables.cc, column and field together (its SQL name and
+// type, and how a row's field is bound and read back). The schema (CREATE TABLE),
+// the columns added to an older database when it is opened (ALTER TABLE ... ADD
+// COLUMN, then the column's backfill), every INSERT and every SELECT list are
+// derived from these descriptions by state_store.cc; no statement lists columns by
+// hand. Adding a field to storage is one line in a table's description (with a
+// DEFAULT in its declaration, for the rows written before it).
+//
+// Internal to the store: only state_store.cc and its tests include this.
+#ifndef DDP_COORDINATOR_STORE_STORE_TABLES_H_
+#define DDP_COORDINATOR_STORE_STORE_TABLES_H_
+
+#include <string>
+#include <vector>
+
+#include "coordinator/store/sqlite.h"
+#include "coordinator/store/state_store.h"
+#include "ddp/v1/types.pb.h"
+
+namespace ddp::store {
+
+// What a column is, whatever its row type.
+struct ColumnInfo {
+  const char* name;
+  const char* decl;  // SQL type and constraints: "INTEGER NOT NULL DEFAULT 0".
+  // Run once when the column is added to an older database (nullptr: nothing to
+  // do), to derive its value for the rows stored before it.
+  const char* backfill = nullptr;
+};
+
+struct TableInfo {
+  const char* name;
+  // A leading key column that is not part of the row (the job the row belongs to,
+  // bound by the caller), or nullptr.
+  const char* parent = nullptr;
+  std::vector<ColumnInfo> columns;
+  const char* constraints = "";            // ", PRIMARY KEY(job_id, number)"
+  std::vector<const char*> indexes = {};   // Full CREATE INDEX IF NOT EXISTS statements.
+
+  std::string CreateSql() const;
+  // "a, b, c": the row's columns, in order (the parent column not included).
+  std::string ColumnList() const;
+  // "<verb> INTO name(parent?, a, b, c) VALUES(?, ...)".
+  std::string InsertSql(const char* verb = "INSERT OR REPLACE") const;
+  // "SELECT a, b, c FROM name <rest>".
+  std::string SelectSql(const std::string& rest) const;
+};
+
+template <typename Row>
+struct Column : ColumnInfo {
+  void (*bind)(sql::Stmt& s, int index, const Row& row);
+  void (*load)(const sql::Stmt& s, int col, Row& row);
+};
+
+template <typename Row>
+class Table : public TableInfo {
+ public:
+  Table(TableInfo info, std::vector<Column<Row>> columns)
+      : TableInfo(std::move(info)), binders_(std::move(columns)) {
+    TableInfo::columns.clear();
+    for (const Column<Row>& c : binders_) TableInfo::columns.push_back(c);
+  }
+
+  // Binds the row's columns to the parameters of InsertSql() (after the parent's,
+  // which the caller binds as parameter 1).
+  void Bind(sql::Stmt& s, const Row& row) const {
+    const int first = parent != nullptr ? 2 : 1;
+    for (size_t i = 0; i < binders_.size(); ++i) {
+      binders_[i].bind(s, first + static_cast<int>(i), row);
+    }
+  }
+  // Reads the row's columns from the current row of a SelectSql() statement.
+  void Load(const sql::Stmt& s, Row& row) const {
+    for (size_t i = 0; i < binders_.size(); ++i) binders_[i].load(s, static_cast<int>(i), row);
+  }
+
+ private:
+  std::vector<Column<Row>> binders_;
+};
+
+const Table<RowBatch::JobRow>& Jobs();
+const Table<RowBatch::AttemptRow>& Attempts();
+const Table<RowBatch::RankRow>& Ranks();
+const Table<v1::Worker>& Workers();
+const Table<BatchMark>& WorkerBatches();
+const Table<v1::RankMetrics>& Metrics();   // Parent: job_id.
+const Table<v1::EpochSummary>& Epochs();   // Parent: job_id.
+const Table<v1::LogLine>& Logs();          // Parent: job_id.
+
+// Every table, in the order the schema creates them (the meta table aside).
+std::vector<const TableInfo*> AllTables();
+
+}  // namespace ddp::store
+
+#endif  // DDP_COORDINATOR_STORE_STORE_TABLES_H_
