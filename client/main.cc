@@ -1,5 +1,5 @@
 // ddpctl: the command line for ddp. Flags are parsed here (declared per verb in
-// verbs.cc) and nowhere else.
+// verbs.cc, whose table also holds each verb's checks and handler) and nowhere else.
 //
 //   ddpctl submit job.yaml [--watch]      ddpctl watch JOB
 //   ddpctl get JOB [--history]            ddpctl list [--limit N]
@@ -19,7 +19,6 @@
 #include "absl/strings/str_cat.h"
 #include "client/commands.h"
 #include "common/auth/tokens.h"
-#include "client/completion.h"
 #include "client/verbs.h"
 #include "common/flags.h"
 #include "common/version.h"
@@ -85,7 +84,6 @@ int main(int argc, char** argv) {
   f.coordinator = env && *env ? env : "127.0.0.1:29400";
   const char* ca_env = std::getenv("DDP_TLS_CA");
   f.tls_ca = ca_env ? ca_env : "";
-  if (verb == "workers") f.limit = 0;  // All of them.
   ddp::FlagSet flags("ddpctl " + verb, spec->summary);
   ddp::DeclareFlags(verb, flags, &f);
   auto positional = flags.Parse(args);
@@ -97,10 +95,6 @@ int main(int argc, char** argv) {
     std::cerr << "ddpctl: " << positional.status().message() << "\n";
     return ddp::kCtlUsage;
   }
-  if (verb != "plot" && f.output != "table" && f.output != "json") {
-    std::cerr << "ddpctl: -o must be table or json (got '" << f.output << "')\n";
-    return ddp::kCtlUsage;
-  }
   if (positional->size() != spec->arity &&
       (spec->alt_arity == 0 || positional->size() != spec->alt_arity)) {
     std::cerr << "ddpctl " << verb << ": expected " << spec->arity
@@ -110,35 +104,11 @@ int main(int argc, char** argv) {
               << ddp::VerbHelp(*spec);
     return ddp::kCtlUsage;
   }
-  // workers ACTION NAME: node maintenance.
-  std::string action;
-  if (verb == "workers" && positional->size() == 2) {
-    action = (*positional)[0];
-    positional->erase(positional->begin());
-    if (action != "cordon" && action != "uncordon" && action != "drain" && action != "rm") {
-      std::cerr << "ddpctl workers: unknown action '" << action
-                << "': cordon, uncordon, drain or rm\n";
-      return ddp::kCtlUsage;
-    }
-  }
-  if ((f.drain_wait || f.drain_now) && action != "drain") {
-    std::cerr << "ddpctl workers: --wait and --now go with `drain`\n";
+  if (absl::Status st = spec->check(f, *positional); !st.ok()) {
+    std::cerr << "ddpctl " << verb << ": " << st.message() << "\n";
     return ddp::kCtlUsage;
   }
-  if (f.drain_wait && f.drain_now) {
-    std::cerr << "ddpctl workers drain: --wait or --now, not both\n";
-    return ddp::kCtlUsage;
-  }
-  const std::string arg = positional->empty() ? "" : positional->front();
-  if (verb == "completion") {
-    auto script = ddp::CompletionScript(arg);
-    if (!script.ok()) {
-      std::cerr << "ddpctl completion: " << script.status().message() << "\n";
-      return ddp::kCtlUsage;
-    }
-    std::cout << *script;
-    return ddp::kCtlOk;
-  }
+  if (!spec->needs_coordinator) return spec->run(nullptr, f, *positional);
   ddp::ChannelSecurity security;
   security.ca_file = f.tls_ca;
   if (!f.token_file.empty()) {
@@ -162,22 +132,5 @@ int main(int argc, char** argv) {
     return ddp::kCtlUsage;
   }
   ddp::CtlContext ctx = *std::move(made);
-  if (verb == "submit") return ddp::Submit(ctx, arg, f.watch);
-  if (verb == "watch") return ddp::Watch(ctx, arg);
-  if (verb == "get") return ddp::Get(ctx, arg, f.history);
-  if (verb == "list") return ddp::List(ctx, f.limit);
-  if (verb == "cancel") return ddp::Cancel(ctx, arg, !f.no_wait);
-  if (verb == "logs") return ddp::Logs(ctx, arg, f.follow, f.rank, f.tail, f.collapse);
-  if (verb == "plot") return ddp::Plot(ctx, arg, {f.output, f.width, f.height});
-  if (!action.empty()) {
-    const ddp::v1::DrainPolicy policy = f.drain_now    ? ddp::v1::DRAIN_NOW
-                                        : f.drain_wait ? ddp::v1::DRAIN_WAIT
-                                                       : ddp::v1::DRAIN_AT_CHECKPOINT;
-    return ddp::WorkerMaintenance(ctx, action, arg, policy);
-  }
-  if (f.limit < 0) {
-    std::cerr << "ddpctl workers: --limit must be >= 0 (got " << f.limit << "; 0 means all)\n";
-    return ddp::kCtlUsage;
-  }
-  return ddp::Workers(ctx, f.limit, f.summary, f.page_token);
+  return spec->run(&ctx, f, *positional);
 }

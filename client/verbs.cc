@@ -1,32 +1,134 @@
 #include "client/verbs.h"
 
+#include <iostream>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/commands.h"
+#include "client/completion.h"
+#include "common/status_macros.h"
 
 namespace ddp {
+namespace {
+
+using Args = std::vector<std::string>;
+
+void NoFlags(FlagSet&, CtlFlags*) {}
+
+absl::Status TableOrJson(CtlFlags& f, Args&) {
+  if (f.output == "table" || f.output == "json") return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("-o must be table or json (got '", f.output, "')"));
+}
+
+absl::Status AnyOutput(CtlFlags&, Args&) { return absl::OkStatus(); }
+
+void WorkersFlags(FlagSet& flags, CtlFlags* f) {
+  f->limit = 0;  // All of them.
+  flags.Int("limit", &f->limit, "how many workers (0: all)");
+  flags.Bool("summary", &f->summary, "only the cluster's summary");
+  flags.String("page-token", &f->page_token, "start after this page token (from --limit)");
+  flags.Bool("wait", &f->drain_wait, "drain: let the jobs on the worker run to their end");
+  flags.Bool("now", &f->drain_now, "drain: restart its jobs elsewhere at once");
+}
+
+// workers [ACTION NAME]: ACTION moves from the arguments into f.action.
+absl::Status WorkersCheck(CtlFlags& f, Args& args) {
+  DDP_RETURN_IF_ERROR(TableOrJson(f, args));
+  if (args.size() == 2) {
+    f.action = args[0];
+    args.erase(args.begin());
+    if (f.action != "cordon" && f.action != "uncordon" && f.action != "drain" && f.action != "rm") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown action '", f.action, "': cordon, uncordon, drain or rm"));
+    }
+  }
+  if ((f.drain_wait || f.drain_now) && f.action != "drain") {
+    return absl::InvalidArgumentError("--wait and --now go with `drain`");
+  }
+  if (f.drain_wait && f.drain_now) {
+    return absl::InvalidArgumentError("drain: --wait or --now, not both");
+  }
+  if (f.limit < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--limit must be >= 0 (got ", f.limit, "; 0 means all)"));
+  }
+  return absl::OkStatus();
+}
+
+int RunWorkers(CtlContext* ctx, const CtlFlags& f, const Args& args) {
+  if (f.action.empty()) return Workers(*ctx, f.limit, f.summary, f.page_token);
+  const v1::DrainPolicy policy = f.drain_now    ? v1::DRAIN_NOW
+                                 : f.drain_wait ? v1::DRAIN_WAIT
+                                                : v1::DRAIN_AT_CHECKPOINT;
+  return WorkerMaintenance(*ctx, f.action, args[0], policy);
+}
+
+int RunCompletion(CtlContext*, const CtlFlags&, const Args& args) {
+  auto script = CompletionScript(args[0]);
+  if (!script.ok()) {
+    std::cerr << "ddpctl completion: " << script.status().message() << "\n";
+    return kCtlUsage;
+  }
+  std::cout << *script;
+  return kCtlOk;
+}
+
+}  // namespace
 
 const std::vector<Verb>& Verbs() {
   static const std::vector<Verb> kVerbs = {
       {"submit", "FILE", 1, true, "validate a job.yaml and queue it; prints the job id",
        "Relative paths in the job resolve against the file's directory, which must exist\n"
        "at the same path on every node. With --watch, exits as watch does.",
-       "ddpctl submit examples/cancer.yaml --watch"},
+       "ddpctl submit examples/cancer.yaml --watch",
+       [](FlagSet& fl, CtlFlags* f) {
+         fl.Bool("watch", &f->watch, "watch the job after submitting it");
+       },
+       TableOrJson,
+       [](CtlContext* ctx, const CtlFlags& f, const Args& a) { return Submit(*ctx, a[0], f.watch); }},
       {"watch", "JOB", 1, true, "live per-rank table until the job ends",
        "Marks stragglers (a rank whose compute time per step is well above the others',\n"
        "with the ratio) and stale ranks (no update for many step times). Exits 0 if the\n"
        "job succeeded, 1 if it failed, 3 if it was cancelled, 4 if the coordinator went\n"
        "away and did not return within 60 s.",
-       "ddpctl watch cancer-ddp-3yxyd"},
+       "ddpctl watch cancer-ddp-3yxyd", NoFlags, TableOrJson,
+       [](CtlContext* ctx, const CtlFlags&, const Args& a) { return Watch(*ctx, a[0]); }},
       {"get", "JOB", 1, true, "state, rank table per attempt, latest metrics and epochs",
        "--history -o json adds every stored step of every rank.",
-       "ddpctl get cancer-ddp-3yxyd -o json --history"},
-      {"list", "", 0, true, "jobs, newest first", "", "ddpctl list --limit 20"},
+       "ddpctl get cancer-ddp-3yxyd -o json --history",
+       [](FlagSet& fl, CtlFlags* f) {
+         fl.Bool("history", &f->history, "include every stored step (with -o json)");
+       },
+       TableOrJson,
+       [](CtlContext* ctx, const CtlFlags& f, const Args& a) { return Get(*ctx, a[0], f.history); }},
+      {"list", "", 0, true, "jobs, newest first", "", "ddpctl list --limit 20",
+       [](FlagSet& fl, CtlFlags* f) { fl.Int("limit", &f->limit, "how many jobs"); }, TableOrJson,
+       [](CtlContext* ctx, const CtlFlags& f, const Args&) { return List(*ctx, f.limit); }},
       {"cancel", "JOB", 1, true, "cancel a job; waits until its trainers have stopped", "",
-       "ddpctl cancel cancer-ddp-3yxyd"},
+       "ddpctl cancel cancer-ddp-3yxyd",
+       [](FlagSet& fl, CtlFlags* f) {
+         fl.Bool("no-wait", &f->no_wait, "return without waiting for trainers");
+       },
+       TableOrJson,
+       [](CtlContext* ctx, const CtlFlags& f, const Args& a) {
+         return Cancel(*ctx, a[0], !f.no_wait);
+       }},
       {"logs", "JOB", 1, true, "trainer output (stdout, stderr and notable events)",
        "-f follows until the job ends (exit 4 as watch). --collapse folds a line that\n"
        "several ranks printed alike into one, prefixed with the ranks: [ranks 0-3].",
-       "ddpctl logs cancer-ddp-3yxyd -f --collapse"},
+       "ddpctl logs cancer-ddp-3yxyd -f --collapse",
+       [](FlagSet& fl, CtlFlags* f) {
+         fl.Bool("follow", &f->follow, "keep streaming new output until the job ends");
+         fl.Alias("f", "follow");
+         fl.Int("rank", &f->rank, "only this rank's output");
+         fl.Int("tail", &f->tail, "only the last N lines");
+         fl.Bool("collapse", &f->collapse,
+                 "fold a line several ranks printed alike into one: [ranks 0-3] text");
+       },
+       TableOrJson,
+       [](CtlContext* ctx, const CtlFlags& f, const Args& a) {
+         return Logs(*ctx, a[0], f.follow, f.rank, f.tail, f.collapse);
+       }},
       {"workers", "[cordon|uncordon|drain|rm NAME]", 0, true,
        "list workers, or take one out of service (cordon, drain) and back, or forget it",
        "Without arguments: every worker with its state, slots and version, then a summary.\n"
@@ -44,17 +146,25 @@ const std::vector<Verb>& Verbs() {
        "                  These restarts do not count against a job's max_restarts.\n"
        "  uncordon NAME   takes new ranks again (ends a cordon or a drain)\n"
        "  rm NAME         forgets a lost worker (one that is alive is refused)",
-       "ddpctl workers drain node-7", 2},
+       "ddpctl workers drain node-7", WorkersFlags, WorkersCheck, RunWorkers, 2},
       {"plot", "JOB", 1, true, "training curves: per-rank loss and samples/s, epochs, restarts",
        "-o FILE.svg or FILE.png writes a picture; without -o a Unicode chart is drawn on\n"
        "the terminal; -o json prints the series. Restarts (attempt boundaries) are marked.",
-       "ddpctl plot cancer-ddp-3yxyd -o loss.svg"},
+       "ddpctl plot cancer-ddp-3yxyd -o loss.svg",
+       [](FlagSet& fl, CtlFlags* f) {
+         fl.Int("width", &f->width, "picture width in pixels");
+         fl.Int("height", &f->height, "picture height in pixels");
+       },
+       AnyOutput,
+       [](CtlContext* ctx, const CtlFlags& f, const Args& a) {
+         return Plot(*ctx, a[0], {f.output, f.width, f.height});
+       }},
       {"completion", "bash|zsh", 1, false, "print a shell completion script",
        "Load it in the current shell, or install it for every session:\n"
        "  source <(ddpctl completion bash)\n"
        "  ddpctl completion bash > /etc/bash_completion.d/ddpctl\n"
        "  ddpctl completion zsh > \"${fpath[1]}/_ddpctl\"",
-       "source <(ddpctl completion bash)"},
+       "source <(ddpctl completion bash)", NoFlags, AnyOutput, RunCompletion},
   };
   return kVerbs;
 }
@@ -68,43 +178,20 @@ const Verb* FindVerb(const std::string& name) {
 
 void DeclareFlags(const std::string& verb, FlagSet& flags, CtlFlags* f) {
   const Verb* v = FindVerb(verb);
-  if (v != nullptr && v->needs_coordinator) {
+  if (v == nullptr) return;
+  if (v->needs_coordinator) {
     flags.String("coordinator", &f->coordinator,
                  "the coordinator's HOST:PORT (default: $DDP_COORDINATOR, then 127.0.0.1:29400)");
     flags.String("tls-ca", &f->tls_ca,
                  "CA of the coordinator's certificate: connect with TLS (default $DDP_TLS_CA)");
     flags.String("token-file", &f->token_file,
                  "file holding this user's token (default: the token in $DDP_TOKEN)");
-  }
-  if (verb == "plot") {
     flags.String("output", &f->output,
-                 "FILE.svg or FILE.png to write, table (a terminal chart) or json");
-    flags.Alias("o", "output");
-    flags.Int("width", &f->width, "picture width in pixels");
-    flags.Int("height", &f->height, "picture height in pixels");
-  } else if (verb != "completion") {
-    flags.String("output", &f->output, "table or json");
+                 v->check == AnyOutput ? "FILE.svg or FILE.png to write, table (a terminal chart) or json"
+                                       : "table or json");
     flags.Alias("o", "output");
   }
-  if (verb == "submit") flags.Bool("watch", &f->watch, "watch the job after submitting it");
-  if (verb == "get") flags.Bool("history", &f->history, "include every stored step (with -o json)");
-  if (verb == "list") flags.Int("limit", &f->limit, "how many jobs");
-  if (verb == "workers") {
-    flags.Int("limit", &f->limit, "how many workers (0: all)");
-    flags.Bool("summary", &f->summary, "only the cluster's summary");
-    flags.String("page-token", &f->page_token, "start after this page token (from --limit)");
-    flags.Bool("wait", &f->drain_wait, "drain: let the jobs on the worker run to their end");
-    flags.Bool("now", &f->drain_now, "drain: restart its jobs elsewhere at once");
-  }
-  if (verb == "cancel") flags.Bool("no-wait", &f->no_wait, "return without waiting for trainers");
-  if (verb == "logs") {
-    flags.Bool("follow", &f->follow, "keep streaming new output until the job ends");
-    flags.Alias("f", "follow");
-    flags.Int("rank", &f->rank, "only this rank's output");
-    flags.Int("tail", &f->tail, "only the last N lines");
-    flags.Bool("collapse", &f->collapse,
-               "fold a line several ranks printed alike into one: [ranks 0-3] text");
-  }
+  v->flags(flags, f);
 }
 
 std::string GeneralUsage() {

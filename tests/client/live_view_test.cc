@@ -175,6 +175,37 @@ TEST(HelpTest, EveryVerbHasAnExampleAndItsFlags) {
   EXPECT_THAT(GeneralUsage(), HasSubstr("completion bash|zsh"));
 }
 
+TEST(VerbTableTest, EveryVerbOwnsItsFlagsChecksAndHandler) {
+  for (const Verb& v : Verbs()) {
+    EXPECT_NE(v.flags, nullptr) << v.name;
+    EXPECT_NE(v.check, nullptr) << v.name;
+    EXPECT_NE(v.run, nullptr) << v.name;
+  }
+  // The checks run on parsed flags and arguments, before any connection is made.
+  CtlFlags f;
+  std::vector<std::string> args = {"drain", "node-7"};
+  f.drain_now = true;
+  ASSERT_TRUE(FindVerb("workers")->check(f, args).ok());
+  EXPECT_EQ(f.action, "drain");
+  EXPECT_EQ(args, std::vector<std::string>{"node-7"}) << "the action leaves the arguments";
+  CtlFlags g;
+  args = {"reboot", "node-7"};
+  EXPECT_THAT(std::string(FindVerb("workers")->check(g, args).message()),
+              HasSubstr("unknown action 'reboot'"));
+  CtlFlags h;
+  h.drain_wait = true;
+  args = {};
+  EXPECT_THAT(std::string(FindVerb("workers")->check(h, args).message()),
+              HasSubstr("--wait and --now go with `drain`"));
+  CtlFlags yaml;
+  yaml.output = "yaml";
+  EXPECT_THAT(std::string(FindVerb("get")->check(yaml, args).message()),
+              HasSubstr("-o must be table or json (got 'yaml')"));
+  CtlFlags svg;
+  svg.output = "loss.svg";
+  EXPECT_TRUE(FindVerb("plot")->check(svg, args).ok()) << "plot writes files";
+}
+
 struct Shell {
   int rc = -1;
   std::string out;
