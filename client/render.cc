@@ -24,7 +24,7 @@ size_t Width(const std::string& s) {
   return w;
 }
 
-std::string Metric(double v, const char* fmt) {
+std::string Metric(double v, const absl::FormatSpec<double>& fmt) {
   return std::isnan(v) ? "-" : absl::StrFormat(fmt, v);
 }
 

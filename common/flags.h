@@ -27,6 +27,7 @@ namespace ddp {
 class FlagSet {
  public:
   FlagSet(std::string program, std::string summary);
+  const std::string& program() const { return program_; }
 
   void String(const std::string& name, std::string* target, const std::string& help);
   void Int(const std::string& name, int64_t* target, const std::string& help);

@@ -13,14 +13,13 @@
 // Exit codes: 0 after SIGTERM/SIGINT; 1 when it cannot start (state dir in use or
 // unreadable, port taken, unusable certificates or tokens); 2 for bad flags or flag
 // values.
-#include <signal.h>
 #include <sys/resource.h>
-#include <systemd/sd-daemon.h>
 
 #include <iostream>
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "common/daemon/daemon.h"
 #include "common/flags.h"
 #include "common/logging.h"
 #include "common/net.h"
@@ -30,7 +29,7 @@
 int main(int argc, char** argv) {
   if (ddp::VersionRequested(argc, argv)) {
     std::cout << ddp::VersionLine("ddp-coordinator") << "\n";
-    return 0;
+    return ddp::daemon::kExitOk;
   }
   ddp::CoordinatorServerOptions opts;
   int64_t retain_jobs = opts.retention.retain_jobs;
@@ -84,18 +83,7 @@ int main(int argc, char** argv) {
             "watch and log streams one token name may have open at once");
   flags.Bool("insecure", &opts.insecure,
              "allow a non-loopback --listen without TLS or tokens (not for shared networks)");
-  auto positional = flags.Parse(argc, argv);
-  if (flags.help_requested()) {
-    std::cout << flags.Usage();
-    return 0;
-  }
-  if (!positional.ok() || !positional->empty()) {
-    std::cerr << "ddp-coordinator: "
-              << (positional.ok() ? "unexpected argument " + positional->front()
-                                  : std::string(positional.status().message()))
-              << "\n" << flags.Usage();
-    return 2;
-  }
+  if (auto exit_code = ddp::daemon::ParseFlags(flags, argc, argv)) return *exit_code;
   opts.retention = {max_metric_rows, max_log_lines, retain_jobs};
   if (command_jobs.empty()) {
     // Anyone who reaches an --insecure coordinator may submit: running programs on the
@@ -111,14 +99,15 @@ int main(int argc, char** argv) {
   } else if (command_jobs == "off") {
     opts.usage.command_jobs = ddp::UsageLimits::CommandJobs::kOff;
   } else {
-    std::cerr << "ddp-coordinator: --command-jobs: must be users, admins or off (got '"
-              << command_jobs << "')\n" << flags.Usage();
-    return 2;
+    return ddp::daemon::UsageError(
+        "ddp-coordinator",
+        absl::InvalidArgumentError("--command-jobs: must be users, admins or off (got '" +
+                                   command_jobs + "')"),
+        &flags);
   }
   // Bad flag values, like unknown flags, exit 2 before anything starts.
   if (absl::Status st = ddp::ValidateServerOptions(opts); !st.ok()) {
-    std::cerr << "ddp-coordinator: " << st.message() << "\n" << flags.Usage();
-    return 2;
+    return ddp::daemon::UsageError("ddp-coordinator", st, &flags);
   }
 
   // Debian's Abseil is built with Mutex deadlock detection on, which records every
@@ -126,14 +115,9 @@ int main(int argc, char** argv) {
   // heartbeats a second. The lock order is documented and kept by hand.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 
-  // Block the shutdown signals before any thread starts (threads inherit the mask);
-  // the main thread waits for them while gRPC's threads serve.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  // Before any thread starts (threads inherit the mask): the main thread takes the
+  // signals while gRPC's threads serve. SIGHUP re-reads the token file.
+  ddp::daemon::ShutdownSignals signals(/*reload=*/true);
 
   // Every connection costs a descriptor: take all the kernel allows us.
   struct rlimit files;
@@ -144,18 +128,17 @@ int main(int argc, char** argv) {
 
   auto server = ddp::CoordinatorServer::Start(opts);
   if (!server.ok()) {  // The state dir, the port, certificates or tokens.
-    std::cerr << "ddp-coordinator: " << server.status().message() << "\n";
-    return 1;
+    return ddp::daemon::StartError("ddp-coordinator", server.status());
   }
   // Type=notify units start their dependents only now, with the port open.
-  sd_notifyf(0, "READY=1\nSTATUS=serving on port %d", (*server)->port());
+  ddp::daemon::NotifyReady("serving on port " + std::to_string((*server)->port()));
   DDP_LOG(INFO) << ddp::VersionLine("ddp-coordinator") << " serving on port " << (*server)->port();
   int sig = 0;
-  while (sigwait(&set, &sig) == 0 && sig == SIGHUP) (void)(*server)->ReloadCredentials();
-  DDP_LOG(INFO) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << ", shutting down";
-  sd_notify(0, "STOPPING=1");
+  while ((sig = signals.Wait()) == SIGHUP) (void)(*server)->ReloadCredentials();
+  DDP_LOG(INFO) << "received " << ddp::daemon::ShutdownSignals::Name(sig) << ", shutting down";
+  ddp::daemon::NotifyStopping();
   (*server)->Shutdown();
   (*server)->Wait();
   DDP_LOG(INFO) << "ddp-coordinator stopped";
-  return 0;
+  return ddp::daemon::kExitOk;
 }

@@ -117,7 +117,7 @@ void Chart(std::vector<std::string>& out, const std::string& title, const PlotDa
 }
 
 std::string EpochLine(const std::string& name, const std::vector<double>& values, int width,
-                      const char* fmt, double scale) {
+                      const absl::FormatSpec<double>& fmt, double scale) {
   double first = std::numeric_limits<double>::quiet_NaN(), last = first;
   for (double v : values) {
     if (!std::isfinite(v)) continue;

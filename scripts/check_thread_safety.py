@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""clang's lock checking over the whole control plane.
+
+Every translation unit of common/, coordinator/, worker/agent/ and client/ in the
+build's compile_commands.json is compiled with `clang++ -fsyntax-only -Wthread-safety
+-Werror`, so a violated lock annotation (ABSL_GUARDED_BY, ABSL_EXCLUSIVE_LOCKS_REQUIRED,
+...) or any clang warning fails. gcc, which builds everything, cannot check the
+annotations; the clang fuzz sub-build compiles only common/ and the coordinator's
+core. ctest runs this as `thread_safety_check` (label lint).
+
+    scripts/check_thread_safety.py [BUILD_DIR]     (default: build)
+"""
+import concurrent.futures
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+
+LAYERS = ("common/", "coordinator/", "worker/agent/", "client/")
+
+
+def clang_command(command):
+    """The gcc command with the compiler swapped and its -o and -c dropped."""
+    args = shlex.split(command)
+    out = ["clang++", "-fsyntax-only", "-Wthread-safety", "-Werror"]
+    skip = False
+    for a in args[1:]:
+        if skip:
+            skip = False
+        elif a in ("-o", "-c"):
+            skip = True
+        else:
+            out.append(a)
+    return out
+
+
+def main():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    build = sys.argv[1] if len(sys.argv) > 1 else os.path.join(root, "build")
+    db = os.path.join(build, "compile_commands.json")
+    if not os.path.isfile(db):
+        print(f"no {db}: configure the build first", file=sys.stderr)
+        return 2
+    if shutil.which("clang++") is None:
+        print("clang++ is missing (scripts/install_deps.sh installs it)", file=sys.stderr)
+        return 2
+    units = []
+    for entry in json.load(open(db)):
+        rel = os.path.relpath(entry["file"], root)
+        if rel.startswith(LAYERS):
+            units.append((rel, entry["directory"], clang_command(entry["command"]) + [entry["file"]]))
+
+    def check(unit):
+        rel, directory, cmd = unit
+        done = subprocess.run(cmd, cwd=directory, capture_output=True, text=True)
+        return rel, done.returncode, done.stdout + done.stderr
+
+    failed = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        for rel, rc, output in pool.map(check, sorted(units)):
+            if rc != 0:
+                failed.append(rel)
+                print(output, end="")
+    print(f"thread-safety check: {len(units)} translation units of {', '.join(LAYERS)}; "
+          f"{len(failed)} failed{': ' + ', '.join(failed) if failed else ''}")
+    return 1 if failed or not units else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
