@@ -11,7 +11,9 @@
 #   AGENTS=10000 CONNECTIONS=1000 TAG=mux bash bench/control_plane.sh idle
 #   COORDINATOR=/path/to/old/ddp-coordinator TAG=before bash bench/control_plane.sh idle
 #
-# Environment: RUNS (3), AGENTS for idle and unschedulable (10000), CONNECTIONS they
+# Environment: BIN (build/bin: where ddp-loadgen, ddpctl and the coordinator are; another
+# build's bin runs a previous commit side by side), RUNS (3), AGENTS for idle and
+# unschedulable (10000), CONNECTIONS they
 # share (0: one each), COORDINATOR (build/bin/ddp-coordinator), TAG (prefixes the
 # result files), PORT (29811), INTERVAL (the coordinator's --heartbeat-interval, which
 # the agents follow: 1s).
@@ -27,7 +29,7 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")/.." && pwd)"
-bin="$here/build/bin"
+bin="${BIN:-$here/build/bin}"
 out="$here/bench/results/control_plane"
 runs="${RUNS:-3}"
 agents="${AGENTS:-10000}"
