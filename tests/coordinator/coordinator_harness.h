@@ -1,12 +1,19 @@
-// A Coordinator on a real SQLite store in a scratch directory, driven with a FakeClock,
-// for tests that speak to it as workers and clients do (no sockets). Open() again is
-// a coordinator restart on the same state; the directory is removed at the end.
+// The one harness of the facade's tests: a Coordinator on a real SQLite store in a
+// scratch directory, driven with a FakeClock, for tests that speak to it as workers
+// and clients do (no sockets). Open() again is a coordinator restart on the same
+// state; the directory is removed at the end. A test sets options_ and retention_ in
+// its constructor (or before an Open()) to run with other timings or bounds.
 #ifndef DDP_TESTS_COORDINATOR_COORDINATOR_HARNESS_H_
 #define DDP_TESTS_COORDINATOR_COORDINATOR_HARNESS_H_
 
+#include <sqlite3.h>
+
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,7 +44,7 @@ class CoordinatorHarness : public ::testing::Test {
     coordinator_.reset();
     hub_.reset();
     store_.reset();
-    auto store = StateStore::Open(dir_, RetentionOptions());
+    auto store = StateStore::Open(dir_, retention_);
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
     hub_ = std::make_unique<EventHub>(store_.get(), &clock_, EventHub::Options{});
@@ -46,12 +53,17 @@ class CoordinatorHarness : public ::testing::Test {
   }
 
   // A worker with `gpus` GPUs named GPU-<name>-<index> (as a fake NVML inventory
-  // lists them) and `slots` slots (default: one per GPU, at least 1).
-  void Register(const std::string& name, int gpus = 0, int slots = 0) {
+  // lists them) and `slots` slots (default: one per GPU, at least 1), registered as
+  // `incarnation` (default <name>-inc; a new one is an agent restart). Its address is
+  // 10.0.0.<the name's last digit> (w2: 10.0.0.2), else 10.0.0.1.
+  void Register(const std::string& name, int gpus = 0, int slots = 0,
+                const std::string& incarnation = "") {
     v1::RegisterRequest req;
     req.set_worker(name);
-    req.set_incarnation(name + "-inc");
-    req.set_address("10.0.0.1");
+    incarnations_[name] = incarnation.empty() ? name + "-inc" : incarnation;
+    req.set_incarnation(incarnations_[name]);
+    const bool digit = !name.empty() && std::isdigit(static_cast<unsigned char>(name.back()));
+    req.set_address(std::string("10.0.0.") + (digit ? name.back() : '1'));
     req.set_slots(slots > 0 ? slots : std::max(1, gpus));
     req.set_gpus(gpus);
     for (int g = 0; g < gpus; ++g) {
@@ -71,7 +83,7 @@ class CoordinatorHarness : public ::testing::Test {
                                        const std::vector<v1::TaskStatus>& tasks = {}) {
     v1::HeartbeatRequest req;
     req.set_worker(name);
-    req.set_incarnation(name + "-inc");
+    req.set_incarnation(Incarnation(name));
     for (const auto& t : tasks) *req.add_tasks() = t;
     req.add_free_ports(next_port_++);
     req.add_free_ports(next_port_++);
@@ -86,6 +98,11 @@ class CoordinatorHarness : public ::testing::Test {
     return {resp.tasks().begin(), resp.tasks().end()};
   }
 
+  const std::string& Incarnation(const std::string& worker) {
+    auto [it, added] = incarnations_.try_emplace(worker, worker + "-inc");
+    return it->second;
+  }
+
   // What a worker reports for `task`: every rank running (or exited).
   static v1::TaskStatus Running(const v1::Task& task, bool exited = false) {
     v1::TaskStatus s;
@@ -98,6 +115,61 @@ class CoordinatorHarness : public ::testing::Test {
       r->set_exited(exited);
     }
     return s;
+  }
+
+  // What a worker reports for `task`: every rank running, or, with `exit_code`,
+  // exited with it.
+  static v1::TaskStatus Report(const v1::Task& task, std::optional<int> exit_code = std::nullopt) {
+    v1::TaskStatus s = Running(task, exit_code.has_value());
+    for (v1::LocalRankStatus& r : *s.mutable_ranks()) r.set_exit_code(exit_code.value_or(0));
+    return s;
+  }
+
+  // Events from `worker` (its current incarnation) for `job_id`'s `attempt`: one per
+  // element of `events`, each from `rank`.
+  absl::Status ReportEvents(const std::string& worker, const std::string& job_id, int attempt,
+                            int rank, const std::vector<v1::TrainerEvent>& events) {
+    v1::ReportEventsRequest req;
+    req.set_worker(worker);
+    req.set_incarnation(Incarnation(worker));
+    for (const v1::TrainerEvent& event : events) {
+      v1::ReportedEvent* e = req.add_events();
+      e->set_job_id(job_id);
+      e->set_attempt(attempt);
+      e->set_rank(rank);
+      *e->mutable_event() = event;
+      e->mutable_event()->set_rank(rank);
+    }
+    return coordinator_->ReportEvents(req);
+  }
+
+  // Output lines from `worker` for rank 0 of `job_id`'s attempt 1.
+  absl::Status ReportLines(const std::string& worker, const std::string& job_id,
+                           const std::vector<std::string>& texts) {
+    v1::ReportEventsRequest req;
+    req.set_worker(worker);
+    req.set_incarnation(Incarnation(worker));
+    for (const std::string& text : texts) {
+      v1::ReportedEvent* e = req.add_events();
+      e->set_job_id(job_id);
+      e->set_attempt(1);
+      e->mutable_log()->set_stream("stdout");
+      e->mutable_log()->set_text(text);
+    }
+    return coordinator_->ReportEvents(req);
+  }
+
+  // Runs `sql` on the state database through a connection of its own, as another
+  // process (or an operator) would.
+  void RunSql(const std::string& sql) {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open((dir_ + "/ddp.sqlite").c_str(), &db), SQLITE_OK);
+    sqlite3_busy_timeout(db, 10000);  // The coordinator's store writer may be committing.
+    char* err = nullptr;
+    const int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err);
+    EXPECT_EQ(rc, SQLITE_OK) << (err ? err : "");
+    sqlite3_free(err);
+    sqlite3_close(db);
   }
 
   std::string Submit(const std::string& yaml) {
@@ -125,10 +197,12 @@ class CoordinatorHarness : public ::testing::Test {
   std::string dir_;
   FakeClock clock_;
   CoordinatorOptions options_;
+  RetentionOptions retention_;
   std::unique_ptr<StateStore> store_;
   std::unique_ptr<EventHub> hub_;
   std::unique_ptr<Coordinator> coordinator_;
   int next_port_ = 41000;
+  std::map<std::string, std::string> incarnations_;  // By worker name.
 };
 
 }  // namespace ddp::testing

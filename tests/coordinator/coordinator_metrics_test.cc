@@ -8,86 +8,27 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/core/coordinator.h"
-#include "coordinator/core/event_hub.h"
-#include "coordinator/store/state_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/common/test_util.h"
+#include "tests/coordinator/coordinator_harness.h"
 
 namespace ddp {
 namespace {
 
 using ::testing::ElementsAre;
 
-class CoordinatorMetricsTest : public ::testing::Test {
+class CoordinatorMetricsTest : public testing::CoordinatorHarness {
  protected:
-  void SetUp() override {
-    dir_ = testing::MakeTempDir("coordinator-metrics");
-    auto store = StateStore::Open(dir_, RetentionOptions{});
-    ASSERT_TRUE(store.ok()) << store.status();
-    store_ = std::move(*store);
-    hub_ = std::make_unique<EventHub>(store_.get(), &clock_, EventHub::Options{});
-    coordinator_ =
-        std::make_unique<Coordinator>(CoordinatorOptions{}, store_.get(), hub_.get(), &clock_);
-  }
-
-  void Register(const std::string& name) {
-    v1::RegisterRequest req;
-    req.set_worker(name);
-    req.set_incarnation(name + "-1");
-    req.set_address("10.0.0." + name.substr(1));
-    req.set_slots(1);
-    ASSERT_TRUE(coordinator_->Register(req).ok());
-  }
-
-  std::vector<v1::Task> Heartbeat(const std::string& name,
-                                  const std::vector<v1::TaskStatus>& tasks = {}) {
-    v1::HeartbeatRequest req;
-    req.set_worker(name);
-    req.set_incarnation(name + "-1");
-    for (const auto& t : tasks) *req.add_tasks() = t;
-    req.add_free_ports(40000);
-    auto resp = coordinator_->Heartbeat(req);
-    EXPECT_TRUE(resp.ok()) << resp.status();
-    if (!resp.ok()) return {};
-    return {resp->tasks().begin(), resp->tasks().end()};
-  }
-
-  static v1::TaskStatus Running(const v1::Task& task) {
-    v1::TaskStatus s;
-    s.set_job_id(task.job_id());
-    s.set_attempt(task.attempt());
-    for (int rank : task.ranks()) {
-      v1::LocalRankStatus* r = s.add_ranks();
-      r->set_rank(rank);
-      r->set_pid(1000 + rank);
-    }
-    return s;
-  }
-
+  // A step event of rank `task.ranks(0)` at global step 7.
   void Step(const std::string& worker, const v1::Task& task, double samples_per_s) {
-    v1::ReportEventsRequest req;
-    req.set_worker(worker);
-    req.set_incarnation(worker + "-1");
-    v1::ReportedEvent* e = req.add_events();
-    e->set_job_id(task.job_id());
-    e->set_attempt(task.attempt());
-    e->set_rank(task.ranks(0));
-    e->mutable_event()->set_rank(task.ranks(0));
-    v1::TrainerEvent::Step* ev = e->mutable_event()->mutable_step();
-    ev->set_global_step(7);
-    ev->set_loss(0.5 + task.ranks(0));
-    ev->set_samples_per_s(samples_per_s);
-    ev->set_step_ms(250);
-    ASSERT_TRUE(coordinator_->ReportEvents(req).ok());
+    v1::TrainerEvent e;
+    v1::TrainerEvent::Step* step = e.mutable_step();
+    step->set_global_step(7);
+    step->set_loss(0.5 + task.ranks(0));
+    step->set_samples_per_s(samples_per_s);
+    step->set_step_ms(250);
+    ASSERT_TRUE(ReportEvents(worker, task.job_id(), task.attempt(), task.ranks(0), {e}).ok());
   }
-
-  std::string dir_;
-  FakeClock clock_;
-  std::unique_ptr<StateStore> store_;
-  std::unique_ptr<EventHub> hub_;
-  std::unique_ptr<Coordinator> coordinator_;
 };
 
 TEST_F(CoordinatorMetricsTest, CountsHeartbeatGapsRendezvousRestartsAndShowsRunningRanks) {

@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "tests/common/status_matchers.h"
 #include "tests/common/test_util.h"
+#include "tests/coordinator/coordinator_harness.h"
 
 namespace ddp {
 namespace {
@@ -40,80 +41,22 @@ class CountingListener final : public EventHub::Listener {
   std::atomic<int> notified{0};
 };
 
-class CoordinatorTest : public ::testing::Test {
+// The shared harness (coordinator_harness.h), with the timing these tests were
+// written for (the defaults are faster): 500ms RPC, 1s interval, 10s heartbeat
+// timeout, so the start timeout is 10s. Workers heartbeat right after registering,
+// as agents do.
+class CoordinatorTest : public testing::CoordinatorHarness {
  protected:
-  void SetUp() override {
-    dir_ = testing::MakeTempDir("coordinator");
-    Open();
-  }
-
-  void Open() {
-    coordinator_.reset();
-    hub_.reset();
-    store_.reset();
-    auto store = StateStore::Open(dir_, retention_);
-    ASSERT_TRUE(store.ok()) << store.status();
-    store_ = std::move(*store);
-    hub_ = std::make_unique<EventHub>(store_.get(), &clock_, EventHub::Options{});
-    coordinator_ = std::make_unique<Coordinator>(options_, store_.get(), hub_.get(), &clock_);
+  CoordinatorTest() {
+    options_.rpc_deadline = absl::Milliseconds(500);
+    options_.heartbeat_interval = absl::Seconds(1);
+    options_.heartbeat_timeout = absl::Seconds(10);
   }
 
   void Register(const std::string& name, int slots = 1, const std::string& incarnation = "") {
-    v1::RegisterRequest req;
-    req.set_worker(name);
-    incarnations_[name] = incarnation.empty() ? name + "-inc1" : incarnation;
-    req.set_incarnation(incarnations_[name]);
-    req.set_address("10.0.0." + std::string(1, name.back()));
-    req.set_slots(slots);
-    ASSERT_TRUE(coordinator_->Register(req).ok());
+    CoordinatorHarness::Register(name, /*gpus=*/0, slots,
+                                 incarnation.empty() ? name + "-inc1" : incarnation);
     Heartbeat(name);  // As the agent does right after registering.
-  }
-
-  // A heartbeat from `name` reporting `tasks`; returns the tasks it should run.
-  std::vector<v1::Task> Heartbeat(const std::string& name,
-                                  const std::vector<v1::TaskStatus>& tasks = {}) {
-    v1::HeartbeatRequest req;
-    req.set_worker(name);
-    req.set_incarnation(incarnations_[name]);
-    for (const auto& t : tasks) *req.add_tasks() = t;
-    req.add_free_ports(40000 + static_cast<int>(name.back()));
-    auto resp = coordinator_->Heartbeat(req);
-    EXPECT_TRUE(resp.ok()) << resp.status();
-    if (!resp.ok()) return {};
-    return {resp->tasks().begin(), resp->tasks().end()};
-  }
-
-  // What a worker reports for a task whose ranks all run (or exited with `code`).
-  static v1::TaskStatus Report(const v1::Task& task, std::optional<int> exit_code = std::nullopt) {
-    v1::TaskStatus s;
-    s.set_job_id(task.job_id());
-    s.set_attempt(task.attempt());
-    for (int rank : task.ranks()) {
-      v1::LocalRankStatus* r = s.add_ranks();
-      r->set_rank(rank);
-      r->set_pid(1000 + rank);
-      if (exit_code.has_value()) {
-        r->set_exited(true);
-        r->set_exit_code(*exit_code);
-      }
-    }
-    return s;
-  }
-
-  // Output lines from `worker` for rank 0 of `job_id`'s attempt 1.
-  absl::Status ReportLines(const std::string& worker, const std::string& job_id,
-                           const std::vector<std::string>& texts) {
-    v1::ReportEventsRequest req;
-    req.set_worker(worker);
-    req.set_incarnation(incarnations_[worker]);
-    for (const std::string& text : texts) {
-      v1::ReportedEvent* e = req.add_events();
-      e->set_job_id(job_id);
-      e->set_attempt(1);
-      e->mutable_log()->set_stream("stdout");
-      e->mutable_log()->set_text(text);
-    }
-    return coordinator_->ReportEvents(req);
   }
 
   std::vector<std::string> LogTexts(const std::string& job_id) {
@@ -122,20 +65,6 @@ class CoordinatorTest : public ::testing::Test {
       out.push_back(absl::StrCat(l.seq(), " ", l.text()));
     }
     return out;
-  }
-
-  std::string Submit(const std::string& yaml) {
-    v1::SubmitJobRequest req;
-    req.set_spec_yaml(yaml);
-    auto job = coordinator_->Submit(req);
-    EXPECT_TRUE(job.ok()) << job.status();
-    return job.ok() ? job->id() : "";
-  }
-
-  v1::Job Get(const std::string& id) {
-    auto job = coordinator_->GetJob(id);
-    EXPECT_TRUE(job.ok()) << job.status();
-    return job.ok() ? *job : v1::Job();
   }
 
   // Brings a 2-node job to RUNNING on w1 and w2 (or `a` and `b`); returns their tasks.
@@ -150,44 +79,12 @@ class CoordinatorTest : public ::testing::Test {
     return {t1, t2};
   }
 
-  // The task of job `id` among `tasks`.
+  // The task of job `id` among `tasks` (a copy; an empty task, and a failure, if none).
   static v1::Task TaskOf(const std::string& id, const std::vector<v1::Task>& tasks) {
-    for (const v1::Task& t : tasks) {
-      if (t.job_id() == id) return t;
-    }
+    if (const v1::Task* t = CoordinatorHarness::TaskOf(id, tasks)) return *t;
     ADD_FAILURE() << "no task of " << id;
     return v1::Task();
   }
-
-  // Runs `sql` on the state database through a connection of its own, as another
-  // process (or an operator) would.
-  void RunSql(const std::string& sql) {
-    sqlite3* db = nullptr;
-    ASSERT_EQ(sqlite3_open((dir_ + "/ddp.sqlite").c_str(), &db), SQLITE_OK);
-    sqlite3_busy_timeout(db, 10000);  // The coordinator's store writer may be committing.
-    char* err = nullptr;
-    const int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err);
-    EXPECT_EQ(rc, SQLITE_OK) << (err ? err : "");
-    sqlite3_free(err);
-    sqlite3_close(db);
-  }
-
-  std::string dir_;
-  FakeClock clock_;
-  // The timing these tests were written for (the defaults are faster): 500ms RPC,
-  // 1s interval, 10s heartbeat timeout, so the start timeout is 10s.
-  CoordinatorOptions options_ = [] {
-    CoordinatorOptions o;
-    o.rpc_deadline = absl::Milliseconds(500);
-    o.heartbeat_interval = absl::Seconds(1);
-    o.heartbeat_timeout = absl::Seconds(10);
-    return o;
-  }();
-  RetentionOptions retention_;
-  std::unique_ptr<StateStore> store_;
-  std::unique_ptr<EventHub> hub_;
-  std::unique_ptr<Coordinator> coordinator_;
-  std::map<std::string, std::string> incarnations_;
 };
 
 TEST_F(CoordinatorTest, TimeoutsMustBeOrdered) {
@@ -302,8 +199,7 @@ TEST_F(CoordinatorTest, AnEventBatchResentAfterItWasAppliedIsStoredOnceAcrossARe
   // The coordinator crashes after storing batch 2 but before its reply arrived: the
   // agent re-sends it to the restarted coordinator, which knows the number too.
   ASSERT_TRUE(coordinator_->Flush().ok());
-  Open();
-  ASSERT_TRUE(coordinator_->Recover().ok());
+  Open();  // Recovers.
   EXPECT_TRUE(report(2, "second").ok());
   EXPECT_TRUE(report(3, "third").ok());
   EXPECT_THAT(lines(), ElementsAre("first", "second", "third"));
@@ -312,8 +208,7 @@ TEST_F(CoordinatorTest, AnEventBatchResentAfterItWasAppliedIsStoredOnceAcrossARe
   EXPECT_TRUE(report(1, "after restart").ok());
   EXPECT_THAT(lines(), ElementsAre("first", "second", "third", "after restart"));
   // And that incarnation's numbers are what a restart remembers from now on.
-  Open();
-  ASSERT_TRUE(coordinator_->Recover().ok());
+  Open();  // Recovers.
   EXPECT_TRUE(report(1, "after restart").ok());
   EXPECT_THAT(lines(), ElementsAre("first", "second", "third", "after restart"));
 }
@@ -323,14 +218,9 @@ TEST_F(CoordinatorTest, FinishedJobsKeepNoFeedInMemoryYetShowTheirMetricsAndLogs
   Register("w2");
   const std::string id = Submit(JobYaml());
   auto [t1, t2] = StartOnTwoWorkers(id);
-  v1::ReportEventsRequest step;
-  step.set_worker("w1");
-  step.set_incarnation(incarnations_["w1"]);
-  v1::ReportedEvent* e = step.add_events();
-  e->set_job_id(id);
-  e->set_attempt(1);
-  e->mutable_event()->mutable_step()->set_global_step(7);
-  ASSERT_TRUE(coordinator_->ReportEvents(step).ok());
+  v1::TrainerEvent step;
+  step.mutable_step()->set_global_step(7);
+  ASSERT_TRUE(ReportEvents("w1", id, /*attempt=*/1, /*rank=*/0, {step}).ok());
   ASSERT_TRUE(ReportLines("w1", id, {"hello"}).ok());
   EXPECT_EQ(hub_->stats().feeds, 1u) << "a live job's feed";
   Heartbeat("w1", {Report(t1, 0)});
@@ -509,15 +399,9 @@ TEST_F(CoordinatorTest, APermanentExitFailsTheJobWithoutRestarting) {
   const std::string id = Submit(JobYaml("max_restarts: 3\n"));
   auto [t1, t2] = StartOnTwoWorkers(id);
   // The trainer explains itself in an error event before it exits.
-  v1::ReportEventsRequest events;
-  events.set_worker("w2");
-  events.set_incarnation(incarnations_["w2"]);
-  v1::ReportedEvent* e = events.add_events();
-  e->set_job_id(id);
-  e->set_attempt(1);
-  e->set_rank(1);
-  e->mutable_event()->mutable_error()->set_message("data.csv.path: cannot open 'x.csv'");
-  ASSERT_TRUE(coordinator_->ReportEvents(events).ok());
+  v1::TrainerEvent error;
+  error.mutable_error()->set_message("data.csv.path: cannot open 'x.csv'");
+  ASSERT_TRUE(ReportEvents("w2", id, /*attempt=*/1, /*rank=*/1, {error}).ok());
   Heartbeat("w2", {Report(t2, /*exit_code=*/2)});
   v1::Job job = Get(id);
   EXPECT_EQ(job.state(), v1::FAILED);
@@ -741,19 +625,12 @@ TEST_F(CoordinatorTest, ARestartedCoordinatorRecoversJobsRankTablesAndMetrics) {
   Register("w2");
   const std::string id = Submit(JobYaml());
   auto [t1, t2] = StartOnTwoWorkers(id);
-  v1::ReportEventsRequest events;
-  events.set_worker("w1");
-  events.set_incarnation(incarnations_["w1"]);
-  v1::ReportedEvent* e = events.add_events();
-  e->set_job_id(id);
-  e->set_attempt(1);
-  e->set_rank(0);
-  e->mutable_event()->mutable_step()->set_global_step(7);
-  e->mutable_event()->mutable_step()->set_loss(0.25);
-  ASSERT_TRUE(coordinator_->ReportEvents(events).ok());
+  v1::TrainerEvent step;
+  step.mutable_step()->set_global_step(7);
+  step.mutable_step()->set_loss(0.25);
+  ASSERT_TRUE(ReportEvents("w1", id, /*attempt=*/1, /*rank=*/0, {step}).ok());
 
-  Open();  // A new coordinator on the same state directory.
-  ASSERT_TRUE(coordinator_->Recover().ok());
+  Open();  // A new coordinator on the same state directory, recovered.
   v1::Job job = Get(id);
   EXPECT_EQ(job.state(), v1::RUNNING);
   ASSERT_EQ(job.attempts_size(), 1);
@@ -779,8 +656,7 @@ TEST_F(CoordinatorTest, AJobWhoseStoredSpecNoLongerParsesIsRecoveredAsFailed) {
                     "train: {batch_size: 0}\n");  // As if written by another version.
   ASSERT_TRUE(store_->SaveJob(job, stored->jobs[0].seq).ok());
 
-  Open();
-  ASSERT_TRUE(coordinator_->Recover().ok());
+  Open();  // Recovers.
   job = Get(id);
   EXPECT_EQ(job.state(), v1::FAILED);
   EXPECT_THAT(job.reason(), HasSubstr("stored spec no longer parses: "));
@@ -797,8 +673,7 @@ TEST_F(CoordinatorTest, WorkersThatDoNotReturnAfterRecoveryAreLost) {
   Register("w2");
   const std::string id = Submit(JobYaml("max_restarts: 0\n"));
   StartOnTwoWorkers(id);
-  Open();
-  ASSERT_TRUE(coordinator_->Recover().ok());
+  Open();  // Recovers.
   clock_.Advance(absl::Seconds(11));
   coordinator_->Tick();
   EXPECT_EQ(Get(id).state(), v1::FAILED);
@@ -953,16 +828,9 @@ TEST_F(CoordinatorTest, TheStallWatchdogNamesTheStalledRankAndKeepsBlamingItAfte
       "train: {batch_size: 4, stall_timeout_s: 5}\n");
   auto [t1, t2] = StartOnTwoWorkers(id);
   auto step = [&](const std::string& worker, int rank) {
-    v1::ReportEventsRequest req;
-    req.set_worker(worker);
-    req.set_incarnation(incarnations_[worker]);
-    v1::ReportedEvent* e = req.add_events();
-    e->set_job_id(id);
-    e->set_attempt(1);
-    e->set_rank(rank);
-    e->mutable_event()->mutable_step();
-    e->mutable_event()->set_rank(rank);
-    EXPECT_TRUE(coordinator_->ReportEvents(req).ok());
+    v1::TrainerEvent e;
+    e.mutable_step();
+    EXPECT_TRUE(ReportEvents(worker, id, /*attempt=*/1, rank, {e}).ok());
   };
   step("w1", 0);
   step("w2", 1);
