@@ -15,14 +15,6 @@
 #include "coordinator/core/rendezvous.h"
 
 namespace ddp {
-namespace {
-
-std::string Seconds(absl::Duration d) {
-  return absl::StrFormat("%gs", absl::ToDoubleSeconds(d));
-}
-
-}  // namespace
-
 absl::Status ValidateTimeouts(const CoordinatorOptions& o) {
   if (o.rpc_deadline <= absl::ZeroDuration() || o.rpc_deadline >= o.heartbeat_interval) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -49,7 +41,7 @@ Coordinator::TouchList::~TouchList() {
   for (const std::string& id : ids_) hub_->Touch(id);
 }
 
-Coordinator::Coordinator(CoordinatorOptions options, StateStore* store, EventHub* hub,
+Coordinator::Coordinator(CoordinatorOptions options, Store* store, EventHub* hub,
                          Clock* clock, UsageLimits limits)
     : options_(options),
       limits_(limits),
@@ -58,7 +50,8 @@ Coordinator::Coordinator(CoordinatorOptions options, StateStore* store, EventHub
       clock_(clock),
       writer_(store),
       ingest_(hub),
-      registry_(options.heartbeat_timeout) {
+      registry_(options.heartbeat_timeout),
+      admission_(limits) {
   absl::MutexLock lock(&mu_);
   last_retention_ = clock_->Now();
 }
@@ -119,9 +112,9 @@ void Coordinator::PlaceAttemptLocked(JobRecord& rec) {
     registry_.Assign(worker, key, std::move(task));
     WakeLongPollsLocked(worker);
   }
-  master_ports_[a->master_addr()].insert(a->master_port());
+  ports_.Hold(a->master_addr(), a->master_port());
   if (a->state() == v1::RENDEZVOUS) {
-    start_deadlines_.emplace(rec.start_deadline, rec.job.id(), a->number());
+    start_deadlines_.Add(rec.start_deadline, rec.job.id(), a->number());
   }
 }
 
@@ -142,12 +135,7 @@ void Coordinator::EndAttemptLocked(JobRecord& rec, int attempt) {
     if (registry_.Unassign(w, key)) schedule_dirty_ = true;
     WakeLongPollsLocked(w);
   }
-  auto ports = master_ports_.find(a.master_addr());
-  if (ports != master_ports_.end()) {
-    auto it = ports->second.find(a.master_port());
-    if (it != ports->second.end()) ports->second.erase(it);
-    if (ports->second.empty()) master_ports_.erase(ports);
-  }
+  ports_.Release(a.master_addr(), a.master_port());
 }
 
 void Coordinator::ScheduleLocked(TouchList& touched) {
@@ -182,16 +170,13 @@ void Coordinator::ScheduleLocked(TouchList& touched) {
 bool Coordinator::FormLocked(JobRecord& rec, const std::vector<NodeOffer>& nodes,
                              TouchList& touched) {
   WorkerRecord* head = registry_.Find(nodes[0].worker);
-  const int port = head == nullptr ? 0
-                                   : PickMasterPort(head->free_ports,
-                                                    master_ports_[nodes[0].address]);
+  std::vector<int32_t> no_ports;
+  const int port = ports_.Pick(nodes[0].worker, nodes[0].address,
+                               head == nullptr ? no_ports : head->free_ports);
   if (port == 0) {
     ApplyLocked(rec, WaitForPort(rec, nodes[0].worker), touched);
-    port_wait_worker_ = nodes[0].worker;  // Its next heartbeat with ports: try again.
     return false;
   }
-  head->free_ports.erase(std::find(head->free_ports.begin(), head->free_ports.end(), port));
-  if (port_wait_worker_ == nodes[0].worker) port_wait_worker_.clear();
   ApplyLocked(rec, FormAttempt(rec, nodes, port, clock_->Now(), StartTimeout(options_)), touched);
   return true;
 }
@@ -239,7 +224,7 @@ std::string Coordinator::NewJobIdLocked(const std::string& name) {
   while (true) {
     std::string id = name.substr(0, 50) + "-";
     for (int i = 0; i < 5; ++i) id += kAlphabet[absl::Uniform(rng_, 0, 36)];
-    if (jobs_.count(id) == 0 && reserved_ids_.count(id) == 0) return id;
+    if (jobs_.count(id) == 0 && !admission_.Reserved(id)) return id;
   }
 }
 
@@ -248,27 +233,11 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const v1::SubmitJobRequest& request,
   const std::string source = request.source_name().empty() ? "job.yaml" : request.source_name();
   auto spec = ParseJobSpec(request.spec_yaml(), source);
   if (!spec.ok()) return spec.status();
-  if (absl::Seconds(spec->rdzv.timeout_s) <= options_.heartbeat_timeout) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, ": rdzv.timeout_s: must be greater than the coordinator's heartbeat timeout (",
-        Seconds(options_.heartbeat_timeout), "): timeouts are ordered heartbeat < rendezvous"));
-  }
-  if (spec->is_command() && limits_.command_jobs == UsageLimits::CommandJobs::kOff) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        source, ": command: this coordinator runs no command jobs (--command-jobs=off); use "
-        "the built-in trainer (model, data, train) or ask its operator"));
-  }
-  if (spec->is_command() && limits_.command_jobs == UsageLimits::CommandJobs::kAdmins &&
-      !caller.admin) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        source, ": command: on this coordinator only role admin may submit a job that runs "
-        "its own program (--command-jobs=admins); ", caller.name.empty() ? "you" : caller.name,
-        " may submit built-in trainer jobs"));
-  }
-  std::string workdir = !request.workdir().empty() ? request.workdir() : spec->workdir;
-  if (!workdir.empty() && workdir[0] != '/') {
-    return absl::InvalidArgumentError(
-        absl::StrCat("workdir: '", workdir, "' must be an absolute path"));
+  const std::string workdir = !request.workdir().empty() ? request.workdir() : spec->workdir;
+  if (absl::Status st = CheckSubmission(*spec, source, workdir, caller, limits_,
+                                        options_.heartbeat_timeout);
+      !st.ok()) {
+    return st;
   }
 
   JobRecord rec;
@@ -277,46 +246,11 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const v1::SubmitJobRequest& request,
     absl::MutexLock lock(&mu_);
     const std::string id = NewJobIdLocked(spec->name);
     const std::string rdzv_id = spec->rdzv_id.empty() ? id : spec->rdzv_id;
-    // Submissions being stored count as queued: a burst cannot overshoot the limits.
-    int64_t queued = static_cast<int64_t>(reserved_ids_.size());
-    int64_t queued_by_caller = static_cast<int64_t>(reserved_owners_.count(caller.name));
-    for (const auto& [other_id, other] : jobs_) {
-      if (Queued(other)) {
-        ++queued;
-        if (other.job.owner() == caller.name) ++queued_by_caller;
-      }
-      if (!IsTerminal(other.job.state()) && other.job.rdzv_id() == rdzv_id) {
-        return absl::AlreadyExistsError(absl::StrCat(
-            "rdzv_id '", rdzv_id, "' is in use by job ", other_id, " (",
-            JobStateName(other.job.state()),
-            "): wait for it to finish, cancel it, or choose another rdzv_id"));
-      }
-    }
-    if (queued >= limits_.queued_jobs) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the queue is full: ", queued, " jobs are waiting, the coordinator's "
-          "--max-queued-jobs is ", limits_.queued_jobs,
-          ": wait for some to start, or cancel some"));
-    }
-    // Per user: only named callers (an open coordinator's callers are one anonymous
-    // caller, bounded by the total alone).
-    if (!caller.name.empty() && queued_by_caller >= limits_.queued_jobs_per_user) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          caller.name, " has ", queued_by_caller, " jobs waiting in the queue, the "
-          "coordinator's --max-queued-jobs-per-user is ", limits_.queued_jobs_per_user,
-          ": wait for some to start, or cancel some"));
-    }
-    if (reserved_rdzv_ids_.count(rdzv_id)) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "rdzv_id '", rdzv_id, "' is in use by a job being submitted right now: choose "
-          "another rdzv_id"));
-    }
+    if (absl::Status st = admission_.Admit(jobs_, rdzv_id, caller.name); !st.ok()) return st;
     rec = NewJob(id, next_seq_++, *std::move(spec), rdzv_id, request.spec_yaml(), workdir,
                  clock_->Now());
     rec.job.set_owner(caller.name);
-    reserved_ids_.insert(id);
-    reserved_owners_.insert(caller.name);
-    reserved_rdzv_ids_.insert(rdzv_id);
+    admission_.Reserve(id, rdzv_id, caller.name);
     ticket = writer_.PutJob(rec.job, rec.seq, /*creation=*/true);
   }
   // Stored before it is visible: a job the store did not take was never submitted.
@@ -327,9 +261,7 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const v1::SubmitJobRequest& request,
     TouchList touched(hub_);
     absl::MutexLock lock(&mu_);
     const std::string id = rec.job.id();
-    reserved_ids_.erase(id);
-    reserved_rdzv_ids_.erase(rec.job.rdzv_id());
-    reserved_owners_.erase(reserved_owners_.find(caller.name));
+    admission_.Release(id, rec.job.rdzv_id(), caller.name);
     if (!stored.ok()) {
       return absl::UnavailableError(absl::StrCat(
           "the coordinator could not store the job (", stored.message(),

@@ -7,7 +7,12 @@
 //                      (the state diagram is there)
 //   worker_registry.h  registration, incarnations, liveness, slots, tasks per worker
 //   scheduler.h        the queue and the scheduling pass (rendezvous.h: its rules)
-//   store_writer.h     group commit of changed rows to the StateStore
+//   admission.h        whether a submission may enter: spec vs policy, rdzv_id in
+//                      use, queue limits; reservations while it is being stored
+//   port_book.h        the store port each active attempt holds on its rank-0 node
+//   timers.h           start deadlines of formed attempts; the stall checks' schedule
+//   stall_watchdog.h   one attempt's stall verdict
+//   store_writer.h     group commit of changed rows to the Store (store.h)
 // This class owns the lock, calls the parts, and acts on what they report: stages
 // the changed rows, keeps the queue and the workers' desired state in step, and
 // wakes watchers.
@@ -53,13 +58,16 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "coordinator/core/admission.h"
 #include "coordinator/core/coordinator_metrics.h"
 #include "coordinator/core/event_hub.h"
 #include "coordinator/core/ingest_queue.h"
 #include "coordinator/core/task_waiters.h"
+#include "coordinator/core/timers.h"
 #include "coordinator/core/job_lifecycle.h"
+#include "coordinator/core/port_book.h"
 #include "coordinator/core/scheduler.h"
-#include "coordinator/store/state_store.h"
+#include "coordinator/store/store.h"
 #include "coordinator/store/store_writer.h"
 #include "coordinator/core/worker_registry.h"
 #include "ddp/v1/job_service.pb.h"
@@ -97,36 +105,9 @@ absl::Duration StartTimeout(const CoordinatorOptions& options);
 // INVALID_ARGUMENT naming the flags that are out of order.
 absl::Status ValidateTimeouts(const CoordinatorOptions& options);
 
-// Bounds on what clients and jobs may make the coordinator keep. A submission past a
-// queue limit is refused with RESOURCE_EXHAUSTED naming the flag; a job's output past
-// its byte limit is dropped, after one line in its log saying so.
-struct UsageLimits {
-  int64_t queued_jobs = 10000;          // --max-queued-jobs: PENDING or gathering.
-  int64_t queued_jobs_per_user = 1000;  // --max-queued-jobs-per-user: of one named caller.
-  // --max-log-bytes-per-job: output text accepted per job (lines over 64 KiB are cut
-  // first). Counted from the stored lines at recovery.
-  int64_t log_bytes_per_job = 128 << 20;
-  // --command-jobs: who may submit a job that runs its own program (`command:`),
-  // which runs as the workers' user (docs/security.md): any caller that may submit
-  // (users: an open coordinator's anonymous caller too), admins only, or no one.
-  // Workers bound what such a job may start with --allow-exec.
-  enum class CommandJobs { kUsers, kAdmins, kOff };
-  CommandJobs command_jobs = CommandJobs::kUsers;
-};
-
-// Who calls JobService, as the Authorizer established it (auth.h). The default is
-// the caller of a coordinator that authenticates no one (the loopback quickstart):
-// anonymous, and trusted with every job.
-struct Caller {
-  std::string name;    // Recorded as the owner of the jobs it submits; "" anonymous.
-  bool admin = true;   // May cancel, and read the env of, every job.
-  // Whether `job` may be cancelled (and its env read) by this caller.
-  bool Owns(const v1::Job& job) const { return admin || (!name.empty() && job.owner() == name); }
-};
-
 class Coordinator {
  public:
-  Coordinator(CoordinatorOptions options, StateStore* store, EventHub* hub, Clock* clock,
+  Coordinator(CoordinatorOptions options, Store* store, EventHub* hub, Clock* clock,
               UsageLimits limits = UsageLimits());
   // Commits what is staged. Destroy after the server that calls it has shut down.
   ~Coordinator() = default;
@@ -321,7 +302,7 @@ class Coordinator {
 
   const CoordinatorOptions options_;
   const UsageLimits limits_;
-  StateStore* const store_;
+  Store* const store_;
   EventHub* const hub_;
   Clock* const clock_;
   StoreWriter writer_;
@@ -333,22 +314,17 @@ class Coordinator {
   JobQueue queue_ ABSL_GUARDED_BY(mu_);
   WorkerRegistry registry_ ABSL_GUARDED_BY(mu_);
   // Store ports of active attempts, by rank-0 address: never handed out twice.
-  std::map<std::string, std::multiset<int>> master_ports_ ABSL_GUARDED_BY(mu_);
-  // (deadline, job id, attempt) of formed attempts whose trainers must be up by then.
-  std::set<std::tuple<absl::Time, std::string, int>> start_deadlines_ ABSL_GUARDED_BY(mu_);
-  // Ids and rdzv_ids of submissions being stored (not visible yet).
-  std::set<std::string> reserved_ids_ ABSL_GUARDED_BY(mu_);
-  std::set<std::string> reserved_rdzv_ids_ ABSL_GUARDED_BY(mu_);
-  std::multiset<std::string> reserved_owners_ ABSL_GUARDED_BY(mu_);
+  PortBook ports_ ABSL_GUARDED_BY(mu_);
+  // Formed attempts whose trainers must be up by a deadline (timers.h).
+  StartDeadlines start_deadlines_ ABSL_GUARDED_BY(mu_);
+  // Submission checks and the submissions being stored (not visible yet).
+  Admission admission_ ABSL_GUARDED_BY(mu_);
   // Ignored reports per worker name (CountForeignLocked).
   std::map<std::string, int64_t> foreign_reports_ ABSL_GUARDED_BY(mu_);
   int64_t foreign_total_ ABSL_GUARDED_BY(mu_) = 0;
   bool schedule_dirty_ ABSL_GUARDED_BY(mu_) = false;
-  // Jobs whose active attempt's stall watch is armed, and when they were checked.
-  std::set<std::string> watched_ ABSL_GUARDED_BY(mu_);
-  absl::Time last_stall_check_ ABSL_GUARDED_BY(mu_);
-  // The rank-0 node the queue's head waits on for a free port, if any.
-  std::string port_wait_worker_ ABSL_GUARDED_BY(mu_);
+  // Jobs whose active attempt's stall watch is armed, checked once a second.
+  StallChecks stall_checks_ ABSL_GUARDED_BY(mu_);
   int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   absl::Time last_retention_ ABSL_GUARDED_BY(mu_);
   absl::BitGen rng_ ABSL_GUARDED_BY(mu_);

@@ -24,9 +24,7 @@ std::optional<std::vector<std::string>> Coordinator::Housekeep() {
     DDP_LOG(INFO) << "worker " << name << ": quarantine over";
     schedule_dirty_ = true;  // Capacity came back.
   }
-  while (!start_deadlines_.empty() && std::get<0>(*start_deadlines_.begin()) <= now) {
-    const auto [deadline, id, attempt] = *start_deadlines_.begin();
-    start_deadlines_.erase(start_deadlines_.begin());
+  for (const auto& [id, attempt] : start_deadlines_.Due(now)) {
     JobRecord* rec = FindLocked(id);
     const v1::Attempt* a = rec == nullptr ? nullptr : ActiveAttempt(*rec);
     if (a == nullptr || a->number() != attempt) continue;  // Long since decided.
@@ -55,16 +53,14 @@ std::optional<std::vector<std::string>> Coordinator::Housekeep() {
 }
 
 void Coordinator::CheckStallsLocked(absl::Time now, TouchList& touched) {
-  if (now - last_stall_check_ < absl::Seconds(1)) return;
-  last_stall_check_ = now;
-  for (auto it = watched_.begin(); it != watched_.end();) {
-    JobRecord* rec = FindLocked(*it);
+  if (!stall_checks_.Due(now)) return;
+  for (const std::string& id : stall_checks_.watched()) {
+    JobRecord* rec = FindLocked(id);
     const v1::Attempt* a = rec == nullptr ? nullptr : ActiveAttempt(*rec);
     if (a == nullptr || a->state() != v1::RUNNING || !rec->stall.armed()) {
-      it = watched_.erase(it);  // Ended (a new attempt re-arms it with its steps).
+      stall_checks_.Unwatch(id);  // Ended (a new attempt re-arms it with its steps).
       continue;
     }
-    ++it;
     const absl::Duration timeout =
         rec->stall.Timeout(rec->spec.train.stall_timeout_s, rec->spec.train.collective_timeout_s);
     // A stopped rank's agent says so with its next heartbeat: wait that long before

@@ -103,7 +103,7 @@ absl::Status Coordinator::RemoveWorker(const std::string& name) {
     // An open long poll returns (its next heartbeat hears that the worker is unknown).
     task_waiters_.Changed(name, ++w->desired_version);
     registry_.Remove(name);
-    port_wait_worker_ = port_wait_worker_ == name ? "" : port_wait_worker_;
+    ports_.Forget(name);
     ticket = writer_.RemoveWorker(name);
     schedule_dirty_ = true;  // A queued job may have waited on it, or turn unschedulable.
     ScheduleLocked(touched);

@@ -150,7 +150,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::HeartbeatLocked(
   if (!std::equal(req.free_ports().begin(), req.free_ports().end(), worker.free_ports.begin(),
                   worker.free_ports.end())) {
     worker.free_ports.assign(req.free_ports().begin(), req.free_ports().end());
-    if (port_wait_worker_ == req.worker() && !worker.free_ports.empty()) schedule_dirty_ = true;
+    if (ports_.WaitsOn(req.worker()) && !worker.free_ports.empty()) schedule_dirty_ = true;
   }
   // Only what differs from its last report is applied to jobs, and only what the
   // rank table says is the worker's: a worker cannot fail, start or finish another's
@@ -342,7 +342,7 @@ void Coordinator::ApplyEventLocked(JobRecord& rec, const v1::ReportedEvent& ev,
     case v1::TrainerEvent::kCheckpoint:
       if (!current) return;
       rec.stall.Progress(ev.rank(), active->world_size(), e.has_step(), clock_->Now());
-      if (rec.stall.armed()) watched_.insert(rec.job.id());
+      if (rec.stall.armed()) stall_checks_.Watch(rec.job.id());
       if (e.has_checkpoint() && !registry_.draining_at_checkpoint().empty()) {
         MoveAfterCheckpointLocked(rec, e.checkpoint(), touched);
       }

@@ -45,7 +45,7 @@ std::string DescribeEvent(const v1::TrainerEvent& e) {
   return "";
 }
 
-EventHub::EventHub(StateStore* store, Clock* clock, Options options)
+EventHub::EventHub(Store* store, Clock* clock, Options options)
     : store_(store), clock_(clock), options_(options) {}
 
 EventHub::Feed& EventHub::FeedLocked(const std::string& job_id) {

@@ -3,7 +3,7 @@
 // Workers' event batches come in through Ingest(): step events update each rank's
 // latest metrics, epoch events the epoch history, and output lines (plus notable
 // events rendered as lines) get a per-job sequence number. Everything is written to
-// the StateStore and kept in memory (latest metrics, a bounded ring of recent lines)
+// the Store and kept in memory (latest metrics, a bounded ring of recent lines)
 // for live readers.
 //
 // Watchers never slow training or each other: the hub only *notifies* a listener
@@ -32,7 +32,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
-#include "coordinator/store/state_store.h"
+#include "coordinator/store/store.h"
 #include "ddp/v1/types.pb.h"
 #include "ddp/v1/worker_service.pb.h"
 
@@ -51,7 +51,7 @@ class EventHub {
     size_t live_log_lines = 5000;  // Per job, in memory.
   };
 
-  EventHub(StateStore* store, Clock* clock, Options options);
+  EventHub(Store* store, Clock* clock, Options options);
 
   void Subscribe(const std::string& job_id, std::shared_ptr<Listener> listener);
   void Unsubscribe(const std::string& job_id, const Listener* listener);
@@ -98,7 +98,7 @@ class EventHub {
   std::vector<std::shared_ptr<Listener>> ListenersLocked(const std::string& job_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  StateStore* const store_;
+  Store* const store_;
   Clock* const clock_;
   const Options options_;
   absl::Mutex mu_;

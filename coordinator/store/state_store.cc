@@ -94,29 +94,6 @@ absl::StatusOr<int> LockStateDir(const std::string& dir) {
 
 }  // namespace
 
-absl::Status ValidateRetention(const RetentionOptions& r) {
-  for (auto [flag, value] : {std::pair{"--retain-jobs", r.retain_jobs},
-                             std::pair{"--max-log-lines", r.max_log_lines},
-                             std::pair{"--max-metric-rows", r.max_metric_rows}}) {
-    if (value < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(flag, ": must be >= 1 (got ", value, "); it bounds what is kept"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-std::vector<std::string> JobsPastRetention(std::vector<FinishedJob> finished,
-                                           int64_t retain_jobs) {
-  std::sort(finished.begin(), finished.end(), [](const FinishedJob& a, const FinishedJob& b) {
-    return std::tie(a.end_ms, a.seq) < std::tie(b.end_ms, b.seq);
-  });
-  std::vector<std::string> out;
-  const int64_t drop = static_cast<int64_t>(finished.size()) - std::max<int64_t>(retain_jobs, 0);
-  for (int64_t i = 0; i < drop; ++i) out.push_back(finished[static_cast<size_t>(i)].id);
-  return out;
-}
-
 absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& dir,
                                                              RetentionOptions retention) {
   DDP_RETURN_IF_ERROR(ValidateRetention(retention));
@@ -252,24 +229,6 @@ absl::Status StateStore::Write(const RowBatch& batch) {
   });
 }
 
-absl::Status StateStore::SaveJob(const v1::Job& job, int64_t seq) {
-  RowBatch batch;
-  batch.jobs.push_back({job, seq});
-  for (const v1::Attempt& at : job.attempts()) {
-    batch.attempts.push_back({job.id(), at});
-    for (const v1::RankAssignment& rk : at.ranks()) {
-      batch.ranks.push_back({job.id(), at.number(), rk});
-    }
-  }
-  return Write(batch);
-}
-
-absl::Status StateStore::SaveWorker(const v1::Worker& w) {
-  RowBatch batch;
-  batch.workers.push_back(w);
-  return Write(batch);
-}
-
 absl::StatusOr<LoadedState> StateStore::Load() {
   absl::MutexLock lock(&mu_);
   LoadedState out;
@@ -313,13 +272,6 @@ absl::StatusOr<LoadedState> StateStore::Load() {
   }
   DDP_RETURN_IF_ERROR(lb.Done());
   return out;
-}
-
-absl::Status StateStore::Append(const std::string& job_id,
-                                const std::vector<v1::RankMetrics>& metrics,
-                                const std::vector<v1::EpochSummary>& epochs,
-                                const std::vector<v1::LogLine>& logs) {
-  return AppendAll({JobOutput{job_id, metrics, epochs, logs}}, {});
 }
 
 absl::Status StateStore::AppendAll(const std::vector<JobOutput>& outputs,

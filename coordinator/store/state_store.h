@@ -36,6 +36,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "coordinator/store/store.h"
 #include "ddp/v1/types.pb.h"
 
 struct sqlite3;
@@ -46,91 +47,7 @@ struct TableInfo;  // store_tables.h
 
 namespace ddp {
 
-struct RetentionOptions {
-  int64_t max_metric_rows = 100000;  // Per job.
-  int64_t max_log_lines = 100000;    // Per job.
-  int64_t retain_jobs = 500;         // Finished jobs kept.
-};
-
-// INVALID_ARGUMENT naming the flag when a bound is < 1 (0 would delete everything).
-absl::Status ValidateRetention(const RetentionOptions& retention);
-
-// A finished job as retention sees it.
-struct FinishedJob {
-  std::string id;
-  int64_t end_ms = 0;  // When it finished.
-  int64_t seq = 0;     // Submission order: breaks ties.
-};
-
-// The finished jobs retention deletes: all but the `retain_jobs` that ended last,
-// ordered by end time (end_ms, then seq), oldest first. A long job submitted long ago
-// is as new as its end.
-std::vector<std::string> JobsPastRetention(std::vector<FinishedJob> finished,
-                                           int64_t retain_jobs);
-
-struct StoredJob {
-  v1::Job job;  // With attempts and rank tables; no metrics.
-  int64_t seq = 0;  // Submission order.
-  int64_t log_bytes = 0;  // Bytes of output text stored.
-};
-
-// Rows for Write(): each is upserted as given (a job row without its attempts, an
-// attempt row without its ranks).
-struct RowBatch {
-  struct JobRow {
-    v1::Job job;  // Attempts, if any, are ignored.
-    int64_t seq = 0;
-  };
-  struct AttemptRow {
-    std::string job_id;
-    v1::Attempt attempt;  // Ranks, if any, are ignored.
-  };
-  struct RankRow {
-    std::string job_id;
-    int attempt = 0;
-    v1::RankAssignment rank;
-  };
-  std::vector<JobRow> jobs;
-  std::vector<AttemptRow> attempts;
-  std::vector<RankRow> ranks;
-  std::vector<v1::Worker> workers;
-  // Workers to delete (RemoveWorker), after the upserts above. A batch never upserts
-  // a worker after deleting it: the StoreWriter drops a staged upsert of a worker it
-  // is asked to delete, and a staged delete of a worker it is asked to upsert.
-  std::vector<std::string> removed_workers;
-
-  bool empty() const {
-    return jobs.empty() && attempts.empty() && ranks.empty() && workers.empty() &&
-           removed_workers.empty();
-  }
-  size_t rows() const {
-    return jobs.size() + attempts.size() + ranks.size() + workers.size() +
-           removed_workers.size();
-  }
-};
-
-// The last ReportEvents batch (batch_seq) stored of a worker's incarnation.
-struct BatchMark {
-  std::string worker;
-  std::string incarnation;
-  int64_t batch_seq = 0;
-};
-
-// One job's trainer output, for AppendAll.
-struct JobOutput {
-  std::string job_id;
-  std::vector<v1::RankMetrics> metrics;
-  std::vector<v1::EpochSummary> epochs;
-  std::vector<v1::LogLine> logs;
-};
-
-struct LoadedState {
-  std::vector<StoredJob> jobs;  // In submission order.
-  std::vector<v1::Worker> workers;
-  std::vector<BatchMark> batch_marks;  // One per worker that has reported events.
-};
-
-class StateStore {
+class StateStore final : public Store {
  public:
   // Opens (creating) <dir>/ddp.sqlite, holding an exclusive lock on <dir>/LOCK until
   // the store is destroyed (or the process dies), so two coordinators never share a
@@ -142,44 +59,25 @@ class StateStore {
                                                           RetentionOptions retention = {});
   ~StateStore();
 
-  // Upserts the rows of `batch` in one transaction.
-  absl::Status Write(const RowBatch& batch);
-  // Upserts the job, all its attempts and their rank tables, in one transaction
-  // (tests and tools; the coordinator writes changed rows only, through Write()).
-  absl::Status SaveJob(const v1::Job& job, int64_t seq);
-  absl::Status SaveWorker(const v1::Worker& worker);
-  absl::StatusOr<LoadedState> Load();
-
-  // Appends trainer output in one transaction. Metrics rows use RankMetrics' fields.
-  absl::Status Append(const std::string& job_id, const std::vector<v1::RankMetrics>& metrics,
-                      const std::vector<v1::EpochSummary>& epochs,
-                      const std::vector<v1::LogLine>& logs);
-  // Appends several jobs' output and records `marks` (the batches it came in), in one
-  // transaction: a batch is stored with its number or not at all, so a batch re-sent
-  // after a crash is recognised by the restarted coordinator (Load's batch_marks).
-  // A mark of the incarnation already stored keeps the higher number; another
-  // incarnation's replaces it. RemoveWorker's deletion takes the worker's mark too.
+  // Store (store.h). Writes and Load on the write connection; history reads on the
+  // read connection.
+  absl::Status Write(const RowBatch& batch) override;
+  absl::StatusOr<LoadedState> Load() override;
   absl::Status AppendAll(const std::vector<JobOutput>& outputs,
-                         const std::vector<BatchMark>& marks);
-
-  // Lines with seq > after_seq (of `rank` if set), oldest first, at most `limit`;
-  // with tail > 0, only the last `tail` such lines.
+                         const std::vector<BatchMark>& marks) override;
   absl::StatusOr<std::vector<v1::LogLine>> ReadLogs(const std::string& job_id, int64_t after_seq,
                                                     std::optional<int> rank, int64_t limit,
-                                                    int64_t tail = 0);
-  absl::StatusOr<int64_t> MaxLogSeq(const std::string& job_id);
-  // The newest row of every rank of `attempt`.
+                                                    int64_t tail = 0) override;
+  absl::StatusOr<int64_t> MaxLogSeq(const std::string& job_id) override;
   absl::StatusOr<std::vector<v1::RankMetrics>> LatestMetrics(const std::string& job_id,
-                                                              int attempt);
-  absl::StatusOr<std::vector<v1::RankMetrics>> MetricHistory(const std::string& job_id);
-  absl::StatusOr<std::vector<v1::EpochSummary>> Epochs(const std::string& job_id);
+                                                              int attempt) override;
+  absl::StatusOr<std::vector<v1::RankMetrics>> MetricHistory(const std::string& job_id) override;
+  absl::StatusOr<std::vector<v1::EpochSummary>> Epochs(const std::string& job_id) override;
+  // Trims by row id, only the jobs that went over a bound since the last call (the
+  // store counts each job's rows as it appends them).
+  absl::Status EnforceRetention(const std::vector<std::string>& delete_ids) override;
 
-  // Deletes the jobs `delete_ids` whole (attempts, ranks, metrics, epochs, logs, by
-  // job id) and trims the output of every job that went over a per-job bound since
-  // the last call (by row id), in one transaction.
-  absl::Status EnforceRetention(const std::vector<std::string>& delete_ids);
-
-  const RetentionOptions& retention() const { return retention_; }
+  const RetentionOptions& retention() const override { return retention_; }
 
  private:
   // What the store knows of a job's output rows, counted as they are appended.

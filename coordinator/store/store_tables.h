@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "coordinator/store/sqlite.h"
-#include "coordinator/store/state_store.h"
+#include "coordinator/store/store.h"
 #include "ddp/v1/types.pb.h"
 
 namespace ddp::store {

@@ -52,7 +52,7 @@ v1::Attempt AttemptRow(const v1::Attempt& a) {
 
 }  // namespace
 
-StoreWriter::StoreWriter(StateStore* store, Options options)
+StoreWriter::StoreWriter(Store* store, Options options)
     : store_(store), options_(options) {
   thread_ = std::thread([this] { Loop(); });
 }

@@ -38,7 +38,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "coordinator/store/state_store.h"
+#include "coordinator/store/store.h"
 
 namespace ddp {
 
@@ -63,8 +63,8 @@ class StoreWriter {
     bool failing = false;
   };
 
-  explicit StoreWriter(StateStore* store) : StoreWriter(store, Options()) {}
-  StoreWriter(StateStore* store, Options options);
+  explicit StoreWriter(Store* store) : StoreWriter(store, Options()) {}
+  StoreWriter(Store* store, Options options);
   ~StoreWriter();
   StoreWriter(const StoreWriter&) = delete;
   StoreWriter& operator=(const StoreWriter&) = delete;
@@ -109,7 +109,7 @@ class StoreWriter {
   // The status of the commit that covered `ticket`, if it is done.
   std::optional<absl::Status> OutcomeLocked(Ticket ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  StateStore* const store_;
+  Store* const store_;
   const Options options_;
   absl::Mutex mu_;
   Pending pending_ ABSL_GUARDED_BY(mu_);

@@ -1,8 +1,10 @@
-// The one harness of the facade's tests: a Coordinator on a real SQLite store in a
-// scratch directory, driven with a FakeClock, for tests that speak to it as workers
-// and clients do (no sockets). Open() again is a coordinator restart on the same
-// state; the directory is removed at the end. A test sets options_ and retention_ in
-// its constructor (or before an Open()) to run with other timings or bounds.
+// The one harness of the facade's tests: a Coordinator driven with a FakeClock, for
+// tests that speak to it as workers and clients do (no sockets). It runs on the
+// in-memory store (memory_store.h), or on SQLite in a scratch directory when a test
+// sets sqlite_ in its constructor (to meet the database itself: RunSql). Open() again
+// is a coordinator restart on the same state; the directory is removed at the end. A
+// test sets options_, limits_ and retention_ (in its constructor, or before an
+// Open()) to run with other timings or bounds.
 #ifndef DDP_TESTS_COORDINATOR_COORDINATOR_HARNESS_H_
 #define DDP_TESTS_COORDINATOR_COORDINATOR_HARNESS_H_
 
@@ -23,6 +25,7 @@
 #include "coordinator/store/state_store.h"
 #include "gtest/gtest.h"
 #include "tests/common/test_util.h"
+#include "tests/coordinator/memory_store.h"
 
 namespace ddp::testing {
 
@@ -44,11 +47,18 @@ class CoordinatorHarness : public ::testing::Test {
     coordinator_.reset();
     hub_.reset();
     store_.reset();
-    auto store = StateStore::Open(dir_, retention_);
-    ASSERT_TRUE(store.ok()) << store.status();
-    store_ = std::move(*store);
+    if (sqlite_) {
+      auto store = StateStore::Open(dir_, retention_);
+      ASSERT_TRUE(store.ok()) << store.status();
+      store_ = std::move(*store);
+    } else {
+      auto store = std::make_unique<MemoryStore>(retention_, memory_);
+      memory_ = store->data();  // The next Open() finds the same rows.
+      store_ = std::move(store);
+    }
     hub_ = std::make_unique<EventHub>(store_.get(), &clock_, EventHub::Options{});
-    coordinator_ = std::make_unique<Coordinator>(options_, store_.get(), hub_.get(), &clock_);
+    coordinator_ =
+        std::make_unique<Coordinator>(options_, store_.get(), hub_.get(), &clock_, limits_);
     ASSERT_TRUE(coordinator_->Recover().ok());
   }
 
@@ -160,8 +170,9 @@ class CoordinatorHarness : public ::testing::Test {
   }
 
   // Runs `sql` on the state database through a connection of its own, as another
-  // process (or an operator) would.
+  // process (or an operator) would (sqlite_ only).
   void RunSql(const std::string& sql) {
+    ASSERT_TRUE(sqlite_) << "RunSql needs the SQLite store: set sqlite_ in the constructor";
     sqlite3* db = nullptr;
     ASSERT_EQ(sqlite3_open((dir_ + "/ddp.sqlite").c_str(), &db), SQLITE_OK);
     sqlite3_busy_timeout(db, 10000);  // The coordinator's store writer may be committing.
@@ -170,6 +181,16 @@ class CoordinatorHarness : public ::testing::Test {
     EXPECT_EQ(rc, SQLITE_OK) << (err ? err : "");
     sqlite3_free(err);
     sqlite3_close(db);
+  }
+
+  // The in-memory store (not with sqlite_).
+  MemoryStore& memory() { return *static_cast<MemoryStore*>(store_.get()); }
+
+  // A submission by `caller`, as the RPC layer makes it.
+  absl::StatusOr<v1::Job> Submit(const std::string& yaml, const Caller& caller) {
+    v1::SubmitJobRequest req;
+    req.set_spec_yaml(yaml);
+    return coordinator_->Submit(req, caller);
   }
 
   std::string Submit(const std::string& yaml) {
@@ -197,8 +218,11 @@ class CoordinatorHarness : public ::testing::Test {
   std::string dir_;
   FakeClock clock_;
   CoordinatorOptions options_;
+  UsageLimits limits_;
   RetentionOptions retention_;
-  std::unique_ptr<StateStore> store_;
+  bool sqlite_ = false;
+  std::shared_ptr<MemoryStore::Data> memory_;  // The fake's rows, across Open()s.
+  std::unique_ptr<Store> store_;
   std::unique_ptr<EventHub> hub_;
   std::unique_ptr<Coordinator> coordinator_;
   int next_port_ = 41000;

@@ -120,6 +120,29 @@ TEST_F(CoordinatorTest, SubmitRejectsBadSpecsAndStoresNothing) {
 TEST_F(CoordinatorTest, ASubmissionTheStoreCannotWriteFailsAndLeavesNothingBehind) {
   Register("w1");
   Register("w2");
+  memory().FailWrites(absl::UnavailableError("disk full"));
+  v1::SubmitJobRequest req;
+  req.set_spec_yaml(JobYaml());
+  EXPECT_THAT(coordinator_->Submit(req),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("could not store the job (disk full); nothing was queued")));
+  EXPECT_TRUE(coordinator_->ListJobs(10).empty());
+  EXPECT_TRUE(Heartbeat("w1").empty()) << "nothing was scheduled";
+  memory().FailWrites(absl::OkStatus());
+  const std::string id = Submit(JobYaml());
+  EXPECT_EQ(coordinator_->ListJobs(10).size(), 1u);
+  EXPECT_EQ(TaskOf(id, Heartbeat("w1")).job_id(), id);
+}
+
+// The same on SQLite itself: a trigger refuses every insert into `jobs`.
+class CoordinatorOnSqliteTest : public CoordinatorTest {
+ protected:
+  CoordinatorOnSqliteTest() { sqlite_ = true; }
+};
+
+TEST_F(CoordinatorOnSqliteTest, ASubmissionTheDatabaseCannotWriteFailsAndLeavesNothingBehind) {
+  Register("w1");
+  Register("w2");
   // Every insert into `jobs` fails, as on a full disk.
   RunSql("CREATE TRIGGER refuse BEFORE INSERT ON jobs BEGIN"
          " SELECT RAISE(FAIL, 'database or disk is full'); END;");

@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "tests/common/status_matchers.h"
 #include "tests/common/test_util.h"
+#include "tests/coordinator/coordinator_harness.h"
 
 namespace ddp {
 namespace {
@@ -44,70 +45,11 @@ Caller Admin(const std::string& name) {
   return c;
 }
 
-class OwnershipTest : public ::testing::Test {
+class OwnershipTest : public testing::CoordinatorHarness {
  protected:
-  void SetUp() override {
-    dir_ = testing::MakeTempDir("ownership");
-    Open();
-  }
-  void TearDown() override {
-    coordinator_.reset();
-    hub_.reset();
-    store_.reset();
-    std::filesystem::remove_all(dir_);
-  }
-
-  void Open() {
-    coordinator_.reset();
-    hub_.reset();
-    store_.reset();
-    auto store = StateStore::Open(dir_, RetentionOptions());
-    ASSERT_TRUE(store.ok()) << store.status();
-    store_ = std::move(*store);
-    hub_ = std::make_unique<EventHub>(store_.get(), &clock_, EventHub::Options{});
-    coordinator_ = std::make_unique<Coordinator>(CoordinatorOptions(), store_.get(), hub_.get(),
-                                                 &clock_, limits_);
-  }
-
   void Register(const std::string& name) {
-    v1::RegisterRequest req;
-    req.set_worker(name);
-    req.set_incarnation(name + "-inc");
-    req.set_address("10.0.0." + std::string(1, name.back()));
-    req.set_slots(1);
-    ASSERT_TRUE(coordinator_->Register(req).ok());
-    Heartbeat(name);
-  }
-
-  std::vector<v1::Task> Heartbeat(const std::string& name,
-                                  const std::vector<v1::TaskStatus>& tasks = {}) {
-    v1::HeartbeatRequest req;
-    req.set_worker(name);
-    req.set_incarnation(name + "-inc");
-    for (const auto& t : tasks) *req.add_tasks() = t;
-    req.add_free_ports(40000 + static_cast<int>(name.back()));
-    auto resp = coordinator_->Heartbeat(req);
-    EXPECT_TRUE(resp.ok()) << resp.status();
-    if (!resp.ok()) return {};
-    return {resp->tasks().begin(), resp->tasks().end()};
-  }
-
-  static v1::TaskStatus Running(const v1::Task& task) {
-    v1::TaskStatus s;
-    s.set_job_id(task.job_id());
-    s.set_attempt(task.attempt());
-    for (int rank : task.ranks()) {
-      v1::LocalRankStatus* r = s.add_ranks();
-      r->set_rank(rank);
-      r->set_pid(1000 + rank);
-    }
-    return s;
-  }
-
-  absl::StatusOr<v1::Job> Submit(const std::string& yaml, const Caller& caller) {
-    v1::SubmitJobRequest req;
-    req.set_spec_yaml(yaml);
-    return coordinator_->Submit(req, caller);
+    CoordinatorHarness::Register(name);
+    Heartbeat(name);  // As the agent does right after registering.
   }
 
   // A job RUNNING on w1 (rank 0) and w2 (rank 1); their tasks.
@@ -124,13 +66,6 @@ class OwnershipTest : public ::testing::Test {
     EXPECT_EQ(coordinator_->GetJob(id)->state(), v1::RUNNING);
     return {t1, t2};
   }
-
-  std::string dir_;
-  FakeClock clock_;
-  UsageLimits limits_;
-  std::unique_ptr<StateStore> store_;
-  std::unique_ptr<EventHub> hub_;
-  std::unique_ptr<Coordinator> coordinator_;
 };
 
 TEST_F(OwnershipTest, TheSubmitterIsStoredShownAndSurvivesARestart) {
@@ -144,8 +79,7 @@ TEST_F(OwnershipTest, TheSubmitterIsStoredShownAndSurvivesARestart) {
   EXPECT_EQ(anonymous->owner(), "") << "an open coordinator's caller is anonymous";
 
   ASSERT_TRUE(coordinator_->Flush().ok());
-  Open();  // A new coordinator on the same state directory.
-  ASSERT_TRUE(coordinator_->Recover().ok());
+  Open();  // A new coordinator on the same state, recovered.
   EXPECT_EQ(coordinator_->GetJob(job->id())->owner(), "alice");
   EXPECT_THAT(coordinator_->Cancel(job->id(), User("bob")),
               StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("belongs to alice")));
@@ -356,8 +290,7 @@ TEST_F(OwnershipTest, AJobsOutputIsKeptUpToItsByteLimitAcrossARestart) {
   EXPECT_EQ(stored().size(), 5u);
 
   ASSERT_TRUE(coordinator_->Flush().ok());
-  Open();  // The count comes back from the stored lines.
-  ASSERT_TRUE(coordinator_->Recover().ok());
+  Open();  // Recovered: the count comes back from the stored lines.
   lines({"after a restart"});
   EXPECT_EQ(stored().size(), 5u);
 }

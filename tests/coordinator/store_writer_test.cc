@@ -1,6 +1,7 @@
 // The store writer on a real SQLite store: group commit, order, waiting for a
 // commit, and what happens when a commit fails.
 #include "coordinator/store/store_writer.h"
+#include "coordinator/store/state_store.h"
 
 #include <sqlite3.h>
 
