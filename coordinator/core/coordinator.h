@@ -11,6 +11,7 @@
 //                      use, queue limits; reservations while it is being stored
 //   port_book.h        the store port each active attempt holds on its rank-0 node
 //   timers.h           start deadlines of formed attempts; the stall checks' schedule
+//   drain_policy.h     what a node drain does to each job running there
 //   stall_watchdog.h   one attempt's stall verdict
 //   store_writer.h     group commit of changed rows to the Store (store.h)
 // This class owns the lock, calls the parts, and acts on what they report: stages

@@ -3,7 +3,7 @@
 // (v1::Worker.maintenance, stored with its row), so it survives coordinator and agent
 // restarts; the registry counts a cordoned or draining worker out of capacity. What a
 // drain does to the jobs running there is here: each moves by PreemptAttempt (back
-// to PENDING without spending a restart) when its policy says so.
+// to PENDING without spending a restart) when the rules of drain_policy.h say so.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "coordinator/core/coordinator.h"
+#include "coordinator/core/drain_policy.h"
 
 namespace ddp {
 namespace {
@@ -21,17 +22,6 @@ const char* MaintenanceVerb(v1::WorkerMaintenance m) {
     case v1::WORKER_DRAINING: return "draining";
     default: return "uncordoned";
   }
-}
-
-// Whether `spec` takes checkpoints before its end that a restart resumes from: only
-// then is there a "next checkpoint" to move the job at.
-bool ResumesFromPeriodicCheckpoints(const JobSpec& spec) {
-  // A user's program keeps its own checkpoints and says when it wrote one (a
-  // `checkpoint` event line); one that never does runs to its end where it is.
-  if (spec.is_command()) return true;
-  const CheckpointSpec& c = spec.checkpoint;
-  return !c.dir.empty() && (c.every_steps > 0 || c.every_epochs > 0) &&
-         c.resume != ResumePolicy::kNo;
 }
 
 }  // namespace
@@ -126,20 +116,8 @@ void Coordinator::DrainNowLocked(WorkerRecord& w, TouchList& touched) {
     JobRecord* rec = FindLocked(key.first);
     const v1::Attempt* a = rec == nullptr ? nullptr : ActiveAttempt(*rec);
     if (a == nullptr || a->number() != key.second) continue;
-    std::string reason;
-    if (policy == v1::DRAIN_NOW) {
-      reason = absl::StrCat("worker ", w.info.name(), " is draining now: restarting elsewhere",
-                            rec->spec.is_command() ? " (the program resumes from its own "
-                                                     "checkpoints, if it keeps any)"
-                            : rec->spec.checkpoint.dir.empty() ||
-                                    rec->spec.checkpoint.resume == ResumePolicy::kNo
-                                ? " from the start (it resumes from no checkpoint)"
-                                : " from the last checkpoint");
-    } else if (a->state() != v1::RUNNING) {
-      // Still starting: nothing to lose by moving at once.
-      reason = absl::StrCat("worker ", w.info.name(),
-                            " is draining: moving before its trainers started");
-    } else {
+    std::optional<std::string> reason = MoveNowReason(w.info.name(), policy, rec->spec, *a);
+    if (!reason.has_value()) {
       if (!ResumesFromPeriodicCheckpoints(rec->spec)) {
         DDP_LOG(INFO) << "worker " << w.info.name() << " is draining: job " << key.first
                       << " takes no periodic checkpoints to resume from, so it runs to its "
@@ -147,7 +125,7 @@ void Coordinator::DrainNowLocked(WorkerRecord& w, TouchList& touched) {
       }
       continue;  // Moves after its next checkpoint (MoveAfterCheckpointLocked).
     }
-    ApplyLocked(*rec, PreemptAttempt(*rec, reason, clock_->Now()), touched);
+    ApplyLocked(*rec, PreemptAttempt(*rec, *reason, clock_->Now()), touched);
   }
 }
 
@@ -155,26 +133,12 @@ void Coordinator::MoveAfterCheckpointLocked(JobRecord& rec,
                                             const v1::TrainerEvent::Checkpoint& checkpoint,
                                             TouchList& touched) {
   const v1::Attempt* a = ActiveAttempt(rec);
-  if (a == nullptr || !ResumesFromPeriodicCheckpoints(rec.spec)) return;
-  // The checkpoint taken as the job finishes: nothing would be left to train elsewhere.
-  const TrainSpec& train = rec.spec.train;
-  const int64_t global_step = checkpoint.global_step();
-  // (A program's epochs are its own: any checkpoint it reports is one to move at.)
-  if (!rec.spec.is_command() && (checkpoint.epoch() >= train.epochs ||
-                                 (train.max_steps > 0 && global_step >= train.max_steps))) {
-    return;
-  }
+  if (a == nullptr || !MovesAtCheckpoint(rec.spec, checkpoint)) return;
   const TaskKey key{rec.job.id(), a->number()};
   for (const std::string& name : registry_.draining_at_checkpoint()) {
     const WorkerRecord* w = registry_.Find(name);
     if (w == nullptr || !w->assigned.count(key)) continue;
-    ApplyLocked(rec,
-                PreemptAttempt(rec,
-                               absl::StrCat("worker ", name,
-                                            " is draining: moving to other workers from the "
-                                            "checkpoint of global step ",
-                                            global_step),
-                               clock_->Now()),
+    ApplyLocked(rec, PreemptAttempt(rec, MoveAtCheckpointReason(name, checkpoint), clock_->Now()),
                 touched);
     ScheduleLocked(touched);
     return;

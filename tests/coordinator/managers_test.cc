@@ -1,11 +1,12 @@
 // The facade's small managers over plain records, alone: admission, the store-port
-// book, start deadlines and the stall checks' schedule. (The facade's tests drive
+// book, start deadlines, the stall checks' schedule and the drain rules. (The facade's tests drive
 // them through the Coordinator; these pin their own rules.)
 #include <map>
 #include <string>
 #include <vector>
 
 #include "coordinator/core/admission.h"
+#include "coordinator/core/drain_policy.h"
 #include "coordinator/core/port_book.h"
 #include "coordinator/core/timers.h"
 #include "gmock/gmock.h"
@@ -143,6 +144,41 @@ TEST(TimersTest, StallChecksRunAtMostOnceAPeriodOverTheWatchedJobs) {
   EXPECT_THAT(s.watched(), ElementsAre("a", "b"));
   s.Unwatch("a");
   EXPECT_THAT(s.watched(), ElementsAre("b"));
+}
+
+TEST(DrainPolicyTest, WhoMovesAtOnceAndWhoAtTheNextCheckpoint) {
+  JobSpec periodic;
+  periodic.checkpoint.dir = "/ckpt";
+  periodic.checkpoint.every_steps = 50;
+  periodic.train.epochs = 3;
+  JobSpec none;  // No checkpoints at all.
+  v1::Attempt running, starting;
+  running.set_state(v1::RUNNING);
+  starting.set_state(v1::RENDEZVOUS);
+  EXPECT_FALSE(MoveNowReason("w2", v1::DRAIN_WAIT, periodic, starting).has_value());
+  EXPECT_THAT(MoveNowReason("w2", v1::DRAIN_NOW, periodic, running).value_or(""),
+              HasSubstr("restarting elsewhere from the last checkpoint"));
+  EXPECT_THAT(MoveNowReason("w2", v1::DRAIN_NOW, none, running).value_or(""),
+              HasSubstr("from the start (it resumes from no checkpoint)"));
+  EXPECT_THAT(MoveNowReason("w2", v1::DRAIN_AT_CHECKPOINT, none, starting).value_or(""),
+              HasSubstr("moving before its trainers started"));
+  EXPECT_FALSE(MoveNowReason("w2", v1::DRAIN_AT_CHECKPOINT, periodic, running).has_value())
+      << "a running job waits for its next checkpoint";
+
+  EXPECT_TRUE(ResumesFromPeriodicCheckpoints(periodic));
+  EXPECT_FALSE(ResumesFromPeriodicCheckpoints(none));
+  v1::TrainerEvent::Checkpoint mid, last;
+  mid.set_epoch(1);
+  mid.set_global_step(150);
+  last.set_epoch(3);  // Taken as the job finishes.
+  EXPECT_TRUE(MovesAtCheckpoint(periodic, mid));
+  EXPECT_FALSE(MovesAtCheckpoint(periodic, last)) << "nothing left to train elsewhere";
+  EXPECT_FALSE(MovesAtCheckpoint(none, mid));
+  JobSpec program;
+  program.command = {"python3", "train.py"};
+  EXPECT_TRUE(MovesAtCheckpoint(program, last)) << "a program's epochs are its own";
+  EXPECT_EQ(MoveAtCheckpointReason("w2", mid),
+            "worker w2 is draining: moving to other workers from the checkpoint of global step 150");
 }
 
 }  // namespace
