@@ -82,8 +82,9 @@ TEST(TaskPollerTest, ReportsNewsOnceAndWaitsForTheNextKnownVersion) {
   poller.Known(5);
   ASSERT_TRUE(first_news.WaitForNotificationWithTimeout(absl::Seconds(30)));
   EXPECT_EQ(client.Seen(), (std::vector<uint64_t>{5, 5}));
-  // Until the agent's heartbeat tells it version 6, it does not poll again.
-  absl::SleepFor(absl::Milliseconds(50));
+  // Until the agent's heartbeat tells it version 6, it does not poll again: it holds no
+  // version to poll with (it dropped it before announcing the news).
+  EXPECT_TRUE(poller.waiting_for_version());
   EXPECT_EQ(client.Seen().size(), 2u);
   client.Push(absl::UnavailableError("coordinator down"));
   client.Push(Version(9));
@@ -106,9 +107,10 @@ TEST(TaskPollerTest, GivesUpOnACoordinatorWithoutLongPolls) {
   TaskPoller poller(o, &client, [&] { ++news; });
   poller.Known(1);
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (client.Seen().empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
-  absl::SleepFor(absl::Milliseconds(50));
+  while (!poller.gave_up() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_TRUE(poller.gave_up());
   EXPECT_EQ(client.Seen().size(), 1u) << "one call, then heartbeats only";
+  EXPECT_EQ(poller.polls(), 1);
   EXPECT_EQ(news.load(), 0);
 }
 

@@ -33,6 +33,16 @@ int64_t TaskPoller::polls() const {
   return polls_;
 }
 
+bool TaskPoller::waiting_for_version() const {
+  absl::MutexLock lock(&mu_);
+  return !known_.has_value();
+}
+
+bool TaskPoller::gave_up() const {
+  absl::MutexLock lock(&mu_);
+  return gave_up_;
+}
+
 void TaskPoller::Loop() {
   while (true) {
     v1::WaitForTasksRequest req;
@@ -61,6 +71,7 @@ void TaskPoller::Loop() {
       } else if (resp.status().code() == absl::StatusCode::kUnimplemented) {
         DDP_LOG(INFO) << "the coordinator has no WaitForTasks: new tasks arrive with "
                          "heartbeats";
+        gave_up_ = true;
         return;
       } else {
         // Unreachable, restarted, or this worker not (yet) known: the heartbeats deal

@@ -45,6 +45,10 @@ class TaskPoller {
   void Stop();
 
   int64_t polls() const;  // Calls made (tests).
+  // No call is open or will be until the next Known(): the last answer was news.
+  bool waiting_for_version() const;
+  // It stopped polling for good: the coordinator has no WaitForTasks.
+  bool gave_up() const;
 
  private:
   void Loop();
@@ -56,6 +60,7 @@ class TaskPoller {
   std::optional<uint64_t> known_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   int64_t polls_ ABSL_GUARDED_BY(mu_) = 0;
+  bool gave_up_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 
