@@ -15,6 +15,7 @@
 #include "coordinator/core/rendezvous.h"
 
 namespace ddp {
+
 absl::Status ValidateTimeouts(const CoordinatorOptions& o) {
   if (o.rpc_deadline <= absl::ZeroDuration() || o.rpc_deadline >= o.heartbeat_interval) {
     return absl::InvalidArgumentError(absl::StrCat(

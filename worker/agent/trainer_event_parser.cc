@@ -203,7 +203,8 @@ const FieldDescriptor* BodyField(const std::string& type) {
   return f;
 }
 
-// Copies event type E's fields out of `json` into `event`'s body for E, if it has one.
+// Reads event type E's fields through `reader` and copies them into `event`'s body for E,
+// if the type has one.
 template <typename E>
 void ReadInto(v1::TrainerEvent* event, StructReader& reader) {
   E definition;
