@@ -63,8 +63,6 @@ class Admission {
  public:
   explicit Admission(UsageLimits limits) : limits_(limits) {}
 
-  const UsageLimits& limits() const { return limits_; }
-
   // ALREADY_EXISTS: `rdzv_id` is in use by a job that has not ended (named) or by a
   // submission being stored. RESOURCE_EXHAUSTED: the queue (--max-queued-jobs) or
   // the named owner's share of it (--max-queued-jobs-per-user) is full. O(jobs).

@@ -4,11 +4,9 @@
 #include "coordinator/core/coordinator.h"
 
 #include <algorithm>
-#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
 #include "common/jobspec/redact.h"
 #include "common/logging.h"

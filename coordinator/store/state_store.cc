@@ -47,8 +47,8 @@ absl::Status Upsert(sqlite3* db, const store::Table<Row>& table, const std::vect
   return absl::OkStatus();
 }
 
-// Every row a statement of `table.SelectSql(...)` returns (`bind` binds its
-// parameters).
+// Every row a statement of `table.SelectSql(rest)` returns (`bind` binds its
+// parameters; the overload without it binds none).
 template <typename Row, typename BindFn>
 absl::StatusOr<std::vector<Row>> Select(sqlite3* db, const store::Table<Row>& table,
                                         const std::string& rest, BindFn&& bind) {
@@ -59,6 +59,12 @@ absl::StatusOr<std::vector<Row>> Select(sqlite3* db, const store::Table<Row>& ta
   while (s.Step()) table.Load(s, out.emplace_back());
   DDP_RETURN_IF_ERROR(s.Done());
   return out;
+}
+
+template <typename Row>
+absl::StatusOr<std::vector<Row>> Select(sqlite3* db, const store::Table<Row>& table,
+                                        const std::string& rest) {
+  return Select(db, table, rest, [](Stmt&) {});
 }
 
 // Takes <dir>/LOCK exclusively (flock: released when the process dies, however it
@@ -234,7 +240,7 @@ absl::StatusOr<LoadedState> StateStore::Load() {
   LoadedState out;
   std::map<std::string, size_t> index;
   DDP_ASSIGN_OR_RETURN(std::vector<RowBatch::JobRow> jobs,
-                       Select(db_, store::Jobs(), "ORDER BY seq", [](Stmt&) {}));
+                       Select(db_, store::Jobs(), "ORDER BY seq"));
   for (RowBatch::JobRow& row : jobs) {
     index[row.job.id()] = out.jobs.size();
     StoredJob& sj = out.jobs.emplace_back();
@@ -242,7 +248,7 @@ absl::StatusOr<LoadedState> StateStore::Load() {
     sj.seq = row.seq;
   }
   DDP_ASSIGN_OR_RETURN(std::vector<RowBatch::AttemptRow> attempts,
-                       Select(db_, store::Attempts(), "ORDER BY job_id, number", [](Stmt&) {}));
+                       Select(db_, store::Attempts(), "ORDER BY job_id, number"));
   // Attempt number n of a job sits at index n - 1 (numbers are 1, 2, ... in order).
   for (RowBatch::AttemptRow& row : attempts) {
     auto it = index.find(row.job_id);
@@ -250,7 +256,7 @@ absl::StatusOr<LoadedState> StateStore::Load() {
     *out.jobs[it->second].job.add_attempts() = std::move(row.attempt);
   }
   DDP_ASSIGN_OR_RETURN(std::vector<RowBatch::RankRow> ranks,
-                       Select(db_, store::Ranks(), "ORDER BY job_id, attempt, rank", [](Stmt&) {}));
+                       Select(db_, store::Ranks(), "ORDER BY job_id, attempt, rank"));
   for (RowBatch::RankRow& row : ranks) {
     auto it = index.find(row.job_id);
     if (it == index.end()) continue;
@@ -259,9 +265,9 @@ absl::StatusOr<LoadedState> StateStore::Load() {
     }
   }
   DDP_ASSIGN_OR_RETURN(out.workers,
-                       Select(db_, store::Workers(), "ORDER BY name", [](Stmt&) {}));
+                       Select(db_, store::Workers(), "ORDER BY name"));
   DDP_ASSIGN_OR_RETURN(out.batch_marks,
-                       Select(db_, store::WorkerBatches(), "ORDER BY worker", [](Stmt&) {}));
+                       Select(db_, store::WorkerBatches(), "ORDER BY worker"));
   // Output already kept per job, for --max-log-bytes-per-job (one pass over the logs
   // table at start).
   Stmt lb(db_, "SELECT job_id, SUM(LENGTH(CAST(text AS BLOB))) FROM logs GROUP BY job_id");
