@@ -74,6 +74,45 @@ TEST_F(NvmlTest, AFailingDriverIsUnavailableWithNvmlsMessage) {
                                      HasSubstr("nvmlInit_v2 failed: Driver Not Loaded")));
 }
 
+// ddp-worker --gpus: a Slurm task offers the GPUs Slurm gave it (CUDA_VISIBLE_DEVICES,
+// SLURM_STEP_GPUS), by index or UUID.
+std::vector<GpuDevice> FourGpus() {
+  return {{0, "GPU-0a1b", "H100", 1}, {1, "GPU-2c3d", "H100", 1}, {2, "GPU-2c4e", "H100", 1},
+          {3, "GPU-5f6a", "H100", 1}};
+}
+
+std::vector<int> Indices(const std::vector<GpuDevice>& gpus) {
+  std::vector<int> out;
+  for (const GpuDevice& g : gpus) out.push_back(g.index);
+  return out;
+}
+
+TEST(SelectGpusTest, AllAndNone) {
+  EXPECT_THAT(Indices(*SelectGpus(FourGpus(), "all")), ElementsAre(0, 1, 2, 3));
+  EXPECT_THAT(Indices(*SelectGpus(FourGpus(), "")), ElementsAre(0, 1, 2, 3));
+  EXPECT_TRUE(SelectGpus(FourGpus(), "none")->empty());
+  EXPECT_TRUE(SelectGpus({}, "none")->empty());
+}
+
+TEST(SelectGpusTest, IndicesAndUuidsInTheNodesOrder) {
+  EXPECT_THAT(Indices(*SelectGpus(FourGpus(), "3,1")), ElementsAre(1, 3));
+  EXPECT_THAT(Indices(*SelectGpus(FourGpus(), "GPU-5f6a, 0")), ElementsAre(0, 3));
+  EXPECT_THAT(Indices(*SelectGpus(FourGpus(), "GPU-2c3")), ElementsAre(1));  // A unique prefix.
+}
+
+TEST(SelectGpusTest, WhatIsNotOneGpuOfTheNodeIsRefused) {
+  EXPECT_THAT(SelectGpus(FourGpus(), "4").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'4' is no GPU of this node")));
+  EXPECT_THAT(SelectGpus({}, "0").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("which has 0")));
+  EXPECT_THAT(SelectGpus(FourGpus(), "GPU-2c").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("UUIDs of 2 GPUs")));
+  EXPECT_THAT(SelectGpus(FourGpus(), "1,GPU-2c3d").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("named twice")));
+  EXPECT_THAT(SelectGpus(FourGpus(), "0,,1").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'' is no GPU")));
+}
+
 // A task's trainers, with a fake ddp-trainer that records what CUDA_VISIBLE_DEVICES it
 // was given.
 // A built-in trainer job: the fake trainer below ignores it, the agent reads its kind.

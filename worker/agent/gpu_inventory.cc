@@ -2,8 +2,14 @@
 
 #include <dlfcn.h>
 
+#include <set>
+
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/logging.h"
 
 namespace ddp {
@@ -154,6 +160,47 @@ std::unique_ptr<GpuInventory> DiscoverGpus() {
                      << "; this node offers no GPUs until that is fixed";
   }
   return std::make_unique<StaticGpuInventory>();
+}
+
+absl::StatusOr<std::vector<GpuDevice>> SelectGpus(const std::vector<GpuDevice>& node,
+                                                  const std::string& spec) {
+  const absl::string_view list = absl::StripAsciiWhitespace(spec);
+  if (list.empty() || list == "all") return node;
+  if (list == "none") return std::vector<GpuDevice>{};
+  std::set<size_t> chosen;  // Positions in `node`.
+  for (absl::string_view entry : absl::StrSplit(list, ',')) {
+    entry = absl::StripAsciiWhitespace(entry);
+    std::vector<size_t> matches;
+    int index = 0;
+    if (absl::SimpleAtoi(entry, &index)) {
+      for (size_t i = 0; i < node.size(); ++i) {
+        if (node[i].index == index) matches.push_back(i);
+      }
+    } else if (!entry.empty()) {
+      for (size_t i = 0; i < node.size(); ++i) {
+        if (node[i].uuid == entry) {
+          matches = {i};
+          break;
+        }
+        if (absl::StartsWith(node[i].uuid, entry)) matches.push_back(i);
+      }
+    }
+    if (matches.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'", entry, "' is no GPU of this node, which has ", node.size(),
+          " (NVML indices or UUIDs, as `nvidia-smi -L` lists them; or 'all', 'none')"));
+    }
+    if (matches.size() > 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", entry, "' begins the UUIDs of ", matches.size(), " GPUs"));
+    }
+    if (!chosen.insert(matches[0]).second) {
+      return absl::InvalidArgumentError(absl::StrCat("GPU '", entry, "' is named twice"));
+    }
+  }
+  std::vector<GpuDevice> out;
+  for (size_t i : chosen) out.push_back(node[i]);
+  return out;
 }
 
 }  // namespace ddp

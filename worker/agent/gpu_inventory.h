@@ -80,6 +80,15 @@ class NvmlGpuInventory final : public GpuInventory {
 // that is present but fails is logged (the node then offers CPU slots only).
 std::unique_ptr<GpuInventory> DiscoverGpus();
 
+// The GPUs a worker offers out of its node's (ddp-worker --gpus): "all" or "" every
+// one; "none" none; otherwise a comma-separated list of NVML indices and UUIDs (a
+// UUID may be shortened to a unique prefix), the form of CUDA_VISIBLE_DEVICES and of
+// Slurm's SLURM_STEP_GPUS, so that an agent started in a Slurm allocation offers the
+// GPUs Slurm gave it and no other. The result keeps the node's (NVML index) order.
+// INVALID_ARGUMENT naming an entry that is no GPU of the node, or one named twice.
+absl::StatusOr<std::vector<GpuDevice>> SelectGpus(const std::vector<GpuDevice>& node,
+                                                  const std::string& spec);
+
 }  // namespace ddp
 
 #endif  // DDP_WORKER_AGENT_GPU_INVENTORY_H_

@@ -1,7 +1,8 @@
 // ddp-worker: the node agent, one per node (systemd unit or Kubernetes DaemonSet).
 // Flags are parsed here and nowhere else; worker/agent/server.h builds the rest.
 //
-//   ddp-worker --coordinator 10.0.0.1:29400 --name node-a [--slots 8] [--advertise-addr IP]
+//   ddp-worker --coordinator 10.0.0.1:29400 --name node-a [--slots 8] [--gpus 0,1]
+//       [--advertise-addr IP]
 //       [--tls-ca ca.pem --tls-cert node-a.pem --tls-key node-a.key | --token-file F]
 //       [--allow-root /srv/ddp ...]
 #include <iostream>
@@ -32,6 +33,9 @@ int main(int argc, char** argv) {
   flags.String("coordinator", &options.coordinator, "the coordinator's HOST:PORT");
   flags.String("name", &opts.name, "this worker's unique name (default: the host name)");
   flags.Int("slots", &options.slots, "trainer slots (default: one per GPU, or 1 on a CPU-only node)");
+  flags.String("gpus", &options.gpus,
+               "the node's GPUs this worker offers: NVML indices or UUIDs, comma-separated "
+               "(CUDA_VISIBLE_DEVICES' form; a Slurm task's own), 'all' or 'none'");
   flags.String("advertise-addr", &opts.advertise_addr,
                "address other nodes reach this one at (default: the route to the coordinator)");
   flags.Int("cpus", &opts.cpus, "cores for trainers, split evenly over the slots");

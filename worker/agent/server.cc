@@ -159,7 +159,11 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
       options.python_path.empty() ? DefaultPythonPath(argv0) : options.python_path;
   if (options.environ != nullptr) opts.trainer_env = TrainerBaseEnv(options.environ, options.pass_env);
   std::unique_ptr<GpuInventory> gpus = DiscoverGpus();
-  opts.gpus = gpus->Devices();
+  auto selected = SelectGpus(gpus->Devices(), options.gpus);
+  if (!selected.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--gpus: ", selected.status().message()));
+  }
+  opts.gpus = *std::move(selected);
   opts.slots = options.slots > 0 ? options.slots : std::max(1, static_cast<int>(opts.gpus.size()));
   for (const GpuDevice& g : opts.gpus) {
     DDP_LOG(INFO) << "GPU " << g.index << ": " << g.model << ", " << (g.memory_bytes >> 20)

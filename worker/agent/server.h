@@ -29,6 +29,7 @@ struct WorkerServerOptions {
   // --long-poll; what is empty is resolved by Start().
   AgentOptions agent;
   int slots = 0;  // --slots (0: one per GPU, or 1 on a CPU-only node)
+  std::string gpus = "all";  // --gpus: which of the node's GPUs (SelectGpus)
   ChannelSecurity security;  // --tls-ca, --tls-cert, --tls-key
   std::string token_file;    // --token-file
   std::vector<std::string> allow_roots;  // --allow-root
