@@ -20,6 +20,7 @@ packages=(
   openssl libssl-dev                    # TLS file checks, token digests, scripts/make_certs.sh
   clang libclang-rt-14-dev              # libFuzzer + ASan/UBSan for the fuzz targets
   python3 python3-torch python3-yaml    # reference fixtures and the PyTorch benchmark
+  slurmctld slurmd slurm-client munge  # tests: deploy/slurm against a real one-node Slurm
   dataset-fashion-mnist
 )
 
