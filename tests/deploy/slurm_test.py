@@ -9,7 +9,8 @@ and a ddp-coordinator (loopback) with one worker outside Slurm. Then:
   2. a 2-node job with node_selector {slurm_job: <id>} SUCCEEDS, and ran on them;
   3. with a job running on the worker outside Slurm, scancel takes the Slurm workers
      out of `ddpctl workers` at once (they leave; the coordinator's heartbeat timeout
-     is 60 s here), and that job still SUCCEEDS, never restarted.
+     is 60 s here), and that job still SUCCEEDS, never restarted; a job selecting the
+     ended allocation waits, its reason naming the selector.
 Everything it started is stopped, and the directory removed, whatever happens.
 
 Usage: slurm_test.py SOURCE_DIR BIN_DIR. Exits 77 (skipped) unless run as root with
@@ -369,6 +370,21 @@ command: [/bin/sleep, "12"]
     if j["state"] != "SUCCEEDED" or j.get("restarts", 0) != 0 or len(j["attempts"]) != 1:
         raise Failure(f"job {other} on static-1 ended {j['state']} after "
                       f"{len(j['attempts'])} attempt(s): {j.get('reason')}")
+    # The allocation is gone, and its selector matches nothing else: a job for it waits.
+    stranded = cluster.submit("stranded", f"""name: stranded
+nodes: 2
+node_selector: {{slurm_job: "{slurm_job}"}}
+command: [/bin/true]
+""")
+    def waits():
+        j = cluster.job(stranded)
+        if j["state"] != "PENDING":
+            raise Failure(f"job {stranded} for the ended allocation is {j['state']} "
+                          f"({j.get('reason')}), expected PENDING")
+        return j if f"slurm_job={slurm_job}" in j.get("reason", "") else None
+    j = wait_for(f"job {stranded}'s reason to name slurm_job={slurm_job}", waits, 10)
+    log(f"job {stranded} for the ended allocation waits: {j['reason']}")
+    cluster.ddpctl("cancel", stranded)
     remaining = [w["name"] for w in cluster.workers()]
     if remaining != ["static-1"]:
         raise Failure(f"workers after scancel: {remaining}, expected only static-1")
