@@ -254,6 +254,12 @@ std::vector<std::string> RenderWatchLines(const v1::Job& job, const v1::Job* pre
   return lines;
 }
 
+std::string LabelCell(const google::protobuf::Map<std::string, std::string>& labels) {
+  if (labels.empty()) return "-";
+  const std::map<std::string, std::string> sorted(labels.begin(), labels.end());
+  return absl::StrJoin(sorted, ",", absl::PairFormatter("="));
+}
+
 std::string RenderJob(const v1::Job& job, absl::Time now) {
   std::vector<std::vector<std::string>> info = {
       {"Job:", job.id()},
@@ -272,6 +278,14 @@ std::string RenderJob(const v1::Job& job, absl::Time now) {
       {"Workdir:", job.workdir().empty() ? "-" : job.workdir()},
       {"Submitted:", Ago(job.submit_ms(), now)},
       {"Owner:", job.owner().empty() ? "- (submitted without authentication)" : job.owner()},
+      {"Priority:", absl::StrCat(job.priority(), job.preemptions() > 0
+                                                     ? absl::StrCat(" (preempted ", job.preemptions(),
+                                                                    " time(s))")
+                                                     : "")},
+      {"Node selector:", job.node_selector().empty() ? "- (any node)" : LabelCell(job.node_selector())},
+      {"Preemption:", job.preemption() == v1::PREEMPT_KILL    ? "kill (at once)"
+                      : job.preemption() == v1::PREEMPT_NEVER ? "never"
+                                                              : "at its next checkpoint"},
       {"Elapsed:", Elapsed(job, now)},
   };
   std::string out = FormatTable(info);
@@ -324,10 +338,11 @@ std::string RenderJob(const v1::Job& job, absl::Time now) {
 
 std::string RenderJobList(const std::vector<v1::Job>& jobs, absl::Time now) {
   std::vector<std::vector<std::string>> rows = {
-      {"JOB", "NAME", "STATE", "NODES", "WORLD", "RESTARTS", "SUBMITTED", "ELAPSED"}};
+      {"JOB", "NAME", "STATE", "PRIORITY", "NODES", "WORLD", "RESTARTS", "SUBMITTED",
+       "ELAPSED"}};
   for (const v1::Job& j : jobs) {
     const v1::Attempt* a = Current(j);
-    rows.push_back({j.id(), j.name(), StateName(j.state()),
+    rows.push_back({j.id(), j.name(), StateName(j.state()), absl::StrCat(j.priority()),
                     j.min_nodes() == j.max_nodes() ? absl::StrCat(j.min_nodes())
                                                    : absl::StrCat(j.min_nodes(), ":", j.max_nodes()),
                     a ? absl::StrCat(a->world_size()) : "-", absl::StrCat(j.restarts()),
@@ -362,8 +377,8 @@ std::string DescribeMaintenanceState(const v1::Worker& w) {
 
 std::string RenderWorkers(const std::vector<v1::Worker>& workers, absl::Time now) {
   std::vector<std::vector<std::string>> rows = {
-      {"WORKER", "STATE", "ADDRESS", "SLOTS", "FREE", "GPUS", "LAST HEARTBEAT", "VERSION",
-       "JOBS"}};
+      {"WORKER", "STATE", "ADDRESS", "SLOTS", "FREE", "GPUS", "LABELS", "LAST HEARTBEAT",
+       "VERSION", "JOBS"}};
   std::vector<std::vector<std::string>> gpus = {
       {"WORKER", "GPU", "MODEL", "MEMORY", "UUID", "JOB", "RANK"}};
   std::string quarantines;  // One line per quarantined worker, with its reason.
@@ -392,7 +407,8 @@ std::string RenderWorkers(const std::vector<v1::Worker>& workers, absl::Time now
       absl::StrAppend(&maintenance, w.name(), " is ", DescribeMaintenanceState(w), "\n");
     }
     rows.push_back({w.name(), WorkerState(w), w.address(), absl::StrCat(w.slots()),
-                    absl::StrCat(w.free_slots()), gpu_cell, Ago(w.last_heartbeat_ms(), now),
+                    absl::StrCat(w.free_slots()), gpu_cell, LabelCell(w.labels()),
+                    Ago(w.last_heartbeat_ms(), now),
                     w.version().empty() ? "-" : w.version(),
                     w.jobs().empty() ? "-" : absl::StrJoin(w.jobs(), ",")});
   }

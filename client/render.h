@@ -49,6 +49,9 @@ std::string RenderJob(const v1::Job& job, absl::Time now);
 // `ddpctl list`.
 std::string RenderJobList(const std::vector<v1::Job>& jobs, absl::Time now);
 // `ddpctl workers`.
+// "pool=team-a,slurm_job=1234" (key order), "-" for none: worker labels, a job's
+// node_selector.
+std::string LabelCell(const google::protobuf::Map<std::string, std::string>& labels);
 std::string RenderWorkers(const std::vector<v1::Worker>& workers, absl::Time now);
 // "3 workers: 2 alive, 1 lost; 4 slots, 3 free; 1 busy".
 std::string RenderWorkerSummary(const v1::WorkerSummary& summary);

@@ -15,9 +15,11 @@
 // values.
 #include <sys/resource.h>
 
+#include <fstream>
 #include <iostream>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/synchronization/mutex.h"
 #include "common/daemon/daemon.h"
 #include "common/flags.h"
@@ -78,6 +80,16 @@ int main(int argc, char** argv) {
                "who may submit jobs that run their own program (command:): users (anyone who "
                "may submit), admins, or off (default: users; off with --insecure on a "
                "non-loopback address)");
+  flags.Int("max-user-priority", &opts.usage.max_user_priority,
+            "highest job priority a non-admin caller may submit (default 0: raising a job "
+            "above the rest is an admin's call)");
+  std::vector<std::string> quotas;
+  flags.StringList("quota", &quotas,
+                   "OWNER=SLOTS: at most SLOTS slots held at once by the running jobs of "
+                   "token name OWNER (repeatable; * = every owner not named); the rest wait");
+  std::string quota_file;
+  flags.String("quota-file", &quota_file,
+               "file of OWNER=SLOTS lines (# comments), as --quota; read at start");
   flags.Int("max-streams", &opts.streams.total, "watch and log streams open at once, in all");
   flags.Int("max-streams-per-caller", &opts.streams.per_caller,
             "watch and log streams one token name may have open at once");
@@ -104,6 +116,25 @@ int main(int argc, char** argv) {
         absl::InvalidArgumentError("--command-jobs: must be users, admins or off (got '" +
                                    command_jobs + "')"),
         &flags);
+  }
+  if (!quota_file.empty()) {
+    std::ifstream in(quota_file);
+    if (!in) {
+      return ddp::daemon::UsageError(
+          "ddp-coordinator",
+          absl::InvalidArgumentError("--quota-file: cannot read " + quota_file), &flags);
+    }
+    for (std::string line; std::getline(in, line);) {
+      line = line.substr(0, line.find('#'));
+      if (!absl::StripAsciiWhitespace(line).empty()) quotas.push_back(line);
+    }
+  }
+  if (auto parsed = ddp::ParseQuotas(quotas); parsed.ok()) {
+    opts.usage.quotas = *std::move(parsed);
+  } else {
+    return ddp::daemon::UsageError(
+        "ddp-coordinator",
+        absl::InvalidArgumentError("--quota: " + std::string(parsed.status().message())), &flags);
   }
   // Bad flag values, like unknown flags, exit 2 before anything starts.
   if (absl::Status st = ddp::ValidateServerOptions(opts); !st.ok()) {

@@ -120,6 +120,25 @@ class ScrapeView final : public prometheus::Collectable {
       AddGauge(global, std::move(labels), static_cast<double>(r.metrics.global_step()));
     }
     out.push_back(std::move(sps));
+    // Worker labels, as kube-state-metrics' kube_node_labels: one series per labelled
+    // worker, value 1, each label as label_<key> (characters Prometheus does not allow
+    // in a label name become '_'). Join with `* on(worker) group_left(label_pool)`.
+    MetricFamily labelled = Family("ddp_worker_labels",
+                                   "1 per registered worker with --label, its labels as "
+                                   "label_<key>.",
+                                   MetricType::Gauge);
+    for (const auto& [worker, labels] : c.worker_labels) {
+      std::vector<ClientMetric::Label> series = {{"worker", worker}};
+      for (const auto& [key, value] : labels) {
+        std::string name = "label_" + key;
+        for (char& ch : name) {
+          if (!absl::ascii_isalnum(ch) && ch != '_') ch = '_';
+        }
+        series.push_back({std::move(name), value});
+      }
+      AddGauge(labelled, std::move(series), 1);
+    }
+    out.push_back(std::move(labelled));
     out.push_back(std::move(loss));
     out.push_back(std::move(step));
     out.push_back(std::move(global));

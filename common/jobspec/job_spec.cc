@@ -75,6 +75,55 @@ void ParseNodes(Reader& r, const YAML::Node& root, JobSpec* spec) {
   spec->nodes = {lo, hi};
 }
 
+// priority, node_selector, preemption (docs/scheduling.md).
+void ParseScheduling(Reader& r, const YAML::Node& root, JobSpec* spec) {
+  if (r.Int(root, "priority", "", &spec->priority) &&
+      (spec->priority < -kMaxPriority || spec->priority > kMaxPriority)) {
+    r.Error(root["priority"], "priority",
+            absl::StrCat("must be -", kMaxPriority, "..", kMaxPriority, " (got ",
+                         spec->priority, ")"));
+  }
+  if (const YAML::Node sel = r.Sub(root, "node_selector")) {
+    if (!sel.IsMap()) {
+      r.Error(sel, "node_selector", "expected a mapping of label: value (e.g. pool: team-a)");
+    } else if (sel.size() > kMaxLabels) {
+      r.Error(sel, "node_selector",
+              absl::StrCat("at most ", kMaxLabels, " labels (got ", sel.size(), ")"));
+    } else {
+      std::map<std::string, int> seen;
+      for (const auto& kv : sel) {
+        const std::string key = kv.first.as<std::string>("");
+        const std::string field = absl::StrCat("node_selector.", key);
+        if (!r.Unique(kv.first, field, &seen)) continue;
+        if (!ValidLabelKey(key)) {
+          r.Error(kv.first, field,
+                  "a label key is 1-63 letters, digits, '.', '_', '-' or '/', starting with a "
+                  "letter or digit");
+          continue;
+        }
+        if (!kv.second.IsScalar() || !ValidLabelValue(kv.second.Scalar())) {
+          r.Error(kv.second, field, "a label value is 0-63 letters, digits, '.', '_' or '-'");
+          continue;
+        }
+        spec->node_selector[key] = kv.second.Scalar();
+      }
+    }
+  }
+  std::string preemption;
+  if (r.String(root, "preemption", "", &preemption)) {
+    if (preemption == "at_checkpoint") {
+      spec->preemption = PreemptionPolicy::kAtCheckpoint;
+    } else if (preemption == "kill") {
+      spec->preemption = PreemptionPolicy::kKill;
+    } else if (preemption == "never") {
+      spec->preemption = PreemptionPolicy::kNever;
+    } else {
+      r.Error(root["preemption"], "preemption",
+              absl::StrCat("must be at_checkpoint, kill or never (got '", preemption, "')"));
+    }
+  }
+}
+
 void ParseTop(Reader& r, const YAML::Node& root, JobSpec* spec) {
   if (r.String(root, "name", "", &spec->name, /*required=*/true) && !ValidName(spec->name)) {
     r.Error(root["name"], "name",
@@ -106,6 +155,7 @@ void ParseTop(Reader& r, const YAML::Node& root, JobSpec* spec) {
               absl::StrCat("must be auto, nccl or gloo (got '", backend, "')"));
     }
   }
+  ParseScheduling(r, root, spec);
   if (r.Int(root, "max_restarts", "", &spec->max_restarts)) {
     NonNegative(r, root, "max_restarts", "", spec->max_restarts);
     AtMost(r, root, "max_restarts", "", int64_t{spec->max_restarts}, kMaxRestarts);
@@ -658,7 +708,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::st
     if (r.Map(root, "",
               {"name", "rdzv_id", "nodes", "nproc_per_node", "backend", "max_restarts",
                "workdir", "env", "command", "stall_timeout_s", "model", "data", "train", "rdzv",
-               "checkpoint", "metrics"})) {
+               "checkpoint", "metrics", "priority", "node_selector", "preemption"})) {
       ParseTop(r, root, &spec);
       if (CheckKind(r, root)) {
         if (root["command"]) {

@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 
+#include "common/jobspec/labels.h"
 #include "ddp/lr_schedule.h"
 
 namespace ddp {
@@ -171,9 +172,21 @@ struct MetricsSpec {
 // A job runs either the built-in trainer (model, data, train, checkpoint, metrics)
 // or the user's own program (`command`: an argv, run once per rank with torchrun's
 // environment; docs/command-jobs.md). Exactly one of the two.
+// job.yaml `preemption`: how a higher-priority job may take this job's nodes
+// (docs/scheduling.md). kAtCheckpoint: after the job's next checkpoint, resuming
+// from it (a job that takes no periodic checkpoints is then never preempted); kKill:
+// at once, from its last checkpoint if any; kNever.
+enum class PreemptionPolicy { kAtCheckpoint, kKill, kNever };
+
 struct JobSpec {
   std::string name;
   std::string rdzv_id;  // Empty: the job id.
+  // Scheduling (docs/scheduling.md): the queue serves higher priorities first, in
+  // submission order within one; the job runs only on workers whose labels match
+  // every entry of node_selector.
+  int priority = 0;
+  Labels node_selector;
+  PreemptionPolicy preemption = PreemptionPolicy::kAtCheckpoint;
   NodeRange nodes;
   int nproc_per_node = 1;  // 0 means "auto": one per GPU, 1 on CPU.
   Backend backend = Backend::kAuto;
@@ -221,6 +234,7 @@ inline constexpr double kMaxRdzvTimeoutS = 24 * 3600.0;
 inline constexpr double kMaxLastCallS = 3600.0;
 inline constexpr double kMaxOptimizerValue = 1e6;        // lr, weight_decay, eps.
 inline constexpr size_t kMaxCommandArgs = 1024;          // command: argv entries.
+inline constexpr int64_t kMaxPriority = 1000;             // |priority|.
 // A command job's collective timeout, for ordering the stall watchdog's: PyTorch's
 // default process-group timeout (30 minutes), which the program may change.
 inline constexpr double kCommandCollectiveTimeoutS = 1800.0;

@@ -26,6 +26,13 @@ absl::Status CheckSubmission(const JobSpec& spec, const std::string& source,
         "its own program (--command-jobs=admins); ", caller.name.empty() ? "you" : caller.name,
         " may submit built-in trainer jobs"));
   }
+  if (spec.priority > limits.max_user_priority && !caller.admin) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        source, ": priority: ", spec.priority, " is above this coordinator's --max-user-priority (",
+        limits.max_user_priority, "): only role admin may submit it; ",
+        caller.name.empty() ? "you" : caller.name, " may use priorities up to ",
+        limits.max_user_priority));
+  }
   if (!workdir.empty() && workdir[0] != '/') {
     return absl::InvalidArgumentError(
         absl::StrCat("workdir: '", workdir, "' must be an absolute path"));

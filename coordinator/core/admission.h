@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "common/jobspec/job_spec.h"
 #include "coordinator/core/job_lifecycle.h"
+#include "coordinator/core/scheduler.h"
 #include "ddp/v1/types.pb.h"
 
 namespace ddp {
@@ -39,6 +40,12 @@ struct UsageLimits {
   // Workers bound what such a job may start with --allow-exec.
   enum class CommandJobs { kUsers, kAdmins, kOff };
   CommandJobs command_jobs = CommandJobs::kUsers;
+  // --max-user-priority: the highest job priority a caller that is not an admin may
+  // submit (docs/scheduling.md). Admins, and the anonymous caller of a coordinator
+  // that authenticates no one, may submit any.
+  int max_user_priority = 0;
+  // --quota, --quota-file: slots per owner (scheduler.h).
+  Quotas quotas;
 };
 
 // Who calls JobService, as the Authorizer established it (auth.h). The default is
@@ -53,7 +60,8 @@ struct Caller {
 
 // INVALID_ARGUMENT: rdzv.timeout_s not above `heartbeat_timeout` (timeouts are
 // ordered heartbeat < rendezvous), or a relative `workdir`. PERMISSION_DENIED: a
-// command job that `limits.command_jobs` does not let `caller` submit. `source` names
+// command job that `limits.command_jobs` does not let `caller` submit, or a priority
+// above `limits.max_user_priority` from a caller that is not an admin. `source` names
 // the file in messages. Needs no lock: it reads the submission and constants only.
 absl::Status CheckSubmission(const JobSpec& spec, const std::string& source,
                              const std::string& workdir, const Caller& caller,

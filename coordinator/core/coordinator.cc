@@ -124,6 +124,7 @@ void Coordinator::WakeLongPollsLocked(const std::string& worker) {
 }
 
 void Coordinator::EndAttemptLocked(JobRecord& rec, int attempt) {
+  rec.preempt_for.clear();  // The next attempt starts unmarked.
   const v1::Attempt& a = rec.job.attempts(attempt - 1);
   const TaskKey key{rec.job.id(), attempt};
   std::set<std::string> workers;
@@ -141,13 +142,21 @@ void Coordinator::ScheduleLocked(TouchList& touched) {
   if (!schedule_dirty_) return;
   ++passes_;
   const absl::Time now = clock_->Now();
+  PassContext context;
+  context.quotas = &limits_.quotas;
+  context.running = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return RunningJobsLocked(); };
+  std::vector<Decision> preempt;  // The last pass's: the complete list.
   bool formed = true;
   while (formed) {  // Each attempt formed changes the cluster: look again.
     schedule_dirty_ = false;
     formed = false;
-    for (Decision& d : SchedulePass(queue_, registry_, now)) {
+    preempt.clear();
+    for (Decision& d : SchedulePass(queue_, registry_, now, context)) {
       JobRecord& rec = *d.job;
       switch (d.kind) {
+        case Decision::Kind::kPreempt:
+          preempt.push_back(std::move(d));
+          break;
         case Decision::Kind::kUnschedulable:
           ApplyLocked(rec, MarkUnschedulable(rec, d.reason), touched);
           break;
@@ -164,6 +173,80 @@ void Coordinator::ScheduleLocked(TouchList& touched) {
     }
   }
   schedule_dirty_ = false;
+  PreemptLocked(preempt, touched);
+}
+
+std::vector<RunningJob> Coordinator::RunningJobsLocked() {
+  std::vector<RunningJob> running;
+  for (auto& [id, rec] : jobs_) {
+    if (const v1::Attempt* a = ActiveAttempt(rec); a != nullptr && a->ranks_size() > 0) {
+      RunningJob r{&rec, {}, a->ranks_size(), !rec.preempt_for.empty()};
+      for (const v1::RankAssignment& rank : a->ranks()) ++r.ranks_by_worker[rank.worker()];
+      running.push_back(std::move(r));
+      continue;
+    }
+    if (rec.stopping_ranks.empty()) continue;
+    // A preempted attempt: its nodes come free as its trainers go.
+    const TaskKey key{id, rec.stopping_attempt};
+    const v1::Attempt& ended = rec.job.attempts(rec.stopping_attempt - 1);
+    for (auto it = rec.stopping_ranks.begin(); it != rec.stopping_ranks.end();) {
+      const WorkerRecord* w = registry_.Find(it->first);
+      bool live = false;
+      for (const v1::RankAssignment& rank : ended.ranks()) {
+        if (w != nullptr && rank.worker() == it->first) live = live || registry_.RankMayLive(*w, key, rank);
+      }
+      it = live ? std::next(it) : rec.stopping_ranks.erase(it);
+    }
+    if (rec.stopping_ranks.empty()) continue;
+    RunningJob r{&rec, rec.stopping_ranks, 0, /*preempting=*/true};
+    for (const auto& [worker, ranks] : r.ranks_by_worker) r.ranks += ranks;
+    running.push_back(std::move(r));
+  }
+  return running;
+}
+
+void Coordinator::PreemptLocked(const std::vector<Decision>& decisions, TouchList& touched) {
+  std::set<std::string> wanted;
+  for (const Decision& d : decisions) {
+    JobRecord& rec = *d.job;
+    wanted.insert(rec.job.id());
+    const v1::Attempt* a = ActiveAttempt(rec);
+    if (a == nullptr || !rec.preempt_for.empty()) continue;  // Stopping, or marked already.
+    rec.preempt_for = d.for_job->job.id();
+    preempting_.insert(rec.job.id());
+    // Moves at once when it says it may be killed, or has not started training (nothing
+    // to lose); else after its next checkpoint (MoveAfterCheckpointLocked).
+    if (rec.spec.preemption == PreemptionPolicy::kKill || rec.job.state() != v1::RUNNING) {
+      PreemptForPriorityLocked(rec, d.reason, touched);
+    } else {
+      DDP_LOG(INFO) << "job " << rec.job.id() << " will be preempted at its next checkpoint: "
+                    << d.reason;
+    }
+  }
+  for (auto it = preempting_.begin(); it != preempting_.end();) {
+    JobRecord* rec = FindLocked(*it);
+    if (rec != nullptr && wanted.count(*it) == 0 && !rec->preempt_for.empty()) {
+      DDP_LOG(INFO) << "job " << *it << " is no longer to be preempted (job " << rec->preempt_for
+                    << " no longer needs its nodes)";
+      rec->preempt_for.clear();
+    }
+    it = (rec == nullptr || rec->preempt_for.empty()) ? preempting_.erase(it) : std::next(it);
+  }
+}
+
+void Coordinator::PreemptForPriorityLocked(JobRecord& rec, const std::string& reason,
+                                           TouchList& touched) {
+  const v1::Attempt* a = ActiveAttempt(rec);
+  if (a == nullptr) return;
+  rec.stopping_attempt = a->number();
+  rec.stopping_ranks.clear();
+  for (const v1::RankAssignment& rank : a->ranks()) ++rec.stopping_ranks[rank.worker()];
+  DDP_LOG(INFO) << "job " << rec.job.id() << " preempted: " << reason;
+  rec.job.set_preemptions(rec.job.preemptions() + 1);
+  JobDelta delta = PreemptAttempt(rec, reason, clock_->Now());
+  delta.job_row = true;
+  ApplyLocked(rec, delta, touched);
+  schedule_dirty_ = true;
 }
 
 bool Coordinator::FormLocked(JobRecord& rec, const std::vector<NodeOffer>& nodes,

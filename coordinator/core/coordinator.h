@@ -148,6 +148,10 @@ class Coordinator {
   // Forgets a lost worker. NOT_FOUND, FAILED_PRECONDITION (alive, or not yet checked
   // in since a coordinator restart), UNAVAILABLE (not stored yet).
   absl::Status RemoveWorker(const std::string& worker);
+  // WorkerService.Leave: the agent is going away for good; forgotten at once, as
+  // RemoveWorker, its active attempts failing retryably. An unknown worker is OK
+  // (left already); FAILED_PRECONDITION for a stale incarnation.
+  absl::Status Leave(const v1::LeaveRequest& request);
 
   // --- WorkerService ---
   // INVALID_ARGUMENT.
@@ -236,6 +240,21 @@ class Coordinator {
   // Runs scheduling passes if something asked for one (schedule_dirty_), applying
   // their decisions, until no more attempts form.
   void ScheduleLocked(TouchList& touched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The jobs holding nodes (scheduler.h RunningJob): active attempts, and attempts a
+  // priority preemption ended whose trainers may still run. O(jobs).
+  std::vector<RunningJob> RunningJobsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies a pass's kPreempt decisions: marks each new victim (preempted at once if
+  // it says `kill` or is not RUNNING yet), and unmarks victims no longer needed.
+  void PreemptLocked(const std::vector<Decision>& decisions, TouchList& touched)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the job's active attempt to make room for a higher-priority job: back to the
+  // queue, not counted as a restart, counted in Job.preemptions.
+  void PreemptForPriorityLocked(JobRecord& job, const std::string& reason, TouchList& touched)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets `worker` (RemoveWorker, Leave): its active attempts fail (retryably) with
+  // `reason`, its row is deleted. Returns the store ticket to wait on.
+  StoreWriter::Ticket ForgetWorkerLocked(WorkerRecord& worker, const std::string& reason,
+                                         TouchList& touched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forms the attempt if its rank-0 node has a free port for the store.
   bool FormLocked(JobRecord& job, const std::vector<NodeOffer>& nodes, TouchList& touched)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -317,6 +336,8 @@ class Coordinator {
   PortBook ports_ ABSL_GUARDED_BY(mu_);
   // Formed attempts whose trainers must be up by a deadline (timers.h).
   StartDeadlines start_deadlines_ ABSL_GUARDED_BY(mu_);
+  // Jobs marked to be preempted at their next checkpoint (JobRecord::preempt_for).
+  std::set<std::string> preempting_ ABSL_GUARDED_BY(mu_);
   // Submission checks and the submissions being stored (not visible yet).
   Admission admission_ ABSL_GUARDED_BY(mu_);
   // Ignored reports per worker name (CountForeignLocked).

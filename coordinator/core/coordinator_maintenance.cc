@@ -86,17 +86,7 @@ absl::Status Coordinator::RemoveWorker(const std::string& name) {
     }
     // A lost worker's attempts failed when it was lost; anything still assigned (an
     // attempt of a restored job) is restarted elsewhere first.
-    FailAttemptsOnWorkerLocked(name, absl::StrCat("worker ", name, " was removed"), touched);
-    std::vector<TaskKey> keys;
-    for (const auto& [key, task] : w->assigned) keys.push_back(key);
-    for (const TaskKey& key : keys) registry_.Unassign(name, key);
-    // An open long poll returns (its next heartbeat hears that the worker is unknown).
-    task_waiters_.Changed(name, ++w->desired_version);
-    registry_.Remove(name);
-    ports_.Forget(name);
-    ticket = writer_.RemoveWorker(name);
-    schedule_dirty_ = true;  // A queued job may have waited on it, or turn unschedulable.
-    ScheduleLocked(touched);
+    ticket = ForgetWorkerLocked(*w, absl::StrCat("worker ", name, " was removed"), touched);
     DDP_LOG(INFO) << "worker " << name << " removed";
   }
   if (absl::Status st = writer_.Wait(ticket); !st.ok()) {
@@ -105,6 +95,40 @@ absl::Status Coordinator::RemoveWorker(const std::string& name) {
         st.message(), "); it keeps retrying: check the coordinator's --state-dir"));
   }
   return absl::OkStatus();
+}
+
+StoreWriter::Ticket Coordinator::ForgetWorkerLocked(WorkerRecord& w, const std::string& reason,
+                                                    TouchList& touched) {
+  const std::string name = w.info.name();
+  FailAttemptsOnWorkerLocked(name, reason, touched);
+  std::vector<TaskKey> keys;
+  for (const auto& [key, task] : w.assigned) keys.push_back(key);
+  for (const TaskKey& key : keys) registry_.Unassign(name, key);
+  // An open long poll returns (its next heartbeat hears that the worker is unknown).
+  task_waiters_.Changed(name, ++w.desired_version);
+  registry_.Remove(name);  // `w` is gone from here on.
+  ports_.Forget(name);
+  const StoreWriter::Ticket ticket = writer_.RemoveWorker(name);
+  schedule_dirty_ = true;  // A queued job may have waited on it, or turn unschedulable.
+  ScheduleLocked(touched);
+  return ticket;
+}
+
+absl::Status Coordinator::Leave(const v1::LeaveRequest& request) {
+  StoreWriter::Ticket ticket;
+  {
+    TouchList touched(hub_);
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<WorkerRecord*> w = registry_.Check(request.worker(), request.incarnation());
+    if (absl::IsNotFound(w.status())) return absl::OkStatus();  // Left already: idempotent.
+    if (!w.ok()) return w.status();
+    const std::string why = request.reason().empty() ? std::string("its agent stopped")
+                                                     : request.reason().substr(0, 256);
+    ticket = ForgetWorkerLocked(**w, absl::StrCat("worker ", request.worker(), " left (", why, ")"),
+                                touched);
+    DDP_LOG(INFO) << "worker " << request.worker() << " left the cluster: " << why;
+  }
+  return writer_.Wait(ticket);
 }
 
 void Coordinator::DrainNowLocked(WorkerRecord& w, TouchList& touched) {
@@ -134,6 +158,15 @@ void Coordinator::MoveAfterCheckpointLocked(JobRecord& rec,
                                             TouchList& touched) {
   const v1::Attempt* a = ActiveAttempt(rec);
   if (a == nullptr || !MovesAtCheckpoint(rec.spec, checkpoint)) return;
+  if (!rec.preempt_for.empty()) {  // A higher-priority job waits for its nodes.
+    PreemptForPriorityLocked(
+        rec,
+        absl::StrCat("job ", rec.preempt_for, " (higher priority) needs its nodes; moved after "
+                     "the checkpoint at step ", checkpoint.global_step()),
+        touched);
+    ScheduleLocked(touched);
+    return;
+  }
   const TaskKey key{rec.job.id(), a->number()};
   for (const std::string& name : registry_.draining_at_checkpoint()) {
     const WorkerRecord* w = registry_.Find(name);

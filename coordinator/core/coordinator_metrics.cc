@@ -57,6 +57,10 @@ CoordinatorMetrics Coordinator::Metrics() {
     out.heartbeat_lag = heartbeat_lag_;
     out.rendezvous = rendezvous_times_;
     out.job_restarts = restarts_total_;
+    for (const auto& [name, w] : registry_.workers()) {
+      if (w.info.labels().empty()) continue;
+      out.worker_labels[name] = {w.info.labels().begin(), w.info.labels().end()};
+    }
     for (const auto& [id, rec] : jobs_) {
       if (rec.retiring) continue;
       ++out.jobs[rec.job.state()];

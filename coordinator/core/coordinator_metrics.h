@@ -60,6 +60,8 @@ struct CoordinatorMetrics {
     v1::RankMetrics metrics;
   };
   std::vector<Rank> ranks;
+  // The labels of each registered worker that has any (--label), by worker name.
+  std::map<std::string, std::map<std::string, std::string>> worker_labels;
 };
 
 }  // namespace ddp

@@ -59,6 +59,9 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterReq
         absl::StrCat("slots: must be >= 1 (got ", req.slots(), ")"));
   }
   if (req.address().empty()) return absl::InvalidArgumentError("address: required");
+  if (absl::Status st = CheckLabels(Labels(req.labels().begin(), req.labels().end())); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("labels: ", st.message()));
+  }
   if (req.gpu_devices_size() > 0 && req.gpu_devices_size() != req.gpus()) {
     return absl::InvalidArgumentError(absl::StrCat("gpus: ", req.gpus(), " but ",
                                                    req.gpu_devices_size(), " gpu_devices"));
@@ -343,7 +346,8 @@ void Coordinator::ApplyEventLocked(JobRecord& rec, const v1::ReportedEvent& ev,
       if (!current) return;
       rec.stall.Progress(ev.rank(), active->world_size(), e.has_step(), clock_->Now());
       if (rec.stall.armed()) stall_checks_.Watch(rec.job.id());
-      if (e.has_checkpoint() && !registry_.draining_at_checkpoint().empty()) {
+      if (e.has_checkpoint() &&
+          (!registry_.draining_at_checkpoint().empty() || !rec.preempt_for.empty())) {
         MoveAfterCheckpointLocked(rec, e.checkpoint(), touched);
       }
       return;

@@ -158,8 +158,23 @@ JobRecord NewJob(std::string id, int64_t seq, JobSpec spec, std::string rdzv_id,
   job.set_max_restarts(rec.spec.max_restarts);
   job.set_epochs(rec.spec.is_command() ? 0 : rec.spec.train.epochs);  // 0: unknown
   job.set_submit_ms(Millis(now));
+  ShowScheduling(rec);
   rec.stall = StallWatch(/*reporting_ranks_only=*/rec.spec.is_command());
   return rec;
+}
+
+void ShowScheduling(JobRecord& rec) {
+  v1::Job& job = rec.job;
+  job.set_priority(rec.spec.priority);
+  job.mutable_node_selector()->clear();
+  for (const auto& [key, value] : rec.spec.node_selector) {
+    (*job.mutable_node_selector())[key] = value;
+  }
+  switch (rec.spec.preemption) {
+    case PreemptionPolicy::kAtCheckpoint: job.set_preemption(v1::PREEMPT_AT_CHECKPOINT); break;
+    case PreemptionPolicy::kKill: job.set_preemption(v1::PREEMPT_KILL); break;
+    case PreemptionPolicy::kNever: job.set_preemption(v1::PREEMPT_NEVER); break;
+  }
 }
 
 JobDelta RestoreJob(JobRecord& rec, absl::Time now) {
@@ -187,6 +202,7 @@ JobDelta RestoreJob(JobRecord& rec, absl::Time now) {
     return delta;
   }
   rec.spec = *std::move(spec);
+  ShowScheduling(rec);
   // A restarted coordinator re-arms the watch with the next step events, in the mode
   // of the job's kind (a command job watches only the ranks that report).
   rec.stall = StallWatch(/*reporting_ranks_only=*/rec.spec.is_command());

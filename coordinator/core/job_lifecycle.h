@@ -67,6 +67,13 @@ struct JobRecord {
   uint64_t formed_ticket = 0;  // The store ticket of the active attempt's rows.
   int64_t log_bytes = 0;       // Output text accepted (UsageLimits::log_bytes_per_job).
   StallWatch stall;  // The active attempt's progress, by rank (reset when one forms).
+  // Chosen by the scheduler to make room for a higher-priority job (its id), moving at
+  // its next checkpoint; cleared when the attempt ends or the room is no longer needed.
+  std::string preempt_for;
+  // The attempt a priority preemption ended, and its ranks per worker, until its
+  // trainers are gone: the scheduler counts those nodes as coming free.
+  int stopping_attempt = 0;
+  std::map<std::string, int> stopping_ranks;
 };
 
 // What a transition changed.
@@ -87,6 +94,9 @@ v1::Attempt* ActiveAttempt(JobRecord& job);
 const v1::Attempt* ActiveAttempt(const JobRecord& job);
 // Whether the job waits in the queue: PENDING, or RENDEZVOUS still gathering.
 bool Queued(const JobRecord& job);
+
+// Copies the spec's priority, node_selector and preemption into the job's view.
+void ShowScheduling(JobRecord& rec);
 
 // A new job, PENDING ("queued"), from a validated spec.
 JobRecord NewJob(std::string id, int64_t seq, JobSpec spec, std::string rdzv_id,

@@ -5,7 +5,7 @@
 namespace ddp {
 
 NodeNeed NeedOf(const JobSpec& spec) {
-  return NodeNeed(spec.nproc_per_node, spec.backend == Backend::kNccl);
+  return NodeNeed(spec.nproc_per_node, spec.backend == Backend::kNccl, &spec.node_selector);
 }
 
 bool UseGpus(const JobSpec& spec, const std::vector<NodeOffer>& nodes) {

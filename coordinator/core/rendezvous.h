@@ -26,10 +26,14 @@ namespace ddp {
 // What one node of a job needs: `nproc_per_node` ranks (0: "auto"), each with a GPU
 // of its own when `gpus` (backend nccl). Implicit from a rank count: a CPU need.
 struct NodeNeed {
-  NodeNeed(int nproc = 1, bool gpus_needed = false)  // NOLINT: implicit on purpose.
-      : nproc_per_node(nproc), gpus(gpus_needed) {}
+  NodeNeed(int nproc = 1, bool gpus_needed = false,  // NOLINT: implicit on purpose.
+           const Labels* node_selector = nullptr)
+      : nproc_per_node(nproc), gpus(gpus_needed), selector(node_selector) {}
   int nproc_per_node;
   bool gpus;
+  // The job's node_selector (null or empty: any node), owned by its JobSpec.
+  const Labels* selector;
+  bool selective() const { return selector != nullptr && !selector->empty(); }
   // The fewest ranks a node must be able to take: nproc_per_node, 1 for auto.
   int MinRanks() const { return nproc_per_node > 0 ? nproc_per_node : 1; }
 };

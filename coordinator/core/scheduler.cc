@@ -2,7 +2,10 @@
 
 #include <algorithm>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "coordinator/core/drain_policy.h"
 
 namespace ddp {
 namespace {
@@ -17,75 +20,262 @@ std::string SlotsPerNode(const NodeNeed& need) {
                                  : "auto slot(s) (one per free GPU, 1 on CPU)";
 }
 
+// " with pool=team-a" for a job with a node_selector, "" without.
+std::string Selected(const NodeNeed& need) {
+  return need.selective() ? absl::StrCat(" with ", FormatLabels(*need.selector)) : "";
+}
+
+const Labels& SelectorOf(const JobRecord& job) { return job.spec.node_selector; }
+
+// Ranks an attempt formed on `nodes` would have: what it costs its owner's quota.
+int64_t RanksOn(const JobSpec& spec, const std::vector<NodeOffer>& nodes) {
+  const bool gpus = UseGpus(spec, nodes);
+  int64_t ranks = 0;
+  for (const NodeOffer& n : nodes) ranks += LocalRanksFor(spec.nproc_per_node, n, gpus);
+  return ranks;
+}
+
+// Whether a higher-priority job may take `job`'s nodes: never for PREEMPT_NEVER,
+// and without losing work (at a checkpoint it resumes from) unless it said `kill`.
+bool Preemptible(const JobSpec& spec) {
+  switch (spec.preemption) {
+    case PreemptionPolicy::kKill: return true;
+    case PreemptionPolicy::kAtCheckpoint: return ResumesFromPeriodicCheckpoints(spec);
+    case PreemptionPolicy::kNever: return false;
+  }
+  return false;
+}
+
+// The running jobs whose nodes let `job` start (it has `eligible` nodes now, needs
+// range.min): those already being preempted whose nodes it can use, then as few new
+// victims as needed, lowest priority first, most recently started first. Empty when
+// even every candidate would not make room (nothing is preempted for nothing).
+std::vector<const RunningJob*> ChooseVictims(const JobRecord& job, const NodeNeed& need,
+                                             int eligible, const std::vector<RunningJob>& running,
+                                             const ClusterView& cluster) {
+  std::map<std::string, int> vacated;  // Worker -> ranks coming free.
+  std::map<std::string, std::optional<int>> free;  // Worker -> FreeRanks (asked once).
+  auto free_ranks = [&](const std::string& worker) {
+    auto [it, inserted] = free.try_emplace(worker);
+    if (inserted) it->second = cluster.FreeRanks(worker, need);
+    return it->second;
+  };
+  // Nodes that become able to take one node of the job once `vacated` is gone.
+  int gained = 0;
+  auto add = [&](const RunningJob& r) {
+    bool useful = false;
+    for (const auto& [worker, ranks] : r.ranks_by_worker) {
+      const std::optional<int> f = free_ranks(worker);
+      if (!f.has_value()) continue;
+      useful = true;
+      const int before = *f + vacated[worker];
+      vacated[worker] += ranks;
+      if (before < need.MinRanks() && before + ranks >= need.MinRanks()) ++gained;
+    }
+    return useful;
+  };
+  std::vector<const RunningJob*> victims;
+  for (const RunningJob& r : running) {
+    if (r.preempting && r.job != &job && add(r)) victims.push_back(&r);
+  }
+  if (eligible + gained >= job.spec.nodes.min) return victims;
+  std::vector<const RunningJob*> candidates;
+  for (const RunningJob& r : running) {
+    if (r.preempting || r.job->spec.priority >= job.spec.priority) continue;
+    if (!Preemptible(r.job->spec)) continue;
+    candidates.push_back(&r);
+  }
+  std::sort(candidates.begin(), candidates.end(), [](const RunningJob* a, const RunningJob* b) {
+    if (a->job->spec.priority != b->job->spec.priority) {
+      return a->job->spec.priority < b->job->spec.priority;
+    }
+    if (a->job->job.start_ms() != b->job->job.start_ms()) {
+      return a->job->job.start_ms() > b->job->job.start_ms();
+    }
+    return a->job->seq > b->job->seq;
+  });
+  for (const RunningJob* r : candidates) {
+    if (!add(*r)) continue;
+    victims.push_back(r);
+    if (eligible + gained >= job.spec.nodes.min) return victims;
+  }
+  return {};
+}
+
+std::string VictimList(const std::vector<const RunningJob*>& victims) {
+  std::string out;
+  for (const RunningJob* r : victims) {
+    absl::StrAppend(&out, out.empty() ? "" : ", ", r->job->job.id(), " (priority ",
+                    r->job->spec.priority,
+                    r->job->spec.preemption == PreemptionPolicy::kKill ? ", at once)"
+                                                                        : ", at its next checkpoint)");
+  }
+  return out;
+}
+
 }  // namespace
 
+int64_t Quotas::Limit(const std::string& owner) const {
+  if (owner.empty() || slots.empty()) return -1;
+  auto it = slots.find(owner);
+  if (it != slots.end()) return it->second;
+  it = slots.find("*");
+  return it == slots.end() ? -1 : it->second;
+}
+
+absl::StatusOr<Quotas> ParseQuotas(const std::vector<std::string>& entries) {
+  Quotas quotas;
+  for (const std::string& raw : entries) {
+    absl::string_view entry = absl::StripAsciiWhitespace(raw);
+    const size_t eq = entry.find('=');
+    int64_t slots = 0;
+    const std::string owner(absl::StripAsciiWhitespace(entry.substr(0, eq)));
+    if (eq == absl::string_view::npos || owner.empty() ||
+        !absl::SimpleAtoi(entry.substr(eq + 1), &slots) || slots < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "quota '", raw, "': expected OWNER=SLOTS (a token name, or * for every other "
+          "owner, and a number of slots >= 0), e.g. alice=8"));
+    }
+    if (!quotas.slots.emplace(owner, slots).second) {
+      return absl::InvalidArgumentError(absl::StrCat("quota for '", owner, "' given twice"));
+    }
+  }
+  return quotas;
+}
+
 bool JobQueue::Sync(JobRecord& job) {
-  if (Queued(job)) return jobs_.emplace(job.seq, &job).second;
-  return jobs_.erase(job.seq) > 0;
+  if (Queued(job)) return jobs_.emplace(KeyOf(job), &job).second;
+  return jobs_.erase(KeyOf(job)) > 0;
 }
 
 int64_t JobQueue::Position(const JobRecord& job) const {
   if (job.job.state() != v1::PENDING) return 0;
   int64_t position = 1;
-  for (const auto& [seq, other] : jobs_) {
-    if (seq >= job.seq) break;
+  const Key key = KeyOf(job);
+  for (const auto& [other_key, other] : jobs_) {
+    if (other_key >= key) break;
     if (other->job.state() == v1::PENDING) ++position;
   }
   return position;
 }
 
 std::vector<Decision> SchedulePass(const JobQueue& queue, const ClusterView& cluster,
-                                   absl::Time now) {
+                                   absl::Time now, const PassContext& context) {
   std::vector<Decision> out;
-  bool held = false;  // A job ahead holds the queue: the rest only get their labels.
-  for (const auto& [seq, job] : queue.jobs()) {
+  // The jobs that hold the queue, by node_selector: a job behind one of them that
+  // could share its nodes waits for it.
+  std::vector<const Labels*> holders;
+  auto held = [&holders](const JobRecord& job) {
+    for (const Labels* h : holders) {
+      if (!SelectorsDisjoint(*h, SelectorOf(job))) return true;
+    }
+    return false;
+  };
+  // Listed on first use: quotas and preemption only.
+  std::optional<std::vector<RunningJob>> running;
+  std::map<std::string, int64_t> used;  // Slots held per owner.
+  auto list_running = [&]() -> const std::vector<RunningJob>& {
+    if (!running.has_value()) {
+      running = context.running ? context.running() : std::vector<RunningJob>{};
+      for (const RunningJob& r : *running) used[r.job->job.owner()] += r.ranks;
+    }
+    return *running;
+  };
+  const bool quotas = context.quotas != nullptr && !context.quotas->empty();
+
+  for (const auto& [key, job] : queue.jobs()) {
     const NodeRange& range = job->spec.nodes;
     const NodeNeed need = NeedOf(job->spec);
     const int capable = cluster.CapableNodes(need);
     if (capable < range.min) {
       out.push_back({Decision::Kind::kUnschedulable, job,
-                     absl::StrCat("unschedulable: needs ", range.min, " node(s) with ",
-                                  SlotsPerNode(need), " each; the cluster has ", capable,
-                                  " such node(s) alive (skipped until it can hold it)"),
+                     absl::StrCat("unschedulable: needs ", range.min, " node(s)", Selected(need),
+                                  " with ", SlotsPerNode(need), " each; the cluster has ",
+                                  capable, " such node(s) alive (skipped until it can hold it)"),
                      {}, {}, 0});
       continue;  // Costs the queue nothing: the jobs behind it get their turn.
     }
-    if (held) {
+    if (held(*job)) {
       if (job->job.unschedulable()) {  // The cluster grew: it fits again, in its turn.
         out.push_back({Decision::Kind::kWait, job,
                        "queued: waiting for the jobs ahead of it to start", {}, {}, 0});
       }
       continue;
     }
+    const int64_t limit = quotas ? context.quotas->Limit(job->job.owner()) : -1;
+    const int64_t least = int64_t{range.min} * need.MinRanks();
+    if (limit >= 0) {
+      list_running();
+      const int64_t in_use = used[job->job.owner()];
+      if (in_use + least > limit) {
+        out.push_back({Decision::Kind::kWait, job,
+                       absl::StrCat("waiting for quota: owner ", job->job.owner(), " holds ",
+                                    in_use, " of its ", limit, " slot(s) (--quota); this job "
+                                    "needs at least ", least),
+                       {}, {}, 0});
+        continue;  // Other owners' jobs go on.
+      }
+    }
     const int eligible = cluster.EligibleNodes(need);
     const absl::Time window_end =
         job->gathering ? job->window_end : now + absl::Seconds(job->spec.rdzv.last_call_s);
     switch (DecideRendezvous(eligible, range, now, window_end)) {
-      case RendezvousStep::kWait:
-        out.push_back({Decision::Kind::kWait, job,
-                       absl::StrCat("waiting for ", range.min, " node(s) with ",
-                                    need.nproc_per_node > 0 ? absl::StrCat(need.nproc_per_node)
-                                                            : std::string("auto"),
-                                    need.gpus ? " free GPU(s); " : " free slot(s); ", eligible,
-                                    " available"),
-                       {}, {}, eligible});
-        held = true;  // Strict FIFO: nothing behind it may start.
+      case RendezvousStep::kWait: {
+        std::string reason = absl::StrCat(
+            "waiting for ", range.min, " node(s)", Selected(need), " with ",
+            need.nproc_per_node > 0 ? absl::StrCat(need.nproc_per_node) : std::string("auto"),
+            need.gpus ? " free GPU(s); " : " free slot(s); ", eligible, " available");
+        // Outranks a running job, or some are being preempted: see whose nodes help.
+        const std::vector<RunningJob>& all = list_running();
+        bool worth = false;
+        for (const RunningJob& r : all) {
+          worth = worth || r.preempting || r.job->spec.priority < job->spec.priority;
+        }
+        std::vector<const RunningJob*> victims;
+        if (worth) victims = ChooseVictims(*job, need, eligible, all, cluster);
+        if (!victims.empty()) absl::StrAppend(&reason, "; preempting ", VictimList(victims));
+        out.push_back({Decision::Kind::kWait, job, std::move(reason), {}, {}, eligible});
+        for (const RunningJob* r : victims) {
+          Decision d{Decision::Kind::kPreempt, r->job,
+                     absl::StrCat("job ", job->job.id(), " (priority ", job->spec.priority,
+                                  ") needs its nodes"),
+                     {}, {}, 0};
+          d.for_job = job;
+          out.push_back(std::move(d));
+        }
+        holders.push_back(&SelectorOf(*job));  // Nothing behind it may take its nodes.
         break;
+      }
       case RendezvousStep::kLastCall:
         out.push_back({Decision::Kind::kLastCall, job, "", window_end, {}, eligible});
-        held = true;
+        holders.push_back(&SelectorOf(*job));
         break;
       case RendezvousStep::kForm: {
         std::vector<NodeOffer> nodes = cluster.Offers(need);
         if (nodes.size() < static_cast<size_t>(range.min)) {  // Counts and list disagree.
           out.push_back({Decision::Kind::kWait, job,
-                         absl::StrCat("waiting for ", range.min, " node(s); ", nodes.size(),
-                                      " available"),
+                         absl::StrCat("waiting for ", range.min, " node(s)", Selected(need),
+                                      "; ", nodes.size(), " available"),
                          {}, {}, static_cast<int>(nodes.size())});
-          held = true;
+          holders.push_back(&SelectorOf(*job));
           break;
         }
         nodes.resize(std::min(nodes.size(), static_cast<size_t>(range.max)));
+        if (limit >= 0) {  // An elastic job takes only the nodes its quota allows.
+          const int64_t room = limit - used[job->job.owner()];
+          while (nodes.size() > static_cast<size_t>(range.min) && RanksOn(job->spec, nodes) > room) {
+            nodes.pop_back();
+          }
+          if (RanksOn(job->spec, nodes) > room) {  // Auto ranks per node: more than least.
+            out.push_back({Decision::Kind::kWait, job,
+                           absl::StrCat("waiting for quota: owner ", job->job.owner(),
+                                        " has ", room, " of its ", limit,
+                                        " slot(s) free (--quota); this job would take ",
+                                        RanksOn(job->spec, nodes)),
+                           {}, {}, eligible});
+            continue;
+          }
+        }
         out.push_back({Decision::Kind::kForm, job, "", window_end, std::move(nodes), eligible});
         return out;
       }

@@ -42,7 +42,10 @@ WorkerRegistry::Registration WorkerRegistry::Register(const v1::RegisterRequest&
     w.gpu_holders.clear();  // Its trainers are gone; what is still assigned claims again.
   }
   if (inserted || out.restarted) w.info.set_registered_ms(Millis(now));
+  if (!inserted) IndexLabels(w.info, /*add=*/false);
   w.info.set_name(req.worker());
+  *w.info.mutable_labels() = req.labels();
+  IndexLabels(w.info, /*add=*/true);
   w.info.set_incarnation(req.incarnation());
   w.info.set_address(req.address());
   w.info.set_hostname(req.hostname());
@@ -61,7 +64,9 @@ WorkerRegistry::Registration WorkerRegistry::Register(const v1::RegisterRequest&
 
 void WorkerRegistry::Restore(const v1::Worker& info, absl::Time now, absl::Duration grace) {
   WorkerRecord& w = workers_[info.name()];
+  IndexLabels(w.info, /*add=*/false);
   w.info = info;
+  IndexLabels(w.info, /*add=*/true);
   if (info.maintenance() == v1::WORKER_DRAINING &&
       info.drain_policy() == v1::DRAIN_AT_CHECKPOINT) {
     draining_at_checkpoint_.insert(info.name());
@@ -338,24 +343,89 @@ void WorkerRegistry::Remove(const std::string& name) {
   auto it = workers_.find(name);
   if (it == workers_.end()) return;
   Count(it->second.counted, -1);
+  IndexLabels(it->second.info, /*add=*/false);
   quarantine_ends_.erase({it->second.quarantine.until, name});
   draining_at_checkpoint_.erase(name);
   workers_.erase(it);  // Its deadline heap entry, if any, is skipped when it comes due.
 }
 
+void WorkerRegistry::IndexLabels(const v1::Worker& info, bool add) {
+  for (const auto& [key, value] : info.labels()) {
+    const std::pair<std::string, std::string> label{key, value};
+    if (add) {
+      by_label_[label].insert(info.name());
+      continue;
+    }
+    auto it = by_label_.find(label);
+    if (it == by_label_.end()) continue;
+    it->second.erase(info.name());
+    if (it->second.empty()) by_label_.erase(it);
+  }
+}
+
+const std::set<std::string>* WorkerRegistry::SelectorCandidates(const NodeNeed& need) const {
+  if (!need.selective()) return nullptr;
+  static const std::set<std::string>* const kNone = new std::set<std::string>();
+  const std::set<std::string>* rarest = nullptr;
+  for (const auto& label : *need.selector) {
+    auto it = by_label_.find(label);
+    if (it == by_label_.end()) return kNone;
+    if (rarest == nullptr || it->second.size() < rarest->size()) rarest = &it->second;
+  }
+  return rarest;
+}
+
+bool WorkerRegistry::Fits(const WorkerRecord& w, const NodeNeed& need, bool now) const {
+  if (need.selective()) {
+    for (const auto& [key, value] : *need.selector) {
+      auto it = w.info.labels().find(key);
+      if (it == w.info.labels().end() || it->second != value) return false;
+    }
+  }
+  const WorkerRecord::Counted& c = w.counted;
+  if (!now) return c.capable && (need.gpus ? c.gpus : c.slots) >= need.MinRanks();
+  return c.eligible && (need.gpus ? c.free_gpus : c.free) >= need.MinRanks();
+}
+
 int WorkerRegistry::CapableNodes(const NodeNeed& need) const {
-  return AtLeast(need.gpus ? capable_by_gpus_ : capable_by_slots_, need.MinRanks());
+  const std::set<std::string>* candidates = SelectorCandidates(need);
+  if (candidates == nullptr) {
+    return AtLeast(need.gpus ? capable_by_gpus_ : capable_by_slots_, need.MinRanks());
+  }
+  int n = 0;
+  for (const std::string& name : *candidates) n += Fits(*Find(name), need, /*now=*/false);
+  return n;
 }
 
 int WorkerRegistry::EligibleNodes(const NodeNeed& need) const {
-  return AtLeast(need.gpus ? eligible_by_free_gpus_ : eligible_by_free_, need.MinRanks());
+  const std::set<std::string>* candidates = SelectorCandidates(need);
+  if (candidates == nullptr) {
+    return AtLeast(need.gpus ? eligible_by_free_gpus_ : eligible_by_free_, need.MinRanks());
+  }
+  int n = 0;
+  for (const std::string& name : *candidates) n += Fits(*Find(name), need, /*now=*/true);
+  return n;
+}
+
+std::optional<int> WorkerRegistry::FreeRanks(const std::string& name, const NodeNeed& need) const {
+  const WorkerRecord* w = Find(name);
+  if (w == nullptr || !w->counted.eligible || !Fits(*w, need, /*now=*/false)) return std::nullopt;
+  return need.gpus ? w->counted.free_gpus : w->counted.free;
 }
 
 std::vector<NodeOffer> WorkerRegistry::Offers(const NodeNeed& need) const {
   std::vector<NodeOffer> offers;
-  for (const auto& [name, w] : workers_) {
-    if (!w.counted.eligible) continue;
-    if ((need.gpus ? w.counted.free_gpus : w.free_slots) < need.MinRanks()) continue;
+  const std::set<std::string>* candidates = SelectorCandidates(need);
+  std::vector<const WorkerRecord*> pool;
+  if (candidates == nullptr) {
+    for (const auto& [name, w] : workers_) pool.push_back(&w);
+  } else {
+    for (const std::string& name : *candidates) pool.push_back(Find(name));
+  }
+  for (const WorkerRecord* wp : pool) {
+    const WorkerRecord& w = *wp;
+    const std::string& name = w.info.name();
+    if (!Fits(w, need, /*now=*/true)) continue;
     NodeOffer o{name, w.info.address(), w.free_slots, w.info.gpus(), w.free_gpus};
     // A GPU rank takes a slot too: never offer more GPUs than free slots.
     if (static_cast<int>(o.free_gpus.size()) > std::max(0, w.free_slots)) {
@@ -363,7 +433,7 @@ std::vector<NodeOffer> WorkerRegistry::Offers(const NodeNeed& need) const {
     }
     offers.push_back(std::move(o));
   }
-  return offers;  // In name order: the map's.
+  return offers;  // In name order: the maps' and the sets'.
 }
 
 void WorkerRegistry::ShowGpuHolders(const WorkerRecord& w, v1::Worker* view) const {

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <queue>
 #include <set>
 #include <string>
@@ -178,10 +179,13 @@ class WorkerRegistry final : public ClusterView {
   // Forgets `name` (RemoveWorker). Its tasks must be unassigned first.
   void Remove(const std::string& name);
 
-  // ClusterView.
+  // ClusterView. A need with a node_selector counts only the workers whose labels
+  // match it, found through an index by label: O(workers carrying the rarest label of
+  // the selector), not O(workers).
   int CapableNodes(const NodeNeed& need) const override;
   int EligibleNodes(const NodeNeed& need) const override;
   std::vector<NodeOffer> Offers(const NodeNeed& need) const override;
+  std::optional<int> FreeRanks(const std::string& worker, const NodeNeed& need) const override;
 
   // Fills `view`'s gpu_devices (the worker's GPUs) with the job and rank holding each.
   void ShowGpuHolders(const WorkerRecord& worker, v1::Worker* view) const;
@@ -195,6 +199,11 @@ class WorkerRegistry final : public ClusterView {
   bool Recount(WorkerRecord& worker);
   void Count(const WorkerRecord::Counted& c, int sign);
   void Arm(WorkerRecord& worker);
+  // The label index: (key, value) -> names of the workers carrying it.
+  void IndexLabels(const v1::Worker& info, bool add);
+  // The workers that may match `need`'s selector (null: no selector, every worker).
+  const std::set<std::string>* SelectorCandidates(const NodeNeed& need) const;
+  bool Fits(const WorkerRecord& worker, const NodeNeed& need, bool now) const;
 
   const absl::Duration timeout_;
   std::map<std::string, WorkerRecord> workers_;
@@ -203,6 +212,7 @@ class WorkerRegistry final : public ClusterView {
   // Sums over a map from the first key >= n.
   static int AtLeast(const std::map<int, int>& counts, int n);
 
+  std::map<std::pair<std::string, std::string>, std::set<std::string>> by_label_;
   std::set<Deadline> quarantine_ends_;  // (until, worker) of quarantined workers.
   std::set<std::string> draining_at_checkpoint_;
   int cordoned_ = 0;  // Registered workers cordoned or draining.

@@ -14,7 +14,7 @@ namespace {
 
 bool IsWorkerMethod(Method m) {
   return m == Method::kRegister || m == Method::kHeartbeat || m == Method::kReportEvents ||
-         m == Method::kWaitForTasks;
+         m == Method::kWaitForTasks || m == Method::kLeave;
 }
 
 // The table: which roles each JobService method admits (WorkerService: worker only).
@@ -38,6 +38,7 @@ std::vector<Role> AllowedRoles(Method m) {
     case Method::kHeartbeat:
     case Method::kReportEvents:
     case Method::kWaitForTasks:
+    case Method::kLeave:
       return {Role::kWorker};
   }
   return {};
@@ -75,6 +76,7 @@ const char* MethodName(Method m) {
     case Method::kHeartbeat: return "Heartbeat";
     case Method::kReportEvents: return "ReportEvents";
     case Method::kWaitForTasks: return "WaitForTasks";
+    case Method::kLeave: return "Leave";
   }
   return "?";
 }

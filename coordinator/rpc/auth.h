@@ -61,6 +61,7 @@ enum class Method {
   kHeartbeat,
   kReportEvents,
   kWaitForTasks,
+  kLeave,
 };
 
 const char* MethodName(Method method);

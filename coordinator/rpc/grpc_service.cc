@@ -510,6 +510,16 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::ReportEvents(grpc::CallbackServerCo
   return reactor;
 }
 
+grpc::ServerUnaryReactor* WorkerServiceImpl::Leave(grpc::CallbackServerContext* ctx,
+                                                   const v1::LeaveRequest* req,
+                                                   v1::LeaveResponse* /*resp*/) {
+  auto caller = Admit(auth_, *ctx, Method::kLeave, absl::OkStatus(), req->worker());
+  if (!caller.ok()) return Refuse(ctx, caller.status());
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(coordinator_->Leave(*req)));  // Waits for its store commit.
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* WorkerServiceImpl::WaitForTasks(grpc::CallbackServerContext* ctx,
                                                           const v1::WaitForTasksRequest* req,
                                                           v1::WaitForTasksResponse* resp) {

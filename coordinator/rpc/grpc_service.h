@@ -117,6 +117,8 @@ class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
   grpc::ServerUnaryReactor* WaitForTasks(grpc::CallbackServerContext* ctx,
                                          const v1::WaitForTasksRequest* req,
                                          v1::WaitForTasksResponse* resp) override;
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* ctx, const v1::LeaveRequest* req,
+                                  v1::LeaveResponse* resp) override;
 
  private:
   Coordinator* const coordinator_;

@@ -1,5 +1,6 @@
 #include "coordinator/store/store_tables.h"
 
+#include <map>
 #include <type_traits>
 
 #include "absl/strings/numbers.h"
@@ -72,6 +73,23 @@ void DecodeGpus(const std::string& text, v1::Worker* w) {
   }
 }
 
+// The worker's labels: one "key=value" line each (neither holds '=' in a key or a
+// newline: common/jobspec/labels.h).
+std::string EncodeLabels(const v1::Worker& w) {
+  std::map<std::string, std::string> sorted(w.labels().begin(), w.labels().end());
+  std::string out;
+  for (const auto& [key, value] : sorted) absl::StrAppend(&out, key, "=", value, "\n");
+  return out;
+}
+
+void DecodeLabels(const std::string& text, v1::Worker* w) {
+  w->clear_labels();
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    std::pair<std::string, std::string> kv = absl::StrSplit(line, absl::MaxSplits('=', 1));
+    (*w->mutable_labels())[kv.first] = kv.second;
+  }
+}
+
 }  // namespace
 
 std::string TableInfo::CreateSql() const {
@@ -129,6 +147,7 @@ const Table<RowBatch::JobRow>& Jobs() {
           DDP_FIELD(start_ms, kInt),
           DDP_FIELD(end_ms, kInt),
           DDP_FIELD(owner, "TEXT NOT NULL DEFAULT ''"),
+          DDP_FIELD(preemptions, "INTEGER NOT NULL DEFAULT 0"),
       });
   return *table;
 }
@@ -213,6 +232,9 @@ const Table<v1::Worker>& Workers() {
                       }},
           DDP_FIELD(maintenance_since_ms, "INTEGER NOT NULL DEFAULT 0"),
           DDP_FIELD(maintenance_by, "TEXT NOT NULL DEFAULT ''"),
+          Column<Row>{{"labels", "TEXT NOT NULL DEFAULT ''"},
+                      [](sql::Stmt& s, int i, const Row& w) { s.Bind(i, EncodeLabels(w)); },
+                      [](const sql::Stmt& s, int c, Row& w) { DecodeLabels(s.Text(c), &w); }},
       });
   return *table;
 }

@@ -34,6 +34,7 @@ v1::Job JobRow(const v1::Job& job) {
   row.set_end_ms(job.end_ms());
   row.set_epochs(job.epochs());
   row.set_owner(job.owner());
+  row.set_preemptions(job.preemptions());
   return row;
 }
 

@@ -158,6 +158,35 @@ TEST(RenderTest, WorkersShowEachGpuAndWhoHoldsIt) {
   EXPECT_THAT(out, testing::ContainsRegex("gpu-a +1 +NVIDIA H100 80GB HBM3 +80 GiB +GPU-2c3d +cnn-x1y2z +3"));
 }
 
+TEST(RenderTest, WorkersShowTheirLabelsAndJobsTheirPriorityAndSelector) {
+  const absl::Time now = absl::FromUnixSeconds(1000);
+  v1::Worker labelled;
+  labelled.set_name("node-a");
+  labelled.set_alive(true);
+  (*labelled.mutable_labels())["pool"] = "team-a";
+  (*labelled.mutable_labels())["gpu"] = "h100";
+  v1::Worker plain;
+  plain.set_name("node-b");
+  plain.set_alive(true);
+  const std::string out = RenderWorkers({labelled, plain}, now);
+  EXPECT_THAT(out, testing::ContainsRegex("WORKER +STATE .* GPUS +LABELS +LAST HEARTBEAT"));
+  EXPECT_THAT(out, testing::ContainsRegex("node-a +alive .* gpu=h100,pool=team-a +"));
+  EXPECT_THAT(out, testing::ContainsRegex("node-b +alive .* 0 +- +"));
+
+  v1::Job job;
+  job.set_id("urgent-x1y2z");
+  job.set_name("urgent");
+  job.set_state(v1::PENDING);
+  job.set_priority(10);
+  job.set_preemptions(2);
+  (*job.mutable_node_selector())["pool"] = "team-a";
+  EXPECT_THAT(RenderJobList({job}, now), testing::ContainsRegex("urgent-x1y2z +urgent +PENDING +10 "));
+  const std::string detail = RenderJob(job, now);
+  EXPECT_THAT(detail, testing::ContainsRegex("Priority: +10 \\(preempted 2 time\\(s\\)\\)"));
+  EXPECT_THAT(detail, testing::ContainsRegex("Node selector: +pool=team-a"));
+  EXPECT_THAT(detail, testing::ContainsRegex("Preemption: +at its next checkpoint"));
+}
+
 TEST(RenderTest, WorkersWithoutGpusShowNoGpuTable) {
   v1::Worker cpu;
   cpu.set_name("cpu-b");

@@ -126,6 +126,49 @@ TEST(JobSpecTest, IntraNodeCommDefaultsToAutoAndNamesBadValues) {
                                  "(got 'tcp')")));
 }
 
+TEST(JobSpecTest, SchedulingFieldsParseAndNameBadValues) {
+  constexpr char kBase[] = "name: d\nmodel: {mlp: {}}\ndata: {synthetic: {}}\ntrain: {batch_size: 4}\n";
+  DDP_ASSERT_OK_AND_ASSIGN(JobSpec spec, ParseJobSpec(kBase));
+  EXPECT_EQ(spec.priority, 0);
+  EXPECT_TRUE(spec.node_selector.empty());
+  EXPECT_EQ(spec.preemption, PreemptionPolicy::kAtCheckpoint);
+  DDP_ASSERT_OK_AND_ASSIGN(
+      spec, ParseJobSpec(std::string(kBase) +
+                         "priority: -5\nnode_selector: {pool: team-a, slurm_job: 1234}\n"
+                         "preemption: kill\n"));
+  EXPECT_EQ(spec.priority, -5);
+  EXPECT_EQ(spec.node_selector, (Labels{{"pool", "team-a"}, {"slurm_job", "1234"}}));
+  EXPECT_EQ(spec.preemption, PreemptionPolicy::kKill);
+  EXPECT_THAT(ParseJobSpec(std::string(kBase) + "priority: 1001\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("job.yaml:5: priority: must be -1000..1000 (got 1001)")));
+  EXPECT_THAT(ParseJobSpec(std::string(kBase) + "node_selector:\n  pool: team a\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("job.yaml:6: node_selector.pool: a label value is 0-63")));
+  EXPECT_THAT(ParseJobSpec(std::string(kBase) + "node_selector: [pool]\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("node_selector: expected a mapping of label: value")));
+  EXPECT_THAT(ParseJobSpec(std::string(kBase) + "preemption: sometimes\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("preemption: must be at_checkpoint, kill or never (got "
+                                 "'sometimes')")));
+}
+
+TEST(JobSpecTest, LabelsFromFlagsAreCheckedOnce) {
+  DDP_ASSERT_OK_AND_ASSIGN(Labels labels, ParseLabelList({"pool=a", "gpu=h100", "empty="}));
+  EXPECT_EQ(labels, (Labels{{"empty", ""}, {"gpu", "h100"}, {"pool", "a"}}));
+  EXPECT_EQ(FormatLabels(labels), "empty=,gpu=h100,pool=a");
+  EXPECT_THAT(ParseLabelList({"pool"}).status().message(), HasSubstr("expected KEY=VALUE"));
+  EXPECT_THAT(ParseLabelList({"pool=a", "pool=b"}).status().message(), HasSubstr("given twice"));
+  EXPECT_THAT(ParseLabelList({"-x=a"}).status().message(), HasSubstr("label key '-x'"));
+  EXPECT_TRUE(SelectorMatches({{"pool", "a"}}, labels));
+  EXPECT_FALSE(SelectorMatches({{"pool", "b"}}, labels));
+  EXPECT_FALSE(SelectorMatches({{"zone", "1"}}, labels));
+  EXPECT_TRUE(SelectorsDisjoint({{"pool", "a"}}, {{"pool", "b"}, {"gpu", "h100"}}));
+  EXPECT_FALSE(SelectorsDisjoint({{"pool", "a"}}, {{"gpu", "h100"}}));
+  EXPECT_FALSE(SelectorsDisjoint({}, {{"pool", "b"}}));
+}
+
 TEST(JobSpecTest, SharedMemoryIsRefusedForNccl) {
   EXPECT_THAT(ParseJobSpec("name: d\nbackend: nccl\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n"
                            "train:\n  batch_size: 4\n  intra_node_comm: shm\n"),

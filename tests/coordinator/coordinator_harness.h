@@ -67,8 +67,9 @@ class CoordinatorHarness : public ::testing::Test {
   // `incarnation` (default <name>-inc; a new one is an agent restart). Its address is
   // 10.0.0.<the name's last digit> (w2: 10.0.0.2), else 10.0.0.1.
   void Register(const std::string& name, int gpus = 0, int slots = 0,
-                const std::string& incarnation = "") {
+                const std::string& incarnation = "", const Labels& labels = {}) {
     v1::RegisterRequest req;
+    for (const auto& [key, value] : labels) (*req.mutable_labels())[key] = value;
     req.set_worker(name);
     incarnations_[name] = incarnation.empty() ? name + "-inc" : incarnation;
     req.set_incarnation(incarnations_[name]);

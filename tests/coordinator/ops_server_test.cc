@@ -22,6 +22,7 @@ namespace ddp {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 void RunSql(const std::string& dir, const std::string& sql) {
   sqlite3* db = nullptr;
@@ -60,6 +61,10 @@ class OpsServerTest : public ::testing::Test {
     req.set_address("127.0.0.1");
     req.set_slots(2);
     req.set_version(version);
+    if (name == "w1") {
+      (*req.mutable_labels())["pool"] = "team-a";
+      (*req.mutable_labels())["example.com/rack"] = "r1";
+    }
     v1::RegisterResponse resp;
     return workers_->Register(&ctx, req, &resp);
   }
@@ -115,6 +120,10 @@ TEST_F(OpsServerTest, MetricsCountWorkersJobsAndRpcsByMethodAndCode) {
   ASSERT_TRUE(body.ok()) << body.status();
   EXPECT_THAT(*body, HasSubstr("ddp_workers{state=\"alive\"} 2\n"));
   EXPECT_THAT(*body, HasSubstr("ddp_workers{state=\"lost\"} 0\n"));
+  EXPECT_THAT(*body, HasSubstr("ddp_worker_labels{worker=\"w1\",label_example_com_rack=\"r1\","
+                               "label_pool=\"team-a\"} 1\n"))
+      << "one series per labelled worker; w2 has none";
+  EXPECT_THAT(*body, Not(HasSubstr("ddp_worker_labels{worker=\"w2\"")));
   EXPECT_THAT(*body, HasSubstr("ddp_jobs{state=\"pending\"} 0\n"));
   EXPECT_THAT(*body, HasSubstr("ddp_job_restarts_total 0\n"));
   EXPECT_THAT(*body, HasSubstr("# TYPE ddp_heartbeat_lag_seconds histogram"));

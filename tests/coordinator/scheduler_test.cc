@@ -1,5 +1,6 @@
 // The scheduler's decisions against a fake cluster: FIFO gang order, unschedulable
-// jobs skipped, last call, and how much of the cluster a pass looks at.
+// jobs skipped, last call, and how much of the cluster a pass looks at; priorities,
+// node selectors, quotas and preemption (docs/scheduling.md).
 #include "coordinator/core/scheduler.h"
 
 #include <deque>
@@ -24,6 +25,7 @@ struct FakeNode {
   int free = 1;
   int gpus = 0;
   int free_gpus = 0;
+  Labels labels = {};
 };
 
 // A cluster of nodes with fixed slots; counts how often the pass lists them.
@@ -33,19 +35,26 @@ class FakeCluster : public ClusterView {
 
   int CapableNodes(const NodeNeed& need) const override {
     int n = 0;
-    for (const FakeNode& node : nodes_) n += Has(node.slots, node.gpus, need) ? 1 : 0;
+    for (const FakeNode& node : nodes_) n += Has(node, node.slots, node.gpus, need) ? 1 : 0;
     return n;
   }
   int EligibleNodes(const NodeNeed& need) const override {
     int n = 0;
-    for (const FakeNode& node : nodes_) n += Has(node.free, node.free_gpus, need) ? 1 : 0;
+    for (const FakeNode& node : nodes_) n += Has(node, node.free, node.free_gpus, need) ? 1 : 0;
     return n;
+  }
+  std::optional<int> FreeRanks(const std::string& worker, const NodeNeed& need) const override {
+    for (const FakeNode& node : nodes_) {
+      if (node.name != worker || !Has(node, node.slots, node.gpus, need)) continue;
+      return need.gpus ? std::min(node.free, node.free_gpus) : node.free;
+    }
+    return std::nullopt;
   }
   std::vector<NodeOffer> Offers(const NodeNeed& need) const override {
     ++offers_calls;
     std::vector<NodeOffer> out;
     for (const FakeNode& node : nodes_) {
-      if (!Has(node.free, node.free_gpus, need)) continue;
+      if (!Has(node, node.free, node.free_gpus, need)) continue;
       NodeOffer o{node.name, "addr", node.free, node.gpus, {}};
       for (int g = 0; g < node.free_gpus; ++g) o.free_gpus.push_back(absl::StrCat("GPU-", g));
       out.push_back(std::move(o));
@@ -58,7 +67,8 @@ class FakeCluster : public ClusterView {
   mutable int offers_calls = 0;
 
  private:
-  static bool Has(int slots, int gpus, const NodeNeed& need) {
+  static bool Has(const FakeNode& node, int slots, int gpus, const NodeNeed& need) {
+    if (need.selective() && !SelectorMatches(*need.selector, node.labels)) return false;
     return (need.gpus ? std::min(slots, gpus) : slots) >= need.MinRanks();
   }
 
@@ -76,11 +86,17 @@ class SchedulerTest : public ::testing::Test {
  protected:
   // Queues a job of `min`:`max` nodes with `nproc` ranks per node.
   JobRecord& Queue(int min, int max, int nproc = 1, int last_call_s = 10) {
+    return Queue(min, max, [](JobSpec&) {}, nproc, last_call_s);
+  }
+  // The same, with `edit` applied to the spec (priority, node_selector, ...).
+  template <typename Edit>
+  JobRecord& Queue(int min, int max, Edit edit, int nproc = 1, int last_call_s = 10) {
     JobSpec spec;
     spec.name = "job";
     spec.nodes = {min, max};
     spec.nproc_per_node = nproc;
     spec.rdzv.last_call_s = last_call_s;
+    edit(spec);
     const int64_t seq = static_cast<int64_t>(jobs_.size()) + 1;
     JobRecord& job = jobs_.emplace_back(
         NewJob(absl::StrCat("job-", seq), seq, spec, "", "", "/w", kNow));
@@ -94,6 +110,7 @@ class SchedulerTest : public ::testing::Test {
       const char* kind = d.kind == Decision::Kind::kUnschedulable ? "unschedulable"
                          : d.kind == Decision::Kind::kWait        ? "wait"
                          : d.kind == Decision::Kind::kLastCall    ? "last call"
+                         : d.kind == Decision::Kind::kPreempt     ? "preempt"
                                                                   : "form";
       out.push_back(absl::StrCat(d.job->job.id(), ": ", kind));
     }
@@ -205,6 +222,177 @@ TEST_F(SchedulerTest, TheQueueKeepsSubmissionOrderAndPositionsCountPendingJobs) 
   EXPECT_TRUE(queue_.Sync(b)) << "a finished job leaves the queue";
   EXPECT_EQ(queue_.jobs().size(), 2u);
   EXPECT_EQ(queue_.Position(c), 1);
+}
+
+
+// --- Priorities, node selectors, quotas, preemption ---
+
+auto Priority(int p) {
+  return [p](JobSpec& s) { s.priority = p; };
+}
+auto Select(Labels selector, int priority = 0) {
+  return [selector, priority](JobSpec& s) {
+    s.node_selector = selector;
+    s.priority = priority;
+  };
+}
+
+// A job of `spec` running on `workers` (one rank each), as the facade lists it.
+RunningJob Running(JobRecord& job, std::vector<std::string> workers, bool preempting = false) {
+  RunningJob r{&job, {}, 0, preempting};
+  for (const std::string& w : workers) {
+    ++r.ranks_by_worker[w];
+    ++r.ranks;
+  }
+  return r;
+}
+
+TEST_F(SchedulerTest, HigherPrioritiesAreServedFirstAndFifoWithinOne) {
+  FakeCluster cluster(Nodes(1));
+  Queue(1, 1, Priority(0));    // job-1
+  Queue(1, 1, Priority(5));    // job-2
+  Queue(1, 1, Priority(10));   // job-3
+  JobRecord& fourth = Queue(1, 1, Priority(5));  // job-4: after job-2, its equal.
+  std::vector<std::string> order;
+  for (const auto& [key, job] : queue_.jobs()) order.push_back(job->job.id());
+  EXPECT_THAT(order, ElementsAre("job-3", "job-2", "job-4", "job-1"));
+  EXPECT_EQ(queue_.Position(fourth), 3);
+  auto decisions = SchedulePass(queue_, cluster, kNow);
+  ASSERT_THAT(Kinds(decisions), ElementsAre("job-3: form"));
+}
+
+TEST_F(SchedulerTest, ANodeSelectorPlacesAJobOnlyOnMatchingNodesAndSaysWhenItCannot) {
+  FakeCluster cluster({{"a1", 1, 1, 0, 0, {{"pool", "a"}}},
+                       {"b1", 1, 1, 0, 0, {{"pool", "b"}}},
+                       {"a2", 1, 1, 0, 0, {{"pool", "a"}, {"gpu", "h100"}}}});
+  Queue(3, 3, Select({{"pool", "a"}}));  // Only two pool=a nodes.
+  Queue(2, 2, Select({{"pool", "a"}}));
+  auto decisions = SchedulePass(queue_, cluster, kNow);
+  ASSERT_THAT(Kinds(decisions), ElementsAre("job-1: unschedulable", "job-2: form"));
+  EXPECT_EQ(decisions[0].reason,
+            "unschedulable: needs 3 node(s) with pool=a with 1 slot(s) each; the cluster has "
+            "2 such node(s) alive (skipped until it can hold it)");
+  EXPECT_THAT(Workers(decisions[1]), ElementsAre("a1", "a2"));
+}
+
+TEST_F(SchedulerTest, AWaitingJobHoldsOnlyJobsThatCouldShareItsNodes) {
+  FakeCluster cluster({{"a1", 1, 0, 0, 0, {{"pool", "a"}}},  // Busy.
+                       {"b1", 1, 1, 0, 0, {{"pool", "b"}}},
+                       {"b2", 1, 1, 0, 0, {{"pool", "b"}}}});
+  Queue(1, 1, Select({{"pool", "a"}}));  // Waits for a1.
+  Queue(1, 1);                            // Any node, a1 included: waits its turn.
+  Queue(1, 1, Select({{"pool", "b"}}));  // Another pool: goes.
+  auto decisions = SchedulePass(queue_, cluster, kNow);
+  ASSERT_THAT(Kinds(decisions), ElementsAre("job-1: wait", "job-3: form"));
+  EXPECT_EQ(decisions[0].reason, "waiting for 1 node(s) with pool=a with 1 free slot(s); 0 available");
+  EXPECT_THAT(Workers(decisions[1]), ElementsAre("b1"));
+}
+
+TEST_F(SchedulerTest, AnOwnerAtQuotaWaitsWithoutHoldingOthers) {
+  FakeCluster cluster(Nodes(4));
+  Quotas quotas = *ParseQuotas({"alice=2", "*=3"});
+  EXPECT_EQ(quotas.Limit("alice"), 2);
+  EXPECT_EQ(quotas.Limit("bob"), 3);
+  EXPECT_EQ(quotas.Limit(""), -1) << "the anonymous caller has no quota";
+  JobRecord& running = Queue(2, 2);
+  running.job.set_owner("alice");
+  queue_.Remove(running);  // It runs: not queued.
+  JobRecord& more = Queue(1, 1);
+  more.job.set_owner("alice");
+  JobRecord& bobs = Queue(2, 2);
+  bobs.job.set_owner("bob");
+  PassContext context{&quotas, [&] { return std::vector<RunningJob>{Running(running, {"n5", "n6"})}; }};
+  auto decisions = SchedulePass(queue_, cluster, kNow, context);
+  ASSERT_THAT(Kinds(decisions), ElementsAre("job-2: wait", "job-3: form"));
+  EXPECT_EQ(decisions[0].reason,
+            "waiting for quota: owner alice holds 2 of its 2 slot(s) (--quota); this job needs "
+            "at least 1");
+}
+
+TEST_F(SchedulerTest, AnElasticJobTakesOnlyTheNodesItsQuotaAllows) {
+  FakeCluster cluster(Nodes(4));
+  Quotas quotas = *ParseQuotas({"alice=3"});
+  JobRecord& job = Queue(1, 4, /*nproc=*/1, /*last_call_s=*/0);
+  job.job.set_owner("alice");
+  auto decisions = SchedulePass(queue_, cluster, kNow, {&quotas, [] { return std::vector<RunningJob>{}; }});
+  ASSERT_THAT(Kinds(decisions), ElementsAre("job-1: form"));
+  EXPECT_THAT(Workers(decisions[0]), ElementsAre("n1", "n2", "n3"));
+}
+
+TEST_F(SchedulerTest, BadQuotasAreRefusedNamingTheEntry) {
+  EXPECT_THAT(ParseQuotas({"alice"}).status().message(), HasSubstr("quota 'alice': expected OWNER=SLOTS"));
+  EXPECT_THAT(ParseQuotas({"alice=-1"}).status().message(), HasSubstr("quota 'alice=-1'"));
+  EXPECT_THAT(ParseQuotas({"alice=1", "alice=2"}).status().message(),
+              HasSubstr("quota for 'alice' given twice"));
+}
+
+// A running job that checkpoints periodically (so it may be preempted at one).
+auto Checkpointing(int priority, PreemptionPolicy policy = PreemptionPolicy::kAtCheckpoint) {
+  return [priority, policy](JobSpec& s) {
+    s.priority = priority;
+    s.preemption = policy;
+    s.checkpoint.dir = "/ckpt";
+    s.checkpoint.every_epochs = 1;
+  };
+}
+
+TEST_F(SchedulerTest, AHigherPriorityJobPreemptsTheLowestPriorityRunningJobsItNeeds) {
+  FakeCluster cluster(Nodes(3, 1, 0));  // All busy.
+  JobRecord& low = Queue(1, 1, Checkpointing(0));
+  JobRecord& mid = Queue(1, 1, Checkpointing(1));
+  JobRecord& lowest_kill = Queue(1, 1, Checkpointing(-1, PreemptionPolicy::kKill));
+  for (JobRecord* r : {&low, &mid, &lowest_kill}) queue_.Remove(*r);
+  low.job.set_start_ms(1);
+  JobRecord& high = Queue(2, 2, Priority(5));
+  std::vector<RunningJob> running = {Running(low, {"n1"}), Running(mid, {"n2"}),
+                                     Running(lowest_kill, {"n3"})};
+  auto decisions = SchedulePass(queue_, cluster, kNow, {nullptr, [&] { return running; }});
+  ASSERT_THAT(Kinds(decisions), ElementsAre("job-4: wait", "job-3: preempt", "job-1: preempt"));
+  EXPECT_EQ(decisions[0].reason,
+            "waiting for 2 node(s) with 1 free slot(s); 0 available; preempting job-3 "
+            "(priority -1, at once), job-1 (priority 0, at its next checkpoint)");
+  EXPECT_EQ(decisions[1].for_job, &high);
+  EXPECT_EQ(decisions[1].reason, "job job-4 (priority 5) needs its nodes");
+
+  // Once marked, their nodes count as coming free: nothing more is taken, and the
+  // marks are listed again (still needed).
+  running[0].preempting = running[2].preempting = true;
+  decisions = SchedulePass(queue_, cluster, kNow, {nullptr, [&] { return running; }});
+  EXPECT_THAT(Kinds(decisions), ElementsAre("job-4: wait", "job-1: preempt", "job-3: preempt"));
+}
+
+TEST_F(SchedulerTest, NoJobIsPreemptedThatWouldLoseWorkOrSaysNeverOrForNothing) {
+  FakeCluster cluster(Nodes(3, 1, 0));
+  JobRecord& no_checkpoints = Queue(1, 1, Priority(0));  // at_checkpoint, but none taken.
+  JobRecord& never = Queue(1, 1, Checkpointing(0, PreemptionPolicy::kNever));
+  JobRecord& equal = Queue(1, 1, Checkpointing(5));
+  for (JobRecord* r : {&no_checkpoints, &never, &equal}) queue_.Remove(*r);
+  Queue(1, 1, Priority(5));
+  std::vector<RunningJob> running = {Running(no_checkpoints, {"n1"}), Running(never, {"n2"}),
+                                     Running(equal, {"n3"})};
+  auto decisions = SchedulePass(queue_, cluster, kNow, {nullptr, [&] { return running; }});
+  EXPECT_THAT(Kinds(decisions), ElementsAre("job-4: wait"));
+
+  // One preemptible job, but the waiting job needs two nodes: nothing is preempted.
+  JobRecord& killable = Queue(1, 1, Checkpointing(0, PreemptionPolicy::kKill));
+  queue_.Remove(killable);
+  Queue(2, 2, Priority(9));  // job-6, ahead of job-4.
+  running = {Running(killable, {"n1"}), Running(never, {"n2"}), Running(no_checkpoints, {"n3"})};
+  decisions = SchedulePass(queue_, cluster, kNow, {nullptr, [&] { return running; }});
+  EXPECT_THAT(Kinds(decisions), ElementsAre("job-6: wait"));
+}
+
+TEST_F(SchedulerTest, PreemptionLooksOnlyAtNodesTheWaitingJobMayUse) {
+  FakeCluster cluster({{"a1", 1, 0, 0, 0, {{"pool", "a"}}}, {"b1", 1, 0, 0, 0, {{"pool", "b"}}}});
+  JobRecord& on_b = Queue(1, 1, Checkpointing(0, PreemptionPolicy::kKill));
+  JobRecord& on_a = Queue(1, 1, Checkpointing(1, PreemptionPolicy::kKill));
+  queue_.Remove(on_b);
+  queue_.Remove(on_a);
+  Queue(1, 1, Select({{"pool", "a"}}, /*priority=*/5));
+  std::vector<RunningJob> running = {Running(on_b, {"b1"}), Running(on_a, {"a1"})};
+  auto decisions = SchedulePass(queue_, cluster, kNow, {nullptr, [&] { return running; }});
+  EXPECT_THAT(Kinds(decisions), ElementsAre("job-3: wait", "job-2: preempt"))
+      << "the lower-priority job on pool b frees nothing the job may use";
 }
 
 }  // namespace

@@ -220,6 +220,9 @@ const std::set<std::string>& NotStored() {
   static const auto* fields = new std::set<std::string>{
       // The live coordinator's view, recomputed when a job is read or scheduled.
       "ddp.v1.Job.queue_position", "ddp.v1.Job.unschedulable", "ddp.v1.Attempt.live_trainers",
+      // The spec's (spec_yaml is stored), shown again when the job is loaded; so is
+      // Job.node_selector.
+      "ddp.v1.Job.priority", "ddp.v1.Job.preemption",
       // The live registry's, learned again from the worker's next registration and
       // heartbeats.
       "ddp.v1.Worker.free_slots", "ddp.v1.Worker.alive", "ddp.v1.Worker.version",
@@ -244,6 +247,8 @@ TEST(StateStoreTest, EveryStoredFieldOfJobsAttemptsRanksAndWorkersRoundTrips) {
   FillScalars(&worker, NotStored(), &n);
   worker.set_maintenance(v1::WORKER_DRAINING);
   worker.set_drain_policy(v1::DRAIN_NOW);
+  (*worker.mutable_labels())["pool"] = "team-a";
+  (*worker.mutable_labels())["example.com/rack"] = "";
   v1::GpuDevice* gpu = worker.add_gpu_devices();
   gpu->set_index(3);
   gpu->set_uuid("GPU-1234");

@@ -255,6 +255,9 @@ absl::Status LocalCluster::StartWorker(const std::string& name, int slots) {
                                  certs() + "/" + name + ".key"});
   }
   o.argv.insert(o.argv.end(), options_.worker_flags.begin(), options_.worker_flags.end());
+  if (auto it = options_.flags_of.find(name); it != options_.flags_of.end()) {
+    o.argv.insert(o.argv.end(), it->second.begin(), it->second.end());
+  }
   int metrics_port = 0;
   if (options_.worker_metrics) {
     auto port = PickFreePort("127.0.0.1");

@@ -66,6 +66,8 @@ class LocalCluster {
     // their certificates; ddpctl and the harness's own stub use the CA and a token.
     bool secure = false;
     std::vector<std::string> worker_flags;  // Extra ddp-worker flags (--allow-root ...).
+    // Extra flags of one worker, by name (w1: {"--label", "pool=a"}).
+    std::map<std::string, std::vector<std::string>> flags_of;
     std::vector<std::string> coordinator_flags;  // Extra ddp-coordinator flags.
     // Each worker serves Prometheus metrics on a port of its own (worker_metrics_port).
     bool worker_metrics = false;

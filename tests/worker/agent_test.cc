@@ -79,6 +79,20 @@ class FakeCoordinator final : public CoordinatorClient {
     return result;
   }
 
+  absl::Status Leave(const v1::LeaveRequest& req, absl::Duration) override {
+    absl::MutexLock lock(&mu_);
+    Call call{next_++, "Leave", {}, {}, {}, absl::OkStatus()};
+    call.registration.set_worker(req.worker());
+    call.registration.set_incarnation(req.incarnation());
+    leave_reason_ = req.reason();
+    calls_.push_back(std::move(call));
+    return absl::OkStatus();
+  }
+  std::string leave_reason() {
+    absl::MutexLock lock(&mu_);
+    return leave_reason_;
+  }
+
   void SetDesired(const std::vector<v1::Task>& tasks) {
     absl::MutexLock lock(&mu_);
     desired_.clear_tasks();
@@ -133,6 +147,7 @@ class FakeCoordinator final : public CoordinatorClient {
  private:
   absl::Mutex mu_;
   std::vector<Call> calls_ ABSL_GUARDED_BY(mu_);
+  std::string leave_reason_ ABSL_GUARDED_BY(mu_);
   int next_ ABSL_GUARDED_BY(mu_) = 0;
   v1::HeartbeatResponse desired_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Status> heartbeat_errors_ ABSL_GUARDED_BY(mu_);
@@ -203,8 +218,11 @@ class AgentTest : public ::testing::Test {
     return path;
   }
 
-  void StartAgent(const std::string& trainer, Clock* clock = RealClock()) {
+  void StartAgent(const std::string& trainer, Clock* clock = RealClock(),
+                  bool leave_on_exit = false) {
     AgentOptions o;
+    o.labels = {{"pool", "team-a"}};
+    o.leave_on_exit = leave_on_exit;
     o.name = "w1";
     o.advertise_addr = "127.0.0.1";
     o.slots = 2;
@@ -394,6 +412,34 @@ TEST_F(AgentTest, RegistersAgainWhenTheCoordinatorForgetsIt) {
     (first.empty() ? first : second) = call.registration.incarnation();
   }
   EXPECT_EQ(first, second) << "the same agent keeps its incarnation";
+}
+
+TEST_F(AgentTest, SendsItsLabelsAndLeavesOnlyWhenToldToOnStop) {
+  StartAgent(Trainer("exit 0"), RealClock(), /*leave_on_exit=*/true);
+  ASSERT_TRUE(fake_->WaitFor([](const auto& c) { return c.size() >= 2; }));
+  agent_->Stop("received SIGTERM");
+  thread_.join();
+  std::vector<std::string> methods;
+  std::string incarnation;
+  for (const auto& call : fake_->calls()) {
+    methods.push_back(call.method);
+    if (call.method == "Register") {
+      EXPECT_EQ(call.registration.labels().at("pool"), "team-a");
+      incarnation = call.registration.incarnation();
+    }
+    if (call.method == "Leave") EXPECT_EQ(call.registration.incarnation(), incarnation);
+  }
+  ASSERT_FALSE(methods.empty());
+  EXPECT_EQ(methods.back(), "Leave") << "after its last heartbeat";
+  EXPECT_EQ(fake_->leave_reason(), "received SIGTERM");
+}
+
+TEST_F(AgentTest, AnAgentNotToldToLeaveDoesNotLeave) {
+  StartAgent(Trainer("exit 0"));
+  ASSERT_TRUE(fake_->WaitFor([](const auto& c) { return c.size() >= 2; }));
+  agent_->Stop();
+  thread_.join();
+  for (const auto& call : fake_->calls()) EXPECT_NE(call.method, "Leave");
 }
 
 TEST_F(AgentTest, GivesUpWhenAnotherAgentTookItsName) {

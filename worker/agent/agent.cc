@@ -70,10 +70,19 @@ Agent::Stats Agent::stats() const {
   return s;
 }
 
-void Agent::Stop() {
+void Agent::Stop(const std::string& reason) {
+  {
+    absl::MutexLock lock(&stop_mu_);
+    if (stop_reason_.empty()) stop_reason_ = reason;
+  }
   if (!stop_.HasBeenNotified()) stop_.Notify();
   if (poller_) poller_->Stop();
   Wake();
+}
+
+std::string Agent::LeaveReason() {
+  absl::MutexLock lock(&stop_mu_);
+  return stop_reason_.empty() ? std::string("the agent stopped") : stop_reason_;
 }
 
 void Agent::Wake() {
@@ -110,6 +119,7 @@ absl::Status Agent::RegisterOnce() {
     d->set_memory_bytes(g.memory_bytes);
   }
   req.set_version(VersionString());
+  for (const auto& [key, value] : options_.labels) (*req.mutable_labels())[key] = value;
   RepairUtf8(&req);  // The host name or a flag may hold anything.
   auto resp = client_->Register(req, rpc_deadline_);
   if (!resp.ok()) return resp.status();
@@ -311,6 +321,19 @@ absl::Status Agent::Run() {
     // their exits.
     reporter_->Drain(rpc_deadline_ * 4);
     (void)HeartbeatOnce();
+    if (options_.leave_on_exit) {
+      v1::LeaveRequest leave;
+      leave.set_worker(options_.name);
+      leave.set_incarnation(incarnation_);
+      leave.set_reason(LeaveReason());
+      const absl::Status st = client_->Leave(leave, rpc_deadline_ * 4);
+      if (st.ok()) {
+        DDP_LOG(INFO) << "left the cluster (--leave-on-exit)";
+      } else {
+        DDP_LOG(WARNING) << "could not leave the cluster: " << st.message()
+                         << " (the coordinator will list this worker lost)";
+      }
+    }
   }
   reporter_->Pause();
   SetReachable(false);

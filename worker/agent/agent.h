@@ -34,6 +34,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/jobspec/labels.h"
 #include "worker/agent/backoff.h"
 #include "worker/agent/coordinator_client.h"
 #include "worker/agent/event_buffer.h"
@@ -65,6 +66,12 @@ struct AgentOptions {
   // Keep a WaitForTasks long poll open, so new tasks arrive at once rather than with
   // the next heartbeat (ddp-worker --long-poll; off only to compare, in bench/).
   bool long_poll = true;
+  Labels labels;  // --label KEY=VALUE: sent with every registration.
+  // --leave-on-exit: once its trainers are stopped at shutdown, the agent tells the
+  // coordinator it is gone for good (WorkerService.Leave), which forgets it at once.
+  // For nodes that do not come back under this name (a Slurm allocation, an
+  // autoscaled VM); a systemd-managed node restarts and keeps its cordon instead.
+  bool leave_on_exit = false;
 };
 
 class Agent {
@@ -77,7 +84,8 @@ class Agent {
   // (another agent registered under this name, or bad timeouts from the coordinator).
   absl::Status Run();
   // Thread-safe; Run() returns soon after.
-  void Stop();
+  // `reason` is what --leave-on-exit tells the coordinator ("received SIGTERM").
+  void Stop(const std::string& reason = "");
 
   const std::string& incarnation() const { return incarnation_; }
   // Called (on the loop thread) with true once registered and heartbeating, and with
@@ -128,6 +136,9 @@ class Agent {
   bool held_exits_ = false;     // The last heartbeat held back some exit.
   bool heartbeat_now_ = false;  // Something must be told at once (a task failed to start).
   absl::Notification stop_;
+  absl::Mutex stop_mu_;
+  std::string stop_reason_ ABSL_GUARDED_BY(stop_mu_);
+  std::string LeaveReason() ABSL_LOCKS_EXCLUDED(stop_mu_);
   absl::Mutex wake_mu_;
   bool woken_ ABSL_GUARDED_BY(wake_mu_) = false;
   std::function<void(bool)> on_reachable_;

@@ -55,6 +55,13 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     return resp;
   }
 
+  absl::Status Leave(const v1::LeaveRequest& req, absl::Duration deadline) override {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+    v1::LeaveResponse resp;
+    return FromGrpcStatus(stub_->Leave(&ctx, req, &resp));
+  }
+
   absl::StatusOr<v1::WaitForTasksResponse> WaitForTasks(const v1::WaitForTasksRequest& req,
                                                         absl::Duration deadline) override {
     grpc::ClientContext ctx;

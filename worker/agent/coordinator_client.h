@@ -32,6 +32,10 @@ class CoordinatorClient {
   }
   // Ends any WaitForTasks call in progress (CANCELLED), from another thread.
   virtual void CancelWaits() {}
+  // WorkerService.Leave (ddp-worker --leave-on-exit). UNIMPLEMENTED by default.
+  virtual absl::Status Leave(const v1::LeaveRequest& request, absl::Duration deadline) {
+    return absl::UnimplementedError("Leave");
+  }
 };
 
 // How the gRPC channel reconnects once the coordinator is gone. gRPC's defaults back

@@ -8,6 +8,7 @@
 #include <iostream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "common/daemon/daemon.h"
 #include "common/flags.h"
 #include "common/logging.h"
@@ -36,6 +37,13 @@ int main(int argc, char** argv) {
   flags.String("gpus", &options.gpus,
                "the node's GPUs this worker offers: NVML indices or UUIDs, comma-separated "
                "(CUDA_VISIBLE_DEVICES' form; a Slurm task's own), 'all' or 'none'");
+  flags.StringList("label", &options.labels,
+                   "KEY=VALUE label of this node (repeatable: pool=team-a, gpu=h100); jobs "
+                   "select nodes by them (node_selector)");
+  flags.Bool("leave-on-exit", &opts.leave_on_exit,
+             "on SIGTERM/SIGINT, once trainers are stopped, leave the cluster (the coordinator "
+             "forgets this worker at once): for nodes that do not come back, as a Slurm "
+             "allocation's");
   flags.String("advertise-addr", &opts.advertise_addr,
                "address other nodes reach this one at (default: the route to the coordinator)");
   flags.Int("cpus", &opts.cpus, "cores for trainers, split evenly over the slots");
@@ -80,7 +88,7 @@ int main(int argc, char** argv) {
     DDP_LOG(INFO) << "received " << ddp::daemon::ShutdownSignals::Name(sig)
                   << ": stopping trainers and exiting";
     ddp::daemon::NotifyStopping();
-    (*server)->Stop();
+    (*server)->Stop(absl::StrCat("received ", ddp::daemon::ShutdownSignals::Name(sig)));
   });
   absl::Status st = (*server)->Run();
   if (!st.ok()) {

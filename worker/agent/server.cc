@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "common/auth/tokens.h"
 #include "common/daemon/daemon.h"
+#include "common/jobspec/labels.h"
 #include "common/logging.h"
 #include "common/metrics/metrics_server.h"
 #include "common/net.h"
@@ -137,6 +138,9 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
     if (cn.ok()) opts.name = *cn;  // The name the certificate lets us speak for.
   }
   if (opts.name.empty()) opts.name = LocalHostname();
+  auto labels = ParseLabelList(options.labels);
+  if (!labels.ok()) return absl::InvalidArgumentError("--label: " + std::string(labels.status().message()));
+  opts.labels = *std::move(labels);
   if (!options.token_file.empty()) {
     auto token = ReadClientToken(options.token_file);
     if (!token.ok()) {
@@ -253,7 +257,7 @@ absl::Status WorkerServer::Run() {
   return st;
 }
 
-void WorkerServer::Stop() { agent_->Stop(); }
+void WorkerServer::Stop(const std::string& reason) { agent_->Stop(reason); }
 
 int WorkerServer::metrics_port() const { return metrics_ ? metrics_->port() : 0; }
 

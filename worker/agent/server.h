@@ -30,6 +30,7 @@ struct WorkerServerOptions {
   AgentOptions agent;
   int slots = 0;  // --slots (0: one per GPU, or 1 on a CPU-only node)
   std::string gpus = "all";  // --gpus: which of the node's GPUs (SelectGpus)
+  std::vector<std::string> labels;  // --label KEY=VALUE (repeatable)
   ChannelSecurity security;  // --tls-ca, --tls-cert, --tls-key
   std::string token_file;    // --token-file
   std::vector<std::string> allow_roots;  // --allow-root
@@ -54,7 +55,7 @@ class WorkerServer {
   // Registers and runs the agent until Stop(); an error only when it cannot go on
   // (another agent registered under this name). Tells systemd READY once registered.
   absl::Status Run();
-  void Stop();  // Thread-safe.
+  void Stop(const std::string& reason = "");  // Thread-safe; `reason` as Agent::Stop.
 
   const AgentOptions& agent_options() const { return agent_options_; }
   int health_port() const { return health_->port(); }
