@@ -363,9 +363,11 @@ command: [/bin/sleep, "12"]
     wait_for(f"Slurm job {slurm_job} to end", lambda: cluster.run(
         ["squeue", "-h", "-j", slurm_job], check=False).stdout.strip() == "", 60, 0.5)
     out = open(cluster.path(f"ddp-workers-{slurm_job}.out"), errors="replace").read()
-    for task in ("0", "1"):
-        if f"{task}: " not in out:
-            raise Failure(f"no output from task {task} in ddp-workers-{slurm_job}.out")
+    for task in ("0", "1"):  # srun --label: each line starts with its task.
+        if not any(line.startswith(f"{task}: ") and "left the cluster" in line
+                   for line in out.splitlines()):
+            raise Failure(f"task {task}'s worker did not say it left the cluster "
+                          f"(ddp-workers-{slurm_job}.out)")
     j = cluster.wait_job(other, ["SUCCEEDED", "FAILED", "CANCELLED"], 60)
     if j["state"] != "SUCCEEDED" or j.get("restarts", 0) != 0 or len(j["attempts"]) != 1:
         raise Failure(f"job {other} on static-1 ended {j['state']} after "
