@@ -12,7 +12,8 @@
 //   CordonWorker, DrainWorker,     admin                     --auth-token-file
 //   UncordonWorker, RemoveWorker
 //   Register, Heartbeat,           worker, and only for      --tls-ca (certificates)
-//   ReportEvents                   its own worker name       or worker tokens
+//   ReportEvents, WaitForTasks,    its own worker name       or worker tokens
+//   Leave
 //
 // Who the caller is: a bearer token (`authorization: Bearer <token>`) found in the
 // token file gives that line's role and name; a client certificate verified against

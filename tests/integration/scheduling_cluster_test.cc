@@ -62,7 +62,7 @@ TEST(SchedulingClusterTest, PrioritiesLabelsAndPreemptionOnThreeWorkers) {
   EXPECT_THAT(workers.out, HasSubstr("pool=a,rack=r1"));
 
   // 1. A queue served by priority: three 3-node jobs wait behind a running one.
-  const std::string blocker = Submit(c, JobFile(c.dir(), "blocker", 3, 60000));
+  const std::string blocker = Submit(c, JobFile(c.dir(), "blocker", 3, 150000));
   ASSERT_TRUE(c.WaitFor(blocker, [](const v1::Job& j) { return j.state() == v1::RUNNING; }).ok());
   const std::string low = Submit(c, JobFile(c.dir(), "low", 3, 3000));
   const std::string mid = Submit(c, JobFile(c.dir(), "mid", 3, 3000, "priority: 5\n"));
