@@ -2,7 +2,8 @@
 # deploy/slurm/ddp-workers.sbatch's flags for ddp-worker, without Slurm: a fake srun
 # runs the per-task command once with the Slurm variables a task would have, and a
 # fake ddp-worker prints its arguments. What the name, labels, GPUs and CPUs come out
-# as for one or several tasks per node, with and without Slurm's GPU variables.
+# as for one or several tasks per node, with and without Slurm's GPU variables, and
+# that the agent's work dir is removed after it.
 # (slurm_test.py runs the script under a real Slurm.)
 #   slurm_script_test.sh SOURCE_DIR
 set -euo pipefail
@@ -25,7 +26,7 @@ run() {
   local -a vars=()
   while [ "$1" != "--" ]; do vars+=("$1"); shift; done
   shift
-  env -i PATH="$tmp/path:/usr/bin:/bin" DDP_BIN="$tmp/bin" DDP_COORDINATOR=10.0.0.1:29400 \
+  env -i PATH="$tmp/path:/usr/bin:/bin" TMPDIR="$tmp" DDP_BIN="$tmp/bin" DDP_COORDINATOR=10.0.0.1:29400 \
     SLURM_JOB_ID=42 SLURMD_NODENAME=n1 SLURM_JOB_PARTITION=gpu SLURM_LOCALID=0 SLURM_NODEID=0 \
     SLURM_NTASKS=1 SLURM_STEP_TASKS_PER_NODE=1 SLURM_CPUS_ON_NODE=8 "${vars[@]}" \
     bash "$script" "$@" 2>&1 | grep -v '^ddp-workers.sbatch: job'
@@ -46,6 +47,12 @@ out=$(run --)
 expect "one task per node" "$out" "--name n1-42" "--label slurm_job=42" \
   "--label slurm_partition=gpu" "--leave-on-exit --gpus" "--gpus none" "--cpus 8" \
   "--coordinator 10.0.0.1:29400"
+
+work_dir=$(grep -A1 -x -- --work-dir <<<"$out" | tail -1)
+case "$work_dir" in
+  "$tmp"/ddp-worker-n1-42.*) [ ! -e "$work_dir" ] || { echo "FAIL: $work_dir was left behind"; failures=$((failures + 1)); } ;;
+  *) echo "FAIL: the work dir is '$work_dir', not a new one under \$TMPDIR"; failures=$((failures + 1)) ;;
+esac
 
 out=$(run SLURM_LOCALID=1 SLURM_NODEID=1 SLURM_STEP_TASKS_PER_NODE="1,2(x2)" -- --stop-grace 5s)
 expect "the second of two tasks on the second node" "$out" "--name n1-42-1" "--cpus 4" \

@@ -33,9 +33,14 @@ SLURM_PROGRAMS = ["mungekey", "munged", "slurmctld", "slurmd", "sbatch", "squeue
                   "scancel", "srun"]
 HEARTBEAT_TIMEOUT_S = 60  # The coordinator's: a worker that merely vanished stays listed.
 LEAVE_WITHIN_S = 15       # How soon after scancel the Slurm workers must be gone.
+DEADLINE_S = 220          # The whole test, well inside ctest's TIMEOUT (300) with cleanup.
 
 
 class Failure(Exception):
+    pass
+
+
+class Interrupted(Failure):  # The deadline, or a signal: nothing to add to it.
     pass
 
 
@@ -204,18 +209,20 @@ PartitionName=ddp Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
                                      "--slots", "1", "--cpus", "1", "--label", "pool=static",
                                      "--work-dir", self.path("static-1")])
         wait_for("the static worker to register",
-                 lambda: [w for w in self.workers() if w["name"] == "static-1"], 60)
+                 lambda: [w for w in self.workers(starting=True) if w["name"] == "static-1"],
+                 60)
         log(f"ddp-coordinator on {self.coordinator}, worker static-1 (pool=static) registered")
 
     def ddpctl(self, *args, timeout=30):
         return self.run([os.path.join(self.bin, "ddpctl"), *args], timeout=timeout)
 
-    def workers(self):
+    def workers(self, starting=False):
+        # While the coordinator starts, no answer is no workers; after, it is a failure
+        # (an empty list must not pass for workers that left).
         self.check_alive()
-        r = self.run([os.path.join(self.bin, "ddpctl"), "workers", "-o", "json"], check=False)
-        if r.returncode != 0:
-            return []
-        return json.loads(r.stdout).get("workers", [])
+        r = self.run([os.path.join(self.bin, "ddpctl"), "workers", "-o", "json"],
+                     check=not starting)
+        return json.loads(r.stdout).get("workers", []) if r.returncode == 0 else []
 
     def job(self, job_id):
         return json.loads(self.ddpctl("get", job_id, "-o", "json").stdout)
@@ -232,6 +239,8 @@ PartitionName=ddp Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
             return j if j.get("state") in states else None
         try:
             return wait_for(f"job {job_id} to reach {'/'.join(states)}", reached, timeout, 0.5)
+        except Interrupted:
+            raise
         except Failure:
             j = self.job(job_id)
             raise Failure(f"job {job_id} is {j.get('state')} ({j.get('reason')}), wanted "
@@ -294,7 +303,10 @@ def test(cluster):
     cluster.start_ddp()
 
     # 1. Two tasks on the one node: two workers.
-    sbatch_env = dict(cluster.env, DDP_BIN=cluster.bin)
+    # The tasks' TMPDIR, where each worker's work dir goes (and must be gone after).
+    task_tmp = cluster.path("task-tmp")
+    os.makedirs(task_tmp)
+    sbatch_env = dict(cluster.env, DDP_BIN=cluster.bin, TMPDIR=task_tmp)
     t0 = time.monotonic()
     slurm_job = cluster.run(["sbatch", "--parsable", "--nodes=1", "--ntasks=2",
                              "--chdir=" + cluster.tmp, "--output=" + cluster.path("ddp-workers-%j.out"),
@@ -368,6 +380,11 @@ command: [/bin/sleep, "12"]
                    for line in out.splitlines()):
             raise Failure(f"task {task}'s worker did not say it left the cluster "
                           f"(ddp-workers-{slurm_job}.out)")
+    if f"work dir {task_tmp}/ddp-worker-" not in out:
+        raise Failure(f"the workers' work dirs were not under the tasks' TMPDIR {task_tmp}")
+    left = os.listdir(task_tmp)
+    if left:
+        raise Failure(f"the workers' work dirs are still there: {left}")
     j = cluster.wait_job(other, ["SUCCEEDED", "FAILED", "CANCELLED"], 60)
     if j["state"] != "SUCCEEDED" or j.get("restarts", 0) != 0 or len(j["attempts"]) != 1:
         raise Failure(f"job {other} on static-1 ended {j['state']} after "
@@ -407,9 +424,14 @@ def main(argv):
               "slurm-client, munge; scripts/install_deps.sh)")
         return SKIP
     cluster = Cluster(os.path.abspath(argv[1]), os.path.abspath(argv[2]))
-    # ctest's timeout and ^C: clean up like any failure.
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda s, _: (_ for _ in ()).throw(Failure(f"signal {s}")))
+    # ^C, a SIGTERM, and our own deadline (ctest's timeout kills with SIGKILL, and job
+    # steps outlive the daemons): clean up like any failure.
+    def interrupted(sig, _):
+        raise Interrupted(f"the test's deadline of {DEADLINE_S} s passed"
+                          if sig == signal.SIGALRM else f"signal {sig}")
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGALRM):
+        signal.signal(sig, interrupted)
+    signal.alarm(DEADLINE_S)
     rc = 1
     try:
         test(cluster)
@@ -419,6 +441,7 @@ def main(argv):
         print(f"FAIL: {e}")
         cluster.dump_logs()
     finally:
+        signal.alarm(0)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
