@@ -49,16 +49,16 @@ struct CoordinatorServerOptions {
   // --metrics-listen: Prometheus /metrics over HTTP (coordinator/metrics.h); empty: none.
   std::string metrics_listen;
   // --http-listen: the read-only web dashboard (coordinator/http/dashboard.h), with the
-  // same tokens and roles as the gRPC reads; HTTPS with tls.cert_file/key_file when
-  // given. Empty: none.
+  // same tokens and roles as the gRPC reads. Plain HTTP: loopback only unless
+  // --insecure. Empty: none.
   std::string http_listen;
 };
 
 // INVALID_ARGUMENT naming the flag: a missing --state-dir, a bad --listen, timeouts
-// out of order, retention, queue and stream limits < 1, and a --listen or
-// --http-listen address that other machines can reach without TLS
-// (--tls-cert/--tls-key) and tokens (--auth-token-file), unless --insecure. main()
-// exits 2 on these, as for any bad flag.
+// out of order, retention, queue and stream limits < 1, a --listen address that
+// other machines can reach without TLS (--tls-cert/--tls-key) and tokens
+// (--auth-token-file), and a non-loopback --http-listen (plain HTTP), unless
+// --insecure. main() exits 2 on these, as for any bad flag.
 absl::Status ValidateServerOptions(const CoordinatorServerOptions& options);
 
 class CoordinatorServer {

@@ -248,8 +248,7 @@ HttpResponse DashboardHandler::Handle(const HttpRequest& request) const {
         if (auth_->jobs_authenticated()) {
           r.headers.emplace_back(
               "Set-Cookie", absl::StrCat(kCookie, "=", Encode(*token, false),
-                                         "; Path=/; HttpOnly; SameSite=Strict",
-                                         request.tls ? "; Secure" : ""));
+                                         "; Path=/; HttpOnly; SameSite=Strict"));
         }
       }
     } else {

@@ -21,7 +21,8 @@
 // (auth.h): admin, user and viewer tokens; worker identities get 403, no or unknown
 // tokens 401. A token comes as `Authorization: Bearer TOKEN` or, for browsers, once
 // as `?token=TOKEN` on any page, which answers with an HttpOnly, SameSite=Strict
-// cookie (Secure over HTTPS) and a redirect to the same URL without the token. A
+// cookie and a redirect to the same URL without the token (plain HTTP, on loopback
+// unless --insecure: dashboard_server.h says why there is no HTTPS). A
 // coordinator that authenticates no one (the loopback quickstart) serves everyone.
 // GetJob's redaction of `env` values applies as over gRPC: the caller is the same.
 //
@@ -51,7 +52,6 @@ struct HttpRequest {
   std::string query;   // Still encoded, without '?': "tail=100&rank=1".
   std::optional<std::string> authorization;  // The Authorization header, if any.
   std::string cookie;  // The Cookie header ("" if none).
-  bool tls = false;    // Arrived over HTTPS (the cookie is then Secure).
 };
 
 struct HttpResponse {

@@ -9,7 +9,11 @@
 
 (function () {
   const POLL_MS = 1000;
-  const HISTORY_REFRESH_MS = 10000;  // The whole metric history, to fill what polls missed.
+  // The whole stored step history (what fills the charts between the polls' latest
+  // points) is read again every second while it is short, less often as it grows:
+  // a second per 2,000 points, at most every 15 s.
+  const HISTORY_POINTS_PER_S = 2000;
+  const HISTORY_MAX_MS = 15000;
   const LOG_LINES = 100;
   const COLORS = ['#2563eb', '#dc2626', '#16a34a', '#9333ea', '#ea580c', '#0891b2',
                   '#ca8a04', '#db2777'];
@@ -252,7 +256,7 @@
     }
     for (let i = 0; i <= 4; ++i) {
       const x = Math.round(x0 + (x1 - x0) * i / 4);
-      add('text', { x: sx(x), y: H - 8, 'text-anchor': 'middle' }, String(x));
+      add('text', { x: sx(x), y: H - 8, 'text-anchor': i === 4 ? 'end' : 'middle' }, String(x));
     }
     add('line', { x1: L, x2: L, y1: T, y2: H - B, class: 'axis' });
     add('line', { x1: L, x2: W - R, y1: H - B, y2: H - B, class: 'axis' });
@@ -392,8 +396,10 @@
         api(base + '/logs?tail=' + LOG_LINES),
       ]);
       if (wantHistory) {
-        nextHistory = Date.now() + HISTORY_REFRESH_MS;
-        for (const m of reply.job.history || []) addPoint(m);
+        const history = reply.job.history || [];
+        for (const m of history) addPoint(m);
+        nextHistory = Date.now() +
+            Math.min(HISTORY_MAX_MS, Math.max(POLL_MS, history.length / HISTORY_POINTS_PER_S * 1000));
       }
       renderJob(reply.job, num(reply.now_ms));
       renderLogs(logs.lines);
