@@ -3,7 +3,7 @@
 //   ddp-coordinator --listen 0.0.0.0:29400 --state-dir /var/lib/ddp
 //       --tls-cert coordinator.pem --tls-key coordinator.key --tls-ca ca.pem
 //       --auth-token-file tokens --health-listen 0.0.0.0:29402
-//       --metrics-listen 0.0.0.0:29403
+//       --metrics-listen 0.0.0.0:29403 --http-listen 127.0.0.1:29405
 //   (one command line)
 //
 // Without TLS and tokens it serves only loopback addresses (or anything with
@@ -69,6 +69,10 @@ int main(int argc, char** argv) {
                "the state store writes; \"liveness\": while the process runs)");
   flags.String("metrics-listen", &opts.metrics_listen,
                "HOST:PORT to serve Prometheus metrics on (http://HOST:PORT/metrics)");
+  flags.String("http-listen", &opts.http_listen,
+               "HOST:PORT to serve the read-only web dashboard on (http://HOST:PORT/; port 0: "
+               "any free port; the same tokens and roles as the gRPC reads; plain HTTP, so a "
+               "loopback address unless --insecure)");
   flags.Int("max-queued-jobs", &opts.usage.queued_jobs,
             "jobs that may wait in the queue; a submission past it is refused");
   flags.Int("max-queued-jobs-per-user", &opts.usage.queued_jobs_per_user,

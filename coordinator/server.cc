@@ -8,6 +8,7 @@
 #include "common/logging.h"
 #include "common/metrics/metrics_server.h"
 #include "common/net.h"
+#include "coordinator/http/dashboard_server.h"
 #include "coordinator/metrics.h"
 #include "coordinator/rpc/request_limits.h"
 
@@ -32,7 +33,8 @@ absl::Status ValidateServerOptions(const CoordinatorServerOptions& options) {
   }
   for (const auto& [flag, value] : {std::pair<const char*, const std::string&>{
                                         "--health-listen", options.health_listen},
-                                    {"--metrics-listen", options.metrics_listen}}) {
+                                    {"--metrics-listen", options.metrics_listen},
+                                    {"--http-listen", options.http_listen}}) {
     if (value.empty()) continue;
     if (auto parsed = ParseHostPort(value); !parsed.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(flag, ": ", parsed.status().message()));
@@ -61,6 +63,17 @@ absl::Status ValidateServerOptions(const CoordinatorServerOptions& options) {
           "(scripts/make_certs.sh makes them), listen on 127.0.0.1, or pass --insecure to "
           "serve it unprotected anyway"));
     }
+  }
+  // The dashboard carries tokens (a header, a cookie) and shows what GetJob shows, in
+  // plain HTTP (dashboard_server.h: why not HTTPS): loopback only, unless --insecure.
+  if (!options.http_listen.empty() && !options.insecure &&
+      !IsLoopbackHost(ParseHostPort(options.http_listen)->host)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--http-listen ", options.http_listen,
+        " is reachable from other machines, but the dashboard serves plain HTTP (no TLS), "
+        "so tokens and jobs would cross the network in the clear: serve it on 127.0.0.1 and "
+        "reach it through an SSH tunnel or kubectl port-forward, or pass --insecure to serve "
+        "it unprotected anyway"));
   }
   return absl::OkStatus();
 }
@@ -99,6 +112,15 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     if (!metrics_server.ok()) return metrics_server.status();
     s->metrics_server_ = *std::move(metrics_server);
     for (const auto& c : s->metrics_->collectables()) s->metrics_server_->Register(c);
+  }
+
+  if (!options.http_listen.empty()) {
+    auto dashboard = DashboardServer::Start(
+        {options.http_listen},
+        std::make_unique<DashboardHandler>(s->coordinator_.get(), s->hub_.get(), s->auth_.get(),
+                                           clock));
+    if (!dashboard.ok()) return dashboard.status();
+    s->dashboard_ = *std::move(dashboard);
   }
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -158,6 +180,16 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     DDP_LOG(INFO) << "Prometheus metrics on http://" << ParseHostPort(options.metrics_listen)->host
                   << ":" << s->metrics_server_->port() << "/metrics";
   }
+  if (s->dashboard_) {
+    const std::string host = ParseHostPort(options.http_listen)->host;
+    DDP_LOG(INFO) << "web dashboard on http://" << host << ":" << s->dashboard_->port() << "/"
+                  << (options.auth.token_file.empty() ? " (open: no tokens)" : "");
+    if (!IsLoopbackHost(host)) {
+      DDP_LOG(WARNING) << "--insecure: the dashboard on " << options.http_listen
+                       << " is plain HTTP reachable from other machines: tokens and jobs "
+                          "cross the network in the clear";
+    }
+  }
   if (!IsLoopbackHost(listen->host) &&
       (options.tls.cert_file.empty() || options.auth.token_file.empty())) {
     DDP_LOG(WARNING) << "--insecure: " << options.listen
@@ -171,6 +203,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
 int CoordinatorServer::metrics_port() const {
   return metrics_server_ ? metrics_server_->port() : 0;
 }
+
+int CoordinatorServer::http_port() const { return dashboard_ ? dashboard_->port() : 0; }
 
 void CoordinatorServer::UpdateHealth() {
   if (!health_) return;
@@ -206,6 +240,7 @@ void CoordinatorServer::Shutdown() {
     if (health_) health_->Set("", false);
     if (coordinator_) coordinator_->CloseLongPolls();
     if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    dashboard_.reset();  // Waits for requests in progress; they read coordinator_.
     if (health_) health_->Shutdown();
   });
 }

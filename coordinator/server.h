@@ -26,6 +26,7 @@ namespace ddp {
 
 class CoordinatorMetricsExporter;  // coordinator/metrics.h
 class MetricsServer;               // common/metrics/metrics_server.h
+class DashboardServer;             // coordinator/http/dashboard_server.h
 
 struct CoordinatorServerOptions {
   std::string listen = "127.0.0.1:29400";
@@ -47,12 +48,17 @@ struct CoordinatorServerOptions {
   std::string health_listen;
   // --metrics-listen: Prometheus /metrics over HTTP (coordinator/metrics.h); empty: none.
   std::string metrics_listen;
+  // --http-listen: the read-only web dashboard (coordinator/http/dashboard.h), with the
+  // same tokens and roles as the gRPC reads. Plain HTTP: loopback only unless
+  // --insecure. Empty: none.
+  std::string http_listen;
 };
 
 // INVALID_ARGUMENT naming the flag: a missing --state-dir, a bad --listen, timeouts
-// out of order, retention, queue and stream limits < 1, and a --listen address that
+// out of order, retention, queue and stream limits < 1, a --listen address that
 // other machines can reach without TLS (--tls-cert/--tls-key) and tokens
-// (--auth-token-file), unless --insecure. main() exits 2 on these, as for any bad flag.
+// (--auth-token-file), and a non-loopback --http-listen (plain HTTP), unless
+// --insecure. main() exits 2 on these, as for any bad flag.
 absl::Status ValidateServerOptions(const CoordinatorServerOptions& options);
 
 class CoordinatorServer {
@@ -68,6 +74,7 @@ class CoordinatorServer {
   // 0 when not serving them.
   int health_port() const { return health_ ? health_->port() : 0; }
   int metrics_port() const;
+  int http_port() const;  // The dashboard's (--http-listen); 0 when not serving it.
   // Re-reads the token file now (SIGHUP); certificates are re-read by gRPC's file
   // watcher when they change. On error the previous tokens stay in force.
   absl::Status ReloadCredentials();
@@ -85,6 +92,7 @@ class CoordinatorServer {
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<CoordinatorMetricsExporter> metrics_;
   std::unique_ptr<MetricsServer> metrics_server_;  // Scrapes read coordinator_.
+  std::unique_ptr<DashboardServer> dashboard_;     // Reads coordinator_, hub_, auth_.
   std::unique_ptr<Authorizer> auth_;
   std::unique_ptr<JobServiceImpl> job_service_;
   std::unique_ptr<WorkerServiceImpl> worker_service_;

@@ -15,6 +15,8 @@ packages=(
   libsystemd-dev                        # sd_notify readiness (Type=notify units)
   systemd zsh                           # tests: systemd-analyze verify, zsh completion
   prometheus-cpp-dev                    # the daemons' /metrics endpoints
+  libcivetweb-dev                       # the coordinator's web dashboard (--http-listen)
+  chromium chromium-driver python3-selenium   # tests: the dashboard in headless Chromium
   prometheus                            # tests: a real Prometheus scrapes them; promtool
   libgtest-dev libgmock-dev googletest
   openssl libssl-dev                    # TLS file checks, token digests, scripts/make_certs.sh

@@ -24,8 +24,9 @@
 // answer happened (a submit, a cancel, slots freed, a worker joined or left, a
 // last-call window closed), never per heartbeat. A pass reads counts the registry
 // keeps up to date (ClusterView), so deciding that nothing can start costs
-// O(queued jobs), whatever the cluster's size; only forming an attempt lists nodes,
-// and only quotas and preemption list the running jobs (once per pass, if at all).
+// O(queued jobs), whatever the cluster's size; only forming an attempt lists nodes.
+// The running jobs (for quotas and preemption) are listed at most once per pass, and
+// only in a pass where quotas are set or a job waits for nodes: O(jobs) then.
 #ifndef DDP_COORDINATOR_CORE_SCHEDULER_H_
 #define DDP_COORDINATOR_CORE_SCHEDULER_H_
 
@@ -111,8 +112,8 @@ struct RunningJob {
 // What the pass may ask of the facade beyond the queue and the cluster.
 struct PassContext {
   const Quotas* quotas = nullptr;
-  // Lists the jobs with an active attempt; called at most once per pass, and only
-  // when quotas are set or a queued job outranks the lowest running priority.
+  // Lists the jobs holding nodes; called at most once per pass, and only when quotas
+  // are set or a job waits for nodes.
   std::function<std::vector<RunningJob>()> running;
 };
 

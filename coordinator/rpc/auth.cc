@@ -142,8 +142,10 @@ absl::Status Authorizer::ReloadIfChanged() {
 }
 
 absl::StatusOr<Identity> Authorizer::Identify(const PresentedCredentials& p,
-                                              bool worker_method) const {
-  const char* how = worker_method ? kHowWorker : kHowClient;
+                                              bool worker_method,
+                                              absl::string_view client_how) const {
+  const absl::string_view how =
+      worker_method ? kHowWorker : client_how.empty() ? kHowClient : client_how;
   if (p.authorization.has_value()) {
     constexpr absl::string_view kBearer = "Bearer ";
     if (!absl::StartsWith(*p.authorization, kBearer)) {
@@ -179,7 +181,8 @@ absl::StatusOr<Identity> Authorizer::Identify(const PresentedCredentials& p,
 }
 
 absl::StatusOr<Identity> Authorizer::Authorize(const PresentedCredentials& p, Method method,
-                                               const std::string& worker) const {
+                                               const std::string& worker,
+                                               absl::string_view how) const {
   const bool worker_method = IsWorkerMethod(method);
   if (worker_method ? !workers_authenticated() : !jobs_authenticated()) {
     Identity open;
@@ -188,7 +191,7 @@ absl::StatusOr<Identity> Authorizer::Authorize(const PresentedCredentials& p, Me
     open.name = worker_method ? worker : "";
     return open;
   }
-  auto id = Identify(p, worker_method);
+  auto id = Identify(p, worker_method, how);
   if (!id.ok()) return id.status();
   const std::vector<Role> allowed = AllowedRoles(method);
   if (std::find(allowed.begin(), allowed.end(), id->role) == allowed.end()) {
@@ -217,6 +220,14 @@ absl::StatusOr<Identity> Authorizer::Authorize(const PresentedCredentials& p, Me
     }
   }
   return id;
+}
+
+Caller CallerOf(const Identity& id) {
+  if (id.via == "open") return Caller();  // Anonymous, trusted: the loopback quickstart.
+  Caller c;
+  c.name = id.name;
+  c.admin = id.role == Role::kAdmin;
+  return c;
 }
 
 }  // namespace ddp

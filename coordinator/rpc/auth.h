@@ -43,6 +43,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/auth/tokens.h"
+#include "coordinator/core/admission.h"
 
 namespace ddp {
 
@@ -89,9 +90,12 @@ class Authorizer {
   static absl::StatusOr<std::unique_ptr<Authorizer>> Create(const AuthOptions& options);
 
   // The caller's identity if `method` admits them; for WorkerService methods `worker`
-  // is the request's worker name, which must be the caller's own.
+  // is the request's worker name, which must be the caller's own. `how` tells a
+  // refused JobService caller how to pass a token (default: ddpctl's flags; the
+  // dashboard says how a browser does).
   absl::StatusOr<Identity> Authorize(const PresentedCredentials& presented, Method method,
-                                     const std::string& worker = "") const;
+                                     const std::string& worker = "",
+                                     absl::string_view how = {}) const;
   absl::StatusOr<Identity> Check(const grpc::ServerContextBase& ctx, Method method,
                                  const std::string& worker = "") const {
     return Authorize(CredentialsOf(ctx), method, worker);
@@ -109,13 +113,19 @@ class Authorizer {
 
  private:
   explicit Authorizer(AuthOptions options) : options_(std::move(options)) {}
-  absl::StatusOr<Identity> Identify(const PresentedCredentials& presented, bool worker_method) const;
+  absl::StatusOr<Identity> Identify(const PresentedCredentials& presented, bool worker_method,
+                                    absl::string_view how) const;
 
   const AuthOptions options_;
   mutable absl::Mutex mu_;
   TokenTable tokens_ ABSL_GUARDED_BY(mu_);
   std::string file_stamp_ ABSL_GUARDED_BY(mu_);  // Size and mtime of the last read.
 };
+
+// What the coordinator's logic needs of an admitted JobService caller (its name as
+// owner, whether it is an admin): anonymous and trusted when no one is authenticated.
+// The gRPC services and the dashboard both use it, so both redact alike.
+Caller CallerOf(const Identity& id);
 
 }  // namespace ddp
 

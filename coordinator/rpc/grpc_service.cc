@@ -38,15 +38,6 @@ absl::StatusOr<Identity> Admit(const Authorizer* auth, const grpc::CallbackServe
   return caller;
 }
 
-// What the coordinator's logic needs of a JobService caller.
-Caller CallerOf(const Identity& id) {
-  if (id.via == "open") return Caller();  // Anonymous, trusted: the loopback quickstart.
-  Caller c;
-  c.name = id.name;
-  c.admin = id.role == Role::kAdmin;
-  return c;
-}
-
 template <typename T, typename Fill>
 grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const absl::StatusOr<T>& result,
                                 Fill&& fill) {

@@ -1,0 +1,201 @@
+#!/usr/bin/python3
+"""Looks at the coordinator's web dashboard in a real headless Chromium.
+
+Run by dashboard_cluster_test (tests/integration/dashboard_cluster_test.cc) against a
+live cluster whose job JOB is RUNNING on two ranks; it can be run by hand the same
+way. With Debian's chromium and chromium-driver, through python3-selenium:
+
+  dashboard_browser.py --url http://127.0.0.1:PORT --job JOB --token-file viewer.token
+                       --screenshot OUT.png
+
+What it checks (each failure is printed and makes the exit status 1):
+  1. without a token the page and the API are refused (401), in the browser too;
+  2. /jobs/JOB?token=... sets an HttpOnly, SameSite=Strict cookie and redirects to
+     the address without the token;
+  3. the rank table shows rank 0 and rank 1 with their workers, and its step and loss
+     cells change between two reads a few seconds apart (the page redraws);
+  4. both charts draw a line for each rank; the attempts table and the output appear;
+  5. the front page lists the job and both workers.
+It prints one JSON object (what it saw) on stdout and saves a screenshot of the job
+page. Exit 77: chromium, chromedriver or selenium is missing (skipped).
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+import urllib.error
+import urllib.request
+
+SKIP = 77
+
+
+def find_chromium():
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def http_status(url, headers=None):
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--url", required=True)
+    p.add_argument("--job", required=True)
+    p.add_argument("--token-file", required=True)
+    p.add_argument("--screenshot", required=True)
+    args = p.parse_args()
+
+    chromium, driver_bin = find_chromium(), shutil.which("chromedriver")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+        from selenium.webdriver.common.by import By
+    except ImportError:
+        webdriver = None
+    if not chromium or not driver_bin or webdriver is None:
+        print("skipped: the browser test needs chromium, chromium-driver and python3-selenium "
+              "(scripts/install_deps.sh installs them)", file=sys.stderr)
+        return SKIP
+
+    token = open(args.token_file).read().strip()
+    base = args.url.rstrip("/")
+    job_url = base + "/jobs/" + args.job
+    failures = []
+    seen = {}
+
+    def check(ok, what):
+        if not ok:
+            failures.append(what)
+            print("FAILED: " + what, file=sys.stderr)
+
+    # 1. No token: refused, with a message saying how to pass one.
+    status, body = http_status(job_url)
+    seen["no_token_page_status"] = status
+    check(status == 401, f"GET {job_url} without a token answered {status}, not 401")
+    check("token" in body, "the 401 page does not say how to pass a token")
+    status, _ = http_status(base + "/api/jobs/" + args.job)
+    seen["no_token_api_status"] = status
+    check(status == 401, f"the API without a token answered {status}, not 401")
+    status, _ = http_status(base + "/api/jobs/" + args.job, {"Authorization": "Bearer " + token})
+    seen["bearer_api_status"] = status
+    check(status == 200, f"the API with the viewer token answered {status}, not 200")
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--window-size=1400,1700", "--hide-scrollbars", "--force-device-scale-factor=1"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(driver_bin), options=options)
+    try:
+        driver.set_page_load_timeout(30)
+        driver.get(job_url)
+        text = driver.find_element(By.TAG_NAME, "body").text
+        seen["no_token_browser"] = text[:200]
+        check("401" in text and "requires authentication" in text,
+              "the browser without a token was not shown the 401 page: " + text[:200])
+
+        # 2. The token once in the address: a cookie, and the address without it.
+        driver.get(job_url + "?token=" + token)
+        seen["url_after_login"] = driver.current_url
+        check("token=" not in driver.current_url and driver.current_url.endswith("/jobs/" + args.job),
+              "the token stayed in the address: " + driver.current_url)
+        cookies = {c["name"]: c for c in driver.get_cookies()}
+        cookie = cookies.get("ddp_token", {})
+        seen["cookie"] = {k: cookie.get(k) for k in ("httpOnly", "sameSite", "secure", "path")}
+        check(cookie.get("httpOnly") is True, "the token cookie is not HttpOnly")
+        check(cookie.get("sameSite") == "Strict", "the token cookie is not SameSite=Strict")
+
+        # 3. The rank table: both ranks, and it redraws as steps arrive.
+        # Tables are read in one script call: the page replaces its rows every second,
+        # so element handles held across calls would go stale.
+        def table(selector):
+            return driver.execute_script(
+                "return [...document.querySelectorAll(arguments[0] + ' tbody tr')]"
+                ".map(tr => [...tr.cells].map(td => td.textContent))", selector)
+
+        def rows():
+            return {cells[0]: cells for cells in table("#ranks") if len(cells) == 10}
+
+        def wait(pred, timeout=30):
+            end = time.time() + timeout
+            while time.time() < end:
+                value = pred()
+                if value:
+                    return value
+                time.sleep(0.25)
+            return None
+
+        first = wait(lambda: (lambda r: r if {"0", "1"} <= set(r) and all(
+            r[k][4] != "-" for k in ("0", "1")) else None)(rows()))
+        check(first is not None, "the rank table never showed ranks 0 and 1 with steps: %s" % rows())
+        first = first or {}
+        seen["first"] = first
+        if first:
+            check({first["0"][1], first["1"][1]} == {"w1", "w2"},
+                  "the ranks' workers are not w1 and w2: %s" % first)
+            check(first["0"][2] == "running" and first["1"][2] == "running",
+                  "the ranks are not shown running: %s" % first)
+        time.sleep(3)
+        second = wait(lambda: (lambda r: r if {"0", "1"} <= set(r) and any(
+            (r[k][3], r[k][4], r[k][5]) != (first.get(k, [""] * 10)[3], first.get(k, [""] * 10)[4],
+                                            first.get(k, [""] * 10)[5]) for k in ("0", "1"))
+            else None)(rows()), timeout=20)
+        seen["second"] = second
+        check(second is not None, "the rank table did not change in 20 s: %s" % rows())
+
+        # 4. Charts, attempts, output.
+        def js(script, *args):
+            return driver.execute_script(script, *args)
+
+        for chart in ("chart-loss", "chart-speed"):
+            def drawn():
+                return js("return [...document.querySelectorAll('#' + arguments[0] + ' polyline')]"
+                          ".map(p => p.getAttribute('data-rank'))", chart)
+            ranks = wait(lambda: set(drawn()) >= {"0", "1"} or None, timeout=15)
+            seen[chart] = sorted(set(drawn()))
+            check(ranks is not None, "%s does not draw both ranks: %s" % (chart, seen[chart]))
+        attempts = table("#attempts")
+        seen["attempts"] = attempts
+        check(len(attempts) >= 1 and attempts[0][1] == "RUNNING", "no RUNNING attempt shown")
+        logs = wait(lambda: (lambda t: t if t not in ("", "(no output yet)") else None)(
+            js("return document.getElementById('logs').textContent")), timeout=15)
+        seen["logs_lines"] = len((logs or "").splitlines())
+        check(logs is not None, "the output is empty")
+        error = js("const e = document.getElementById('error'); return e.hidden ? null : e.textContent")
+        check(error is None, "the page shows an error: %s" % error)
+        driver.execute_script("window.scrollTo(0, 0)")
+        time.sleep(1.2)  # One more redraw with the newest step, for the picture.
+        driver.save_screenshot(args.screenshot)
+        seen["screenshot"] = args.screenshot
+
+        # 5. The front page, through the cookie.
+        driver.get(base + "/")
+        listed = wait(lambda: [r for r in table("#jobs") if r and r[0] == args.job] or None)
+        seen["listed"] = listed
+        check(listed is not None and listed[0][1] == "RUNNING",
+              "the front page does not list the job as RUNNING: %s" % listed)
+        workers = wait(lambda: (lambda names: names if {"w1", "w2"} <= names else None)(
+            {r[0] for r in table("#workers") if r}))
+        seen["workers"] = sorted(workers or [])
+        check(workers is not None, "the front page does not list w1 and w2")
+    finally:
+        driver.quit()
+
+    seen["failures"] = failures
+    print(json.dumps(seen))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
