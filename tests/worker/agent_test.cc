@@ -427,7 +427,9 @@ TEST_F(AgentTest, SendsItsLabelsAndLeavesOnlyWhenToldToOnStop) {
       EXPECT_EQ(call.registration.labels().at("pool"), "team-a");
       incarnation = call.registration.incarnation();
     }
-    if (call.method == "Leave") EXPECT_EQ(call.registration.incarnation(), incarnation);
+    if (call.method == "Leave") {
+      EXPECT_EQ(call.registration.incarnation(), incarnation);
+    }
   }
   ASSERT_FALSE(methods.empty());
   EXPECT_EQ(methods.back(), "Leave") << "after its last heartbeat";
