@@ -7,19 +7,17 @@
 //   (one command line)
 //
 // Without TLS and tokens it serves only loopback addresses (or anything with
-// --insecure). SIGHUP re-reads the token file; certificates are re-read when they
-// change.
+// --insecure). SIGHUP re-reads the token file and --quota-file; certificates are
+// re-read when they change.
 //
 // Exit codes: 0 after SIGTERM/SIGINT; 1 when it cannot start (state dir in use or
 // unreadable, port taken, unusable certificates or tokens); 2 for bad flags or flag
 // values.
 #include <sys/resource.h>
 
-#include <fstream>
 #include <iostream>
 
 #include "absl/status/status.h"
-#include "absl/strings/ascii.h"
 #include "absl/synchronization/mutex.h"
 #include "common/daemon/daemon.h"
 #include "common/flags.h"
@@ -93,7 +91,7 @@ int main(int argc, char** argv) {
                    "token name OWNER (repeatable; * = every owner not named); the rest wait");
   std::string quota_file;
   flags.String("quota-file", &quota_file,
-               "file of OWNER=SLOTS lines (# comments), as --quota; read at start");
+               "file of OWNER=SLOTS lines (# comments), as --quota; SIGHUP re-reads it");
   flags.Int("max-streams", &opts.streams.total, "watch and log streams open at once, in all");
   flags.Int("max-streams-per-caller", &opts.streams.per_caller,
             "watch and log streams one token name may have open at once");
@@ -121,24 +119,12 @@ int main(int argc, char** argv) {
                                    command_jobs + "')"),
         &flags);
   }
-  if (!quota_file.empty()) {
-    std::ifstream in(quota_file);
-    if (!in) {
-      return ddp::daemon::UsageError(
-          "ddp-coordinator",
-          absl::InvalidArgumentError("--quota-file: cannot read " + quota_file), &flags);
-    }
-    for (std::string line; std::getline(in, line);) {
-      line = line.substr(0, line.find('#'));
-      if (!absl::StripAsciiWhitespace(line).empty()) quotas.push_back(line);
-    }
-  }
-  if (auto parsed = ddp::ParseQuotas(quotas); parsed.ok()) {
-    opts.usage.quotas = *std::move(parsed);
+  if (auto loaded = ddp::LoadQuotas(quotas, quota_file); loaded.ok()) {
+    opts.usage.quotas = *std::move(loaded);
+    opts.quota_flags = quotas;
+    opts.quota_file = quota_file;
   } else {
-    return ddp::daemon::UsageError(
-        "ddp-coordinator",
-        absl::InvalidArgumentError("--quota: " + std::string(parsed.status().message())), &flags);
+    return ddp::daemon::UsageError("ddp-coordinator", loaded.status(), &flags);
   }
   // Bad flag values, like unknown flags, exit 2 before anything starts.
   if (absl::Status st = ddp::ValidateServerOptions(opts); !st.ok()) {
@@ -151,7 +137,7 @@ int main(int argc, char** argv) {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 
   // Before any thread starts (threads inherit the mask): the main thread takes the
-  // signals while gRPC's threads serve. SIGHUP re-reads the token file.
+  // signals while gRPC's threads serve. SIGHUP re-reads the token and quota files.
   ddp::daemon::ShutdownSignals signals(/*reload=*/true);
 
   // Every connection costs a descriptor: take all the kernel allows us.
@@ -169,7 +155,10 @@ int main(int argc, char** argv) {
   ddp::daemon::NotifyReady("serving on port " + std::to_string((*server)->port()));
   DDP_LOG(INFO) << ddp::VersionLine("ddp-coordinator") << " serving on port " << (*server)->port();
   int sig = 0;
-  while ((sig = signals.Wait()) == SIGHUP) (void)(*server)->ReloadCredentials();
+  while ((sig = signals.Wait()) == SIGHUP) {
+    (void)(*server)->ReloadCredentials();
+    (void)(*server)->ReloadQuotas();
+  }
   DDP_LOG(INFO) << "received " << ddp::daemon::ShutdownSignals::Name(sig) << ", shutting down";
   ddp::daemon::NotifyStopping();
   (*server)->Shutdown();

@@ -4,6 +4,9 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/server_builder.h>
 
+#include <fstream>
+
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/metrics/metrics_server.h"
@@ -100,6 +103,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   s->coordinator_ =
       std::make_unique<Coordinator>(options.timing, s->store_.get(), s->hub_.get(), clock,
                                     options.usage);
+  s->quota_flags_ = options.quota_flags;
+  s->quota_file_ = options.quota_file;
   if (absl::Status st = s->coordinator_->Recover(); !st.ok()) return st;
   s->job_service_ =
       std::make_unique<JobServiceImpl>(s->coordinator_.get(), s->hub_.get(), s->auth_.get(),
@@ -218,6 +223,39 @@ void CoordinatorServer::UpdateHealth() {
   } else {
     DDP_LOG(INFO) << "health: SERVING";
   }
+}
+
+absl::StatusOr<Quotas> LoadQuotas(const std::vector<std::string>& flags,
+                                  const std::string& file) {
+  std::vector<std::string> entries = flags;
+  if (!file.empty()) {
+    std::ifstream in(file);
+    if (!in) return absl::InvalidArgumentError("--quota-file: cannot read " + file);
+    for (std::string line; std::getline(in, line);) {
+      line = line.substr(0, line.find('#'));
+      if (!absl::StripAsciiWhitespace(line).empty()) entries.push_back(line);
+    }
+  }
+  auto quotas = ParseQuotas(entries);
+  if (!quotas.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file.empty() ? "--quota: " : absl::StrCat("--quota/--quota-file ", file, ": "),
+                     quotas.status().message()));
+  }
+  return quotas;
+}
+
+absl::Status CoordinatorServer::ReloadQuotas() {
+  if (quota_file_.empty()) return absl::OkStatus();
+  auto quotas = LoadQuotas(quota_flags_, quota_file_);
+  if (!quotas.ok()) {
+    DDP_LOG(ERROR) << "cannot reload quotas (" << quotas.status().message()
+                   << "); the previous quotas stay in force";
+    return quotas.status();
+  }
+  DDP_LOG(INFO) << "reloaded --quota-file: " << quotas->slots.size() << " quota(s)";
+  coordinator_->SetQuotas(*std::move(quotas));
+  return absl::OkStatus();
 }
 
 absl::Status CoordinatorServer::ReloadCredentials() {

@@ -52,7 +52,16 @@ struct CoordinatorServerOptions {
   // same tokens and roles as the gRPC reads. Plain HTTP: loopback only unless
   // --insecure. Empty: none.
   std::string http_listen;
+  // --quota OWNER=SLOTS entries and --quota-file: usage.quotas holds both as read at
+  // start; ReloadQuotas() reads the file again.
+  std::vector<std::string> quota_flags;
+  std::string quota_file;
 };
+
+// The quotas of --quota entries and --quota-file (one OWNER=SLOTS per line, `#`
+// comments; empty: none). INVALID_ARGUMENT naming the flag, the file or the entry.
+absl::StatusOr<Quotas> LoadQuotas(const std::vector<std::string>& flags,
+                                  const std::string& file);
 
 // INVALID_ARGUMENT naming the flag: a missing --state-dir, a bad --listen, timeouts
 // out of order, retention, queue and stream limits < 1, a --listen address that
@@ -78,6 +87,9 @@ class CoordinatorServer {
   // Re-reads the token file now (SIGHUP); certificates are re-read by gRPC's file
   // watcher when they change. On error the previous tokens stay in force.
   absl::Status ReloadCredentials();
+  // Re-reads --quota-file (SIGHUP), keeping --quota's entries; a file that does not
+  // read or parse leaves the quotas in force (logged, returned). OK without a file.
+  absl::Status ReloadQuotas();
   // Stops accepting calls, ends open streams, stops housekeeping. Idempotent.
   void Shutdown();
   void Wait();
@@ -99,6 +111,8 @@ class CoordinatorServer {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<HealthServer> health_;
   // Housekeeping thread only (and Start, before it runs).
+  std::vector<std::string> quota_flags_;  // --quota, kept for ReloadQuotas.
+  std::string quota_file_;
   bool store_failing_ = false;
   bool first_health_update_ = true;
   int port_ = 0;

@@ -53,6 +53,15 @@ Coordinator::Coordinator(CoordinatorOptions options, Store* store, EventHub* hub
       admission_(limits) {
   absl::MutexLock lock(&mu_);
   last_retention_ = clock_->Now();
+  quotas_ = limits.quotas;
+}
+
+void Coordinator::SetQuotas(Quotas quotas) {
+  TouchList touched(hub_);
+  absl::MutexLock lock(&mu_);
+  quotas_ = std::move(quotas);
+  schedule_dirty_ = true;  // A job waiting for quota may fit now.
+  ScheduleLocked(touched);
 }
 
 JobRecord* Coordinator::FindLocked(const std::string& job_id) {
@@ -143,7 +152,7 @@ void Coordinator::ScheduleLocked(TouchList& touched) {
   ++passes_;
   const absl::Time now = clock_->Now();
   PassContext context;
-  context.quotas = &limits_.quotas;
+  context.quotas = &quotas_;
   context.running = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return RunningJobsLocked(); };
   std::vector<Decision> preempt;  // The last pass's: the complete list.
   bool formed = true;

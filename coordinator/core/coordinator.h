@@ -153,6 +153,11 @@ class Coordinator {
   // (left already); FAILED_PRECONDITION for a stale incarnation.
   absl::Status Leave(const v1::LeaveRequest& request);
 
+  // Replaces the per-owner quotas (--quota-file re-read on SIGHUP) and runs a
+  // scheduling pass: jobs that waited for quota may start now. Jobs already running
+  // past a lowered quota keep running; the owner's next jobs wait.
+  void SetQuotas(Quotas quotas) ABSL_LOCKS_EXCLUDED(mu_);
+
   // --- WorkerService ---
   // INVALID_ARGUMENT.
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
@@ -336,6 +341,8 @@ class Coordinator {
   PortBook ports_ ABSL_GUARDED_BY(mu_);
   // Formed attempts whose trainers must be up by a deadline (timers.h).
   StartDeadlines start_deadlines_ ABSL_GUARDED_BY(mu_);
+  // Per-owner slot quotas: limits_.quotas until SetQuotas.
+  Quotas quotas_ ABSL_GUARDED_BY(mu_);
   // Jobs marked to be preempted at their next checkpoint (JobRecord::preempt_for).
   std::set<std::string> preempting_ ABSL_GUARDED_BY(mu_);
   // Submission checks and the submissions being stored (not visible yet).

@@ -209,10 +209,10 @@ TEST_F(SchedulingTest, AJobThatMayBeKilledIsPreemptedAtOnceAndOneWithoutCheckpoi
 TEST_F(SchedulingTest, AnOwnerPastItsQuotaWaitsWithTheReasonShown) {
   limits_.quotas = *ParseQuotas({"alice=1"});
   Open();
-  Register("w1");
-  Register("w2");
-  Heartbeat("w1");
-  Heartbeat("w2");
+  for (const char* w : {"w1", "w2", "w3"}) {
+    Register(w);
+    Heartbeat(w);
+  }
   auto first = Submit(Job("a1"), Caller{"alice", false});
   auto second = Submit(Job("a2"), Caller{"alice", false});
   auto bobs = Submit(Job("b1"), Caller{"bob", false});
@@ -223,6 +223,25 @@ TEST_F(SchedulingTest, AnOwnerPastItsQuotaWaitsWithTheReasonShown) {
             "waiting for quota: owner alice holds 1 of its 1 slot(s) (--quota); this job needs "
             "at least 1");
   EXPECT_FALSE(Host(bobs->id()).empty()) << "another owner's job is not held up";
+  EXPECT_EQ(Host(second->id()), "") << "a node is free, but not alice's to take";
+  // A quota raised while the coordinator runs (SIGHUP re-reads --quota-file): the
+  // job that waited starts at once.
+  coordinator_->SetQuotas(*ParseQuotas({"alice=2"}));
+  EXPECT_FALSE(Host(second->id()).empty());
+}
+
+TEST_F(SchedulingTest, AJobWaitingForQuotaStartsWhenTheOwnersJobEnds) {
+  limits_.quotas = *ParseQuotas({"*=1"});
+  Open();
+  Register("w1");
+  Register("w2");
+  Heartbeat("w1");
+  Heartbeat("w2");
+  auto first = Submit(Job("a1"), Caller{"alice", false});
+  auto second = Submit(Job("a2"), Caller{"alice", false});
+  ASSERT_TRUE(first.ok() && second.ok());
+  Start(first->id());
+  EXPECT_THAT(Get(second->id()).reason(), HasSubstr("waiting for quota: owner alice"));
   const std::string host = Host(first->id());
   Exit(first->id(), host);
   Heartbeat(host);

@@ -35,6 +35,24 @@ CoordinatorServerOptions Options(const std::string& state_dir, int port = 0) {
   return o;
 }
 
+TEST(CoordinatorServerTest, QuotasComeFromFlagsAndAFileThatNamesItsErrors) {
+  const std::string dir = testing::MakeTempDir("quota-file");
+  const std::string file = dir + "/quotas";
+  testing::WriteFile(file, "# team quotas\nalice = 8   # research\n\n*=2\n");
+  DDP_ASSERT_OK_AND_ASSIGN(Quotas quotas, LoadQuotas({"bob=4"}, file));
+  EXPECT_EQ(quotas.Limit("alice"), 8);
+  EXPECT_EQ(quotas.Limit("bob"), 4);
+  EXPECT_EQ(quotas.Limit("carol"), 2);
+  testing::WriteFile(file, "alice=lots\n");
+  EXPECT_THAT(LoadQuotas({}, file),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::AllOf(HasSubstr(file), HasSubstr("quota 'alice=lots'"))));
+  EXPECT_THAT(LoadQuotas({}, dir + "/missing"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--quota-file: cannot read")));
+  EXPECT_THAT(LoadQuotas({"alice=1"}, ""), ::testing::Not(StatusIs(absl::StatusCode::kInvalidArgument)));
+  std::filesystem::remove_all(dir);
+}
+
 TEST(CoordinatorServerTest, ASecondServerOnTheSameStateDirFailsWithAClearError) {
   const std::string dir = testing::MakeTempDir("server-dir");
   auto first = CoordinatorServer::Start(Options(dir));
