@@ -121,6 +121,7 @@ void Coordinator::PlaceAttemptLocked(JobRecord& rec) {
     WakeLongPollsLocked(worker);
   }
   ports_.Hold(a->master_addr(), a->master_port());
+  if (a->ranks_size() > 0) holding_.insert(rec.job.id());
   if (a->state() == v1::RENDEZVOUS) {
     start_deadlines_.Add(rec.start_deadline, rec.job.id(), a->number());
   }
@@ -134,6 +135,9 @@ void Coordinator::WakeLongPollsLocked(const std::string& worker) {
 
 void Coordinator::EndAttemptLocked(JobRecord& rec, int attempt) {
   rec.preempt_for.clear();  // The next attempt starts unmarked.
+  // Holds nothing once its trainers are gone; only a preempted attempt's are counted
+  // as coming free (RunningJobsLocked), since only for them does a job wait.
+  if (rec.stopping_attempt != attempt) holding_.erase(rec.job.id());
   const v1::Attempt& a = rec.job.attempts(attempt - 1);
   const TaskKey key{rec.job.id(), attempt};
   std::set<std::string> workers;
@@ -187,29 +191,35 @@ void Coordinator::ScheduleLocked(TouchList& touched) {
 
 std::vector<RunningJob> Coordinator::RunningJobsLocked() {
   std::vector<RunningJob> running;
-  for (auto& [id, rec] : jobs_) {
-    if (const v1::Attempt* a = ActiveAttempt(rec); a != nullptr && a->ranks_size() > 0) {
-      RunningJob r{&rec, {}, a->ranks_size(), !rec.preempt_for.empty()};
-      for (const v1::RankAssignment& rank : a->ranks()) ++r.ranks_by_worker[rank.worker()];
-      running.push_back(std::move(r));
+  for (auto it = holding_.begin(); it != holding_.end();) {
+    JobRecord* rec = FindLocked(*it);
+    const v1::Attempt* active = rec == nullptr ? nullptr : ActiveAttempt(*rec);
+    RunningJob r{rec, {}, 0, false, false, {}};
+    if (active != nullptr && active->ranks_size() > 0) {
+      r.preempting = !rec->preempt_for.empty();
+      for (const v1::RankAssignment& rank : active->ranks()) {
+        ++r.ranks_by_worker[rank.worker()];
+        if (!rank.gpu_uuid().empty()) ++r.gpus_by_worker[rank.worker()];
+      }
+    } else if (rec != nullptr && rec->stopping_attempt > 0) {
+      // A preempted attempt: its nodes come free as its trainers go.
+      r.ended = true;
+      const TaskKey key{rec->job.id(), rec->stopping_attempt};
+      for (const v1::RankAssignment& rank : rec->job.attempts(rec->stopping_attempt - 1).ranks()) {
+        const WorkerRecord* w = registry_.Find(rank.worker());
+        if (w == nullptr || !registry_.RankMayLive(*w, key, rank)) continue;
+        ++r.ranks_by_worker[rank.worker()];
+        if (!rank.gpu_uuid().empty()) ++r.gpus_by_worker[rank.worker()];
+      }
+      if (r.ranks_by_worker.empty()) rec->stopping_attempt = 0;  // All gone.
+    }
+    if (r.ranks_by_worker.empty()) {  // Holds nothing (any more).
+      it = holding_.erase(it);
       continue;
     }
-    if (rec.stopping_ranks.empty()) continue;
-    // A preempted attempt: its nodes come free as its trainers go.
-    const TaskKey key{id, rec.stopping_attempt};
-    const v1::Attempt& ended = rec.job.attempts(rec.stopping_attempt - 1);
-    for (auto it = rec.stopping_ranks.begin(); it != rec.stopping_ranks.end();) {
-      const WorkerRecord* w = registry_.Find(it->first);
-      bool live = false;
-      for (const v1::RankAssignment& rank : ended.ranks()) {
-        if (w != nullptr && rank.worker() == it->first) live = live || registry_.RankMayLive(*w, key, rank);
-      }
-      it = live ? std::next(it) : rec.stopping_ranks.erase(it);
-    }
-    if (rec.stopping_ranks.empty()) continue;
-    RunningJob r{&rec, rec.stopping_ranks, 0, /*preempting=*/true};
     for (const auto& [worker, ranks] : r.ranks_by_worker) r.ranks += ranks;
     running.push_back(std::move(r));
+    ++it;
   }
   return running;
 }
@@ -220,7 +230,15 @@ void Coordinator::PreemptLocked(const std::vector<Decision>& decisions, TouchLis
     JobRecord& rec = *d.job;
     wanted.insert(rec.job.id());
     const v1::Attempt* a = ActiveAttempt(rec);
-    if (a == nullptr || !rec.preempt_for.empty()) continue;  // Stopping, or marked already.
+    if (a == nullptr) continue;  // Stopping already.
+    if (!rec.preempt_for.empty()) {
+      if (rec.preempt_for != d.for_job->job.id()) {  // Another job needs it now.
+        DDP_LOG(INFO) << "job " << rec.job.id() << " will be preempted for job "
+                      << d.for_job->job.id() << " (instead of " << rec.preempt_for << ")";
+        rec.preempt_for = d.for_job->job.id();
+      }
+      continue;
+    }
     rec.preempt_for = d.for_job->job.id();
     preempting_.insert(rec.job.id());
     // Moves at once when it says it may be killed, or has not started training (nothing
@@ -247,9 +265,7 @@ void Coordinator::PreemptForPriorityLocked(JobRecord& rec, const std::string& re
                                            TouchList& touched) {
   const v1::Attempt* a = ActiveAttempt(rec);
   if (a == nullptr) return;
-  rec.stopping_attempt = a->number();
-  rec.stopping_ranks.clear();
-  for (const v1::RankAssignment& rank : a->ranks()) ++rec.stopping_ranks[rank.worker()];
+  rec.stopping_attempt = a->number();  // Still in holding_: its trainers are stopping.
   DDP_LOG(INFO) << "job " << rec.job.id() << " preempted: " << reason;
   rec.job.set_preemptions(rec.job.preemptions() + 1);
   JobDelta delta = PreemptAttempt(rec, reason, clock_->Now());
@@ -298,6 +314,13 @@ absl::Status Coordinator::Recover() {
       JobRecord& rec = jobs_[id] = std::move(loaded_rec);
       const JobDelta delta = RestoreJob(rec, now);
       PlaceAttemptLocked(rec);
+      // A preempted attempt's trainers may still be stopping: their nodes are counted
+      // as coming free until the workers show them gone (not chosen again for room).
+      if (ActiveAttempt(rec) == nullptr && rec.job.attempts_size() > 0 &&
+          Preempted(*rec.job.attempts().rbegin())) {
+        rec.stopping_attempt = rec.job.attempts_size();
+        holding_.insert(id);
+      }
       ApplyLocked(rec, delta, touched);
       if (IsTerminal(rec.job.state())) touched.Add(id, /*finished=*/true);
     }

@@ -246,7 +246,7 @@ class Coordinator {
   // their decisions, until no more attempts form.
   void ScheduleLocked(TouchList& touched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The jobs holding nodes (scheduler.h RunningJob): active attempts, and attempts a
-  // priority preemption ended whose trainers may still run. O(jobs).
+  // priority preemption ended whose trainers may still run. O(holding_ + their ranks).
   std::vector<RunningJob> RunningJobsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies a pass's kPreempt decisions: marks each new victim (preempted at once if
   // it says `kill` or is not RUNNING yet), and unmarks victims no longer needed.
@@ -343,6 +343,9 @@ class Coordinator {
   StartDeadlines start_deadlines_ ABSL_GUARDED_BY(mu_);
   // Per-owner slot quotas: limits_.quotas until SetQuotas.
   Quotas quotas_ ABSL_GUARDED_BY(mu_);
+  // Jobs holding nodes: an active attempt with ranks, or a preempted one whose
+  // trainers may still run (JobRecord::stopping_attempt). RunningJobsLocked's list.
+  std::set<std::string> holding_ ABSL_GUARDED_BY(mu_);
   // Jobs marked to be preempted at their next checkpoint (JobRecord::preempt_for).
   std::set<std::string> preempting_ ABSL_GUARDED_BY(mu_);
   // Submission checks and the submissions being stored (not visible yet).

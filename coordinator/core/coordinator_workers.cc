@@ -158,6 +158,16 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::HeartbeatLocked(
   // Only what differs from its last report is applied to jobs, and only what the
   // rank table says is the worker's: a worker cannot fail, start or finish another's
   // ranks (what it reports only moves its own slot count).
+  if (!req.leaving().empty() && !worker.leaving) {
+    // Before its exits are applied: the attempts end once, as "leaving", and their
+    // retries are not placed here.
+    const std::string why = req.leaving().substr(0, 256);
+    DDP_LOG(INFO) << "worker " << req.worker() << " is leaving: " << why;
+    if (registry_.SetLeaving(worker)) schedule_dirty_ = true;
+    FailAttemptsOnWorkerLocked(req.worker(),
+                               absl::StrCat("worker ", req.worker(), " is leaving (", why, ")"),
+                               touched);
+  }
   const WorkerRegistry::Reported reported = registry_.Report(worker, req.tasks());
   if (reported.counts_changed) schedule_dirty_ = true;
   for (const v1::TaskStatus* status : reported.changed) {

@@ -70,10 +70,9 @@ struct JobRecord {
   // Chosen by the scheduler to make room for a higher-priority job (its id), moving at
   // its next checkpoint; cleared when the attempt ends or the room is no longer needed.
   std::string preempt_for;
-  // The attempt a priority preemption ended, and its ranks per worker, until its
-  // trainers are gone: the scheduler counts those nodes as coming free.
+  // The attempt a priority preemption ended (0: none), until its trainers are gone:
+  // the scheduler counts their nodes as coming free.
   int stopping_attempt = 0;
-  std::map<std::string, int> stopping_ranks;
 };
 
 // What a transition changed.

@@ -46,61 +46,95 @@ bool Preemptible(const JobSpec& spec) {
   return false;
 }
 
-// The running jobs whose nodes let `job` start (it has `eligible` nodes now, needs
-// range.min): those already being preempted whose nodes it can use, then as few new
-// victims as needed, lowest priority first, most recently started first. Empty when
-// even every candidate would not make room (nothing is preempted for nothing).
-std::vector<const RunningJob*> ChooseVictims(const JobRecord& job, const NodeNeed& need,
-                                             int eligible, const std::vector<RunningJob>& running,
-                                             const ClusterView& cluster) {
-  std::map<std::string, int> vacated;  // Worker -> ranks coming free.
-  std::map<std::string, std::optional<int>> free;  // Worker -> FreeRanks (asked once).
-  auto free_ranks = [&](const std::string& worker) {
-    auto [it, inserted] = free.try_emplace(worker);
-    if (inserted) it->second = cluster.FreeRanks(worker, need);
+// Chooses the running jobs whose nodes let `job` start (it has `eligible` nodes now,
+// needs range.min): jobs already stopping, and those already marked for a job it
+// outranks, count first; then as few new victims as needed, lowest priority first,
+// most recently started first. Marked or new victims that turn out not to be needed
+// are left out again (the higher priorities first). Returns the victims to mark (not
+// the stopping ones), or nothing when even every candidate would not make room
+// (nothing is preempted for nothing).
+class VictimChooser {
+ public:
+  VictimChooser(const JobRecord& job, const NodeNeed& need, int eligible,
+                const ClusterView& cluster)
+      : job_(job), need_(need), eligible_(eligible), cluster_(cluster) {}
+
+  std::vector<const RunningJob*> Choose(const std::vector<RunningJob>& running) {
+    std::vector<const RunningJob*> set;  // Counted as coming free.
+    std::vector<const RunningJob*> pool;  // Candidates, in the order to take them.
+    for (const RunningJob& r : running) {
+      if (r.job == &job_ || !Useful(r)) continue;
+      if (r.ended) {
+        set.push_back(&r);
+      } else if (r.job->spec.priority < job_.spec.priority &&
+                 (r.preempting || Preemptible(r.job->spec))) {
+        pool.push_back(&r);
+      }
+    }
+    std::stable_sort(pool.begin(), pool.end(), [](const RunningJob* a, const RunningJob* b) {
+      if (a->preempting != b->preempting) return a->preempting;  // Marked ones cost nothing new.
+      if (a->job->spec.priority != b->job->spec.priority) {
+        return a->job->spec.priority < b->job->spec.priority;
+      }
+      if (a->job->job.start_ms() != b->job->job.start_ms()) {
+        return a->job->job.start_ms() > b->job->job.start_ms();
+      }
+      return a->job->seq > b->job->seq;
+    });
+    size_t taken = 0;
+    while (!Enough(set) && taken < pool.size()) set.push_back(pool[taken++]);
+    if (!Enough(set)) return {};
+    // Drop those not needed, trying the last taken (highest priority) first.
+    for (size_t i = set.size(); i-- > 0;) {
+      if (set[i]->ended) continue;
+      std::vector<const RunningJob*> without = set;
+      without.erase(without.begin() + static_cast<std::ptrdiff_t>(i));
+      if (Enough(without)) set = std::move(without);
+    }
+    std::vector<const RunningJob*> victims;
+    for (const RunningJob* r : set) {
+      if (!r->ended) victims.push_back(r);
+    }
+    return victims;
+  }
+
+ private:
+  std::optional<NodeRoom> RoomOf(const std::string& worker) {
+    auto [it, inserted] = rooms_.try_emplace(worker);
+    if (inserted) it->second = cluster_.Room(worker, need_);
     return it->second;
-  };
-  // Nodes that become able to take one node of the job once `vacated` is gone.
-  int gained = 0;
-  auto add = [&](const RunningJob& r) {
-    bool useful = false;
+  }
+  bool Useful(const RunningJob& r) {
     for (const auto& [worker, ranks] : r.ranks_by_worker) {
-      const std::optional<int> f = free_ranks(worker);
-      if (!f.has_value()) continue;
-      useful = true;
-      const int before = *f + vacated[worker];
-      vacated[worker] += ranks;
-      if (before < need.MinRanks() && before + ranks >= need.MinRanks()) ++gained;
+      if (RoomOf(worker).has_value()) return true;
     }
-    return useful;
-  };
-  std::vector<const RunningJob*> victims;
-  for (const RunningJob& r : running) {
-    if (r.preempting && r.job != &job && add(r)) victims.push_back(&r);
+    return false;
   }
-  if (eligible + gained >= job.spec.nodes.min) return victims;
-  std::vector<const RunningJob*> candidates;
-  for (const RunningJob& r : running) {
-    if (r.preempting || r.job->spec.priority >= job.spec.priority) continue;
-    if (!Preemptible(r.job->spec)) continue;
-    candidates.push_back(&r);
-  }
-  std::sort(candidates.begin(), candidates.end(), [](const RunningJob* a, const RunningJob* b) {
-    if (a->job->spec.priority != b->job->spec.priority) {
-      return a->job->spec.priority < b->job->spec.priority;
+  // Whether the nodes `set` frees, with those free now, make room for `job_`.
+  bool Enough(const std::vector<const RunningJob*>& set) {
+    std::map<std::string, NodeRoom> vacated;
+    for (const RunningJob* r : set) {
+      for (const auto& [worker, ranks] : r->ranks_by_worker) vacated[worker].slots += ranks;
+      for (const auto& [worker, gpus] : r->gpus_by_worker) vacated[worker].gpus += gpus;
     }
-    if (a->job->job.start_ms() != b->job->job.start_ms()) {
-      return a->job->job.start_ms() > b->job->job.start_ms();
+    int gained = 0;
+    for (const auto& [worker, v] : vacated) {
+      const std::optional<NodeRoom> room = RoomOf(worker);
+      if (!room.has_value()) continue;
+      const NodeRoom after{room->slots + v.slots, room->gpus + v.gpus};
+      if (room->RanksFor(need_) < need_.MinRanks() && after.RanksFor(need_) >= need_.MinRanks()) {
+        ++gained;
+      }
     }
-    return a->job->seq > b->job->seq;
-  });
-  for (const RunningJob* r : candidates) {
-    if (!add(*r)) continue;
-    victims.push_back(r);
-    if (eligible + gained >= job.spec.nodes.min) return victims;
+    return eligible_ + gained >= job_.spec.nodes.min;
   }
-  return {};
-}
+
+  const JobRecord& job_;
+  const NodeNeed& need_;
+  const int eligible_;
+  const ClusterView& cluster_;
+  std::map<std::string, std::optional<NodeRoom>> rooms_;  // Asked once per worker.
+};
 
 std::string VictimList(const std::vector<const RunningJob*>& victims) {
   std::string out;
@@ -225,14 +259,19 @@ std::vector<Decision> SchedulePass(const JobQueue& queue, const ClusterView& clu
             "waiting for ", range.min, " node(s)", Selected(need), " with ",
             need.nproc_per_node > 0 ? absl::StrCat(need.nproc_per_node) : std::string("auto"),
             need.gpus ? " free GPU(s); " : " free slot(s); ", eligible, " available");
-        // Outranks a running job, or some are being preempted: see whose nodes help.
-        const std::vector<RunningJob>& all = list_running();
-        bool worth = false;
-        for (const RunningJob& r : all) {
-          worth = worth || r.preempting || r.job->spec.priority < job->spec.priority;
-        }
+        // Outranks a running job, or some are stopping: see whose nodes help. Not for
+        // a job with auto ranks per node and a quota: what it would take is known only
+        // once nodes are offered, and preempting for a job its quota then holds back
+        // would hand the nodes straight back to the victim, again and again.
         std::vector<const RunningJob*> victims;
-        if (worth) victims = ChooseVictims(*job, need, eligible, all, cluster);
+        if (limit < 0 || need.nproc_per_node > 0) {
+          const std::vector<RunningJob>& all = list_running();
+          bool worth = false;
+          for (const RunningJob& r : all) {
+            worth = worth || r.ended || r.job->spec.priority < job->spec.priority;
+          }
+          if (worth) victims = VictimChooser(*job, need, eligible, cluster).Choose(all);
+        }
         if (!victims.empty()) absl::StrAppend(&reason, "; preempting ", VictimList(victims));
         out.push_back({Decision::Kind::kWait, job, std::move(reason), {}, {}, eligible});
         for (const RunningJob* r : victims) {

@@ -30,6 +30,7 @@
 #ifndef DDP_COORDINATOR_CORE_SCHEDULER_H_
 #define DDP_COORDINATOR_CORE_SCHEDULER_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -45,6 +46,14 @@
 
 namespace ddp {
 
+// Free slots and free GPUs of a node.
+struct NodeRoom {
+  int slots = 0;
+  int gpus = 0;
+  // Ranks of `need` it could take: slots, or for a GPU need slots with a GPU each.
+  int RanksFor(const NodeNeed& need) const { return need.gpus ? std::min(slots, gpus) : slots; }
+};
+
 // The cluster as the scheduler sees it (WorkerRegistry in production, a fake in
 // tests), for one node of a job (NodeNeed: its ranks, 0 for auto; whether each needs
 // a GPU of its own).
@@ -59,11 +68,11 @@ class ClusterView {
   virtual int EligibleNodes(const NodeNeed& need) const = 0;
   // Those nodes, sorted by worker name.
   virtual std::vector<NodeOffer> Offers(const NodeNeed& need) const = 0;
-  // Ranks of `need` that `worker` could take now (free slots; free GPUs for a GPU
-  // need), if it is a node the job may use at all (alive, confirmed, schedulable, not
-  // quarantined, matching the selector, big enough); nullopt otherwise. What
-  // preemption asks of the nodes a lower-priority job holds.
-  virtual std::optional<int> FreeRanks(const std::string& worker, const NodeNeed& need) const = 0;
+  // `worker`'s free slots and free GPUs now, if it is a node the job may use at all
+  // (alive, confirmed, schedulable, not quarantined, matching the selector, big
+  // enough); nullopt otherwise. What preemption asks of the nodes lower-priority jobs
+  // hold.
+  virtual std::optional<NodeRoom> Room(const std::string& worker, const NodeNeed& need) const = 0;
 };
 
 // The queued jobs (Queued(): PENDING, or RENDEZVOUS still gathering) in the order
@@ -105,8 +114,12 @@ struct RunningJob {
   std::map<std::string, int> ranks_by_worker;  // Its ranks on each worker.
   int ranks = 0;
   // Already chosen to be preempted (at its next checkpoint): its nodes are counted
-  // as coming free.
+  // as coming free by the jobs that outrank it.
   bool preempting = false;
+  // Its attempt was preempted and has ended; its trainers are stopping. Its nodes
+  // are coming free, for any job.
+  bool ended = false;
+  std::map<std::string, int> gpus_by_worker;  // Of its ranks, those holding a GPU.
 };
 
 // What the pass may ask of the facade beyond the queue and the cluster.

@@ -36,6 +36,7 @@ WorkerRegistry::Registration WorkerRegistry::Register(const v1::RegisterRequest&
   Registration out{&w, inserted, false};
   if (!inserted && w.info.incarnation() != req.incarnation()) {
     out.restarted = true;
+    w.leaving = false;
     w.reported.clear();
     w.dispatched.clear();
     w.last_batch_seq = 0;
@@ -261,7 +262,7 @@ bool WorkerRegistry::Recount(WorkerRecord& w) {
   WorkerRecord::Counted c;
   c.alive = w.alive;
   c.cordoned = w.info.maintenance() != v1::WORKER_SCHEDULABLE;
-  c.capable = w.alive && !c.cordoned;
+  c.capable = w.alive && !c.cordoned && !w.leaving;
   c.quarantined = w.quarantine.until != absl::InfinitePast();
   c.eligible = c.capable && w.confirmed && !c.quarantined;
   c.slots = w.info.slots();
@@ -339,6 +340,12 @@ bool WorkerRegistry::SetMaintenance(WorkerRecord& w, v1::WorkerMaintenance maint
   return Recount(w);
 }
 
+bool WorkerRegistry::SetLeaving(WorkerRecord& w) {
+  if (w.leaving) return false;
+  w.leaving = true;
+  return Recount(w);
+}
+
 void WorkerRegistry::Remove(const std::string& name) {
   auto it = workers_.find(name);
   if (it == workers_.end()) return;
@@ -407,10 +414,10 @@ int WorkerRegistry::EligibleNodes(const NodeNeed& need) const {
   return n;
 }
 
-std::optional<int> WorkerRegistry::FreeRanks(const std::string& name, const NodeNeed& need) const {
+std::optional<NodeRoom> WorkerRegistry::Room(const std::string& name, const NodeNeed& need) const {
   const WorkerRecord* w = Find(name);
   if (w == nullptr || !w->counted.eligible || !Fits(*w, need, /*now=*/false)) return std::nullopt;
-  return need.gpus ? w->counted.free_gpus : w->counted.free;
+  return NodeRoom{std::max(0, w->free_slots), static_cast<int>(w->free_gpus.size())};
 }
 
 std::vector<NodeOffer> WorkerRegistry::Offers(const NodeNeed& need) const {

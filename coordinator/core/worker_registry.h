@@ -69,6 +69,9 @@ struct WorkerRecord {
   // or drain, WorkerRegistry::SetMaintenance): a worker that is not schedulable keeps
   // its trainers, takes no new ones and does not count as capacity.
   NodeQuarantine quarantine;  // Set by WorkerRegistry::Quarantine; see there.
+  // The agent said it is leaving (HeartbeatRequest.leaving): no capacity any more,
+  // until it leaves (or a new incarnation registers).
+  bool leaving = false;
   std::vector<int32_t> free_ports;  // From its last heartbeat.
   std::map<TaskKey, v1::TaskStatus> reported;  // Its last heartbeat's tasks.
   // Tasks handed to it in its last heartbeat reply that it had not reported (with
@@ -176,6 +179,9 @@ class WorkerRegistry final : public ClusterView {
                       v1::DrainPolicy policy, const std::string& by, absl::Time now);
   // Workers draining with DRAIN_AT_CHECKPOINT: whose jobs move after a checkpoint.
   const std::set<std::string>& draining_at_checkpoint() const { return draining_at_checkpoint_; }
+  // The agent is leaving (HeartbeatRequest.leaving): takes no new ranks. Returns
+  // whether what the scheduler reads changed.
+  bool SetLeaving(WorkerRecord& worker);
   // Forgets `name` (RemoveWorker). Its tasks must be unassigned first.
   void Remove(const std::string& name);
 
@@ -185,7 +191,7 @@ class WorkerRegistry final : public ClusterView {
   int CapableNodes(const NodeNeed& need) const override;
   int EligibleNodes(const NodeNeed& need) const override;
   std::vector<NodeOffer> Offers(const NodeNeed& need) const override;
-  std::optional<int> FreeRanks(const std::string& worker, const NodeNeed& need) const override;
+  std::optional<NodeRoom> Room(const std::string& worker, const NodeNeed& need) const override;
 
   // Fills `view`'s gpu_devices (the worker's GPUs) with the job and rank holding each.
   void ShowGpuHolders(const WorkerRecord& worker, v1::Worker* view) const;

@@ -43,10 +43,10 @@ class FakeCluster : public ClusterView {
     for (const FakeNode& node : nodes_) n += Has(node, node.free, node.free_gpus, need) ? 1 : 0;
     return n;
   }
-  std::optional<int> FreeRanks(const std::string& worker, const NodeNeed& need) const override {
+  std::optional<NodeRoom> Room(const std::string& worker, const NodeNeed& need) const override {
     for (const FakeNode& node : nodes_) {
       if (node.name != worker || !Has(node, node.slots, node.gpus, need)) continue;
-      return need.gpus ? std::min(node.free, node.free_gpus) : node.free;
+      return NodeRoom{node.free, node.free_gpus};
     }
     return std::nullopt;
   }
@@ -237,11 +237,14 @@ auto Select(Labels selector, int priority = 0) {
   };
 }
 
-// A job of `spec` running on `workers` (one rank each), as the facade lists it.
-RunningJob Running(JobRecord& job, std::vector<std::string> workers, bool preempting = false) {
-  RunningJob r{&job, {}, 0, preempting};
+// A job running on `workers` (one rank each, with a GPU each when `gpus`), as the
+// facade lists it.
+RunningJob Running(JobRecord& job, std::vector<std::string> workers, bool preempting = false,
+                   bool gpus = false) {
+  RunningJob r{&job, {}, 0, preempting, false, {}};
   for (const std::string& w : workers) {
     ++r.ranks_by_worker[w];
+    if (gpus) ++r.gpus_by_worker[w];
     ++r.ranks;
   }
   return r;
@@ -358,7 +361,97 @@ TEST_F(SchedulerTest, AHigherPriorityJobPreemptsTheLowestPriorityRunningJobsItNe
   // marks are listed again (still needed).
   running[0].preempting = running[2].preempting = true;
   decisions = SchedulePass(queue_, cluster, kNow, {nullptr, [&] { return running; }});
-  EXPECT_THAT(Kinds(decisions), ElementsAre("job-4: wait", "job-1: preempt", "job-3: preempt"));
+  EXPECT_THAT(Kinds(decisions), ElementsAre("job-4: wait", "job-3: preempt", "job-1: preempt"));
+
+  // Once they stopped (attempts ended, trainers going), their nodes are counted for
+  // the waiting job, and nobody else is taken.
+  running[0].ended = running[2].ended = true;
+  decisions = SchedulePass(queue_, cluster, kNow, {nullptr, [&] { return running; }});
+  EXPECT_THAT(Kinds(decisions), ElementsAre("job-4: wait"));
+  EXPECT_EQ(decisions[0].reason, "waiting for 2 node(s) with 1 free slot(s); 0 available");
+}
+
+TEST_F(SchedulerTest, AJobMarkedForAHigherPriorityIsNotTakenForALowerOne) {
+  FakeCluster cluster(Nodes(2, 1, 0));
+  JobRecord& marked = Queue(1, 1, Checkpointing(5));  // Marked for a priority-10 job.
+  JobRecord& low = Queue(1, 1, Checkpointing(0));
+  queue_.Remove(marked);
+  queue_.Remove(low);
+  Queue(1, 1, Priority(3));
+  std::vector<RunningJob> running = {Running(marked, {"n1"}, /*preempting=*/true),
+                                     Running(low, {"n2"})};
+  auto decisions = SchedulePass(queue_, cluster, kNow, {nullptr, [&] { return running; }});
+  EXPECT_THAT(Kinds(decisions), ElementsAre("job-3: wait", "job-2: preempt"))
+      << "priority 3 takes the priority-0 job, not the priority-5 one marked already";
+}
+
+TEST_F(SchedulerTest, AVictimThatAddsNoRoomIsNotPreempted) {
+  // Needs 2 free slots on one node. n1: 1 free, 1 held by `low`; n2: all 2 held by `mid`.
+  FakeCluster cluster({{"n1", 2, 1}, {"n2", 2, 0}});
+  JobRecord& low = Queue(1, 1, Checkpointing(0));
+  JobRecord& mid = Queue(1, 1, Checkpointing(1));
+  queue_.Remove(low);
+  queue_.Remove(mid);
+  Queue(2, 2, Priority(5), /*nproc=*/2);  // job-3: two nodes of 2 ranks.
+  std::vector<RunningJob> running = {Running(low, {"n1"}), Running(mid, {"n2", "n2"})};
+  auto decisions = SchedulePass(queue_, cluster, kNow, {nullptr, [&] { return running; }});
+  EXPECT_THAT(Kinds(decisions), ElementsAre("job-3: wait", "job-1: preempt", "job-2: preempt"));
+
+  // With one node needed, n2 alone (mid) would do, but low is the lowest priority:
+  // taken first, it frees n1 and mid is left alone.
+  JobRecord& one = Queue(1, 1, Priority(6), /*nproc=*/2);  // job-4, ahead of job-3.
+  decisions = SchedulePass(queue_, cluster, kNow, {nullptr, [&] { return running; }});
+  ASSERT_GE(decisions.size(), 2u);
+  EXPECT_EQ(decisions[0].job, &one);
+  EXPECT_THAT(Kinds(decisions), ::testing::Contains("job-1: preempt"));
+  EXPECT_THAT(Kinds(decisions), ::testing::Not(::testing::Contains("job-2: preempt")));
+}
+
+TEST_F(SchedulerTest, AVictimTakenFirstButNotNeededInTheEndIsLeftAlone) {
+  // One node of 2 ranks needed. n1: `low` holds 1 slot, a job that is never
+  // preempted the other; n2: `mid` holds both.
+  FakeCluster cluster({{"n1", 2, 0}, {"n2", 2, 0}});
+  JobRecord& low = Queue(1, 1, Checkpointing(0));
+  JobRecord& never = Queue(1, 1, Checkpointing(0, PreemptionPolicy::kNever));
+  JobRecord& mid = Queue(1, 1, Checkpointing(1));
+  for (JobRecord* r : {&low, &never, &mid}) queue_.Remove(*r);
+  Queue(1, 1, Priority(5), /*nproc=*/2);
+  std::vector<RunningJob> running = {Running(low, {"n1"}), Running(never, {"n1"}),
+                                     Running(mid, {"n2", "n2"})};
+  auto decisions = SchedulePass(queue_, cluster, kNow, {nullptr, [&] { return running; }});
+  EXPECT_THAT(Kinds(decisions), ElementsAre("job-4: wait", "job-3: preempt"))
+      << "low frees half a node: not worth its work";
+}
+
+TEST_F(SchedulerTest, ACpuJobFreesNoGpusForAGpuJob) {
+  // 2 slots, 1 GPU: the GPU is held by a priority-9 NCCL job, the other slot by a
+  // priority-0 gloo job. Preempting the gloo job frees no GPU.
+  FakeCluster cluster({{"g1", 2, 0, 1, 0}});
+  JobRecord& gpu_job = Queue(1, 1, Checkpointing(9));
+  JobRecord& cpu_job = Queue(1, 1, Checkpointing(0));
+  queue_.Remove(gpu_job);
+  queue_.Remove(cpu_job);
+  Queue(1, 1, [](JobSpec& s) {
+    s.priority = 5;
+    s.backend = Backend::kNccl;
+  });
+  std::vector<RunningJob> running = {Running(gpu_job, {"g1"}, false, /*gpus=*/true),
+                                     Running(cpu_job, {"g1"})};
+  auto decisions = SchedulePass(queue_, cluster, kNow, {nullptr, [&] { return running; }});
+  EXPECT_THAT(Kinds(decisions), ElementsAre("job-3: wait"));
+}
+
+TEST_F(SchedulerTest, AJobWithAutoRanksAndAQuotaDoesNotPreempt) {
+  FakeCluster cluster(Nodes(2, 1, 0));
+  Quotas quotas = *ParseQuotas({"alice=8"});
+  JobRecord& low = Queue(1, 1, Checkpointing(0, PreemptionPolicy::kKill));
+  queue_.Remove(low);
+  JobRecord& high = Queue(1, 1, Priority(5), /*nproc=*/0);
+  high.job.set_owner("alice");
+  std::vector<RunningJob> running = {Running(low, {"n1"})};
+  auto decisions = SchedulePass(queue_, cluster, kNow, {&quotas, [&] { return running; }});
+  EXPECT_THAT(Kinds(decisions), ElementsAre("job-2: wait"))
+      << "its size is known only once nodes are offered: no preemption its quota may undo";
 }
 
 TEST_F(SchedulerTest, NoJobIsPreemptedThatWouldLoseWorkOrSaysNeverOrForNothing) {

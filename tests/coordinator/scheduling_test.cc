@@ -276,5 +276,40 @@ TEST_F(SchedulingTest, AWorkerThatLeavesIsForgottenAtOnceAndItsJobRestartsElsewh
   EXPECT_EQ(Host(id), other) << "restarted on the worker that stayed";
 }
 
+TEST_F(SchedulingTest, AWorkerThatSaysItIsLeavingTakesNoRetryAndCostsOneRestart) {
+  Register("w1");
+  Register("w2");
+  Register("w3");
+  for (const char* w : {"w1", "w2", "w3"}) Heartbeat(w);
+  const std::string id = Submit(Job("moves", "max_restarts: 1\n"));
+  Start(id);
+  const std::string host = Host(id);
+
+  // What a --leave-on-exit agent sends at SIGTERM: the leaving heartbeat (trainers
+  // still running), then the trainers' exits, then Leave.
+  v1::HeartbeatRequest leaving;
+  leaving.set_worker(host);
+  leaving.set_incarnation(Incarnation(host));
+  leaving.set_leaving("received SIGTERM");
+  *leaving.add_tasks() = Running(tasks_.at(id));
+  ASSERT_TRUE(coordinator_->Heartbeat(leaving).ok());
+  v1::Job job = Get(id);
+  EXPECT_THAT(job.attempts(0).reason(), HasSubstr(absl::StrCat("worker ", host, " is leaving (received SIGTERM)")));
+  const std::string retry_host = Host(id);
+  EXPECT_NE(retry_host, host) << "the retry is not placed on the leaving worker";
+
+  *leaving.mutable_tasks(0) = Report(tasks_.at(id), 143);  // Its trainers stopped.
+  ASSERT_TRUE(coordinator_->Heartbeat(leaving).ok());
+  v1::LeaveRequest leave;
+  leave.set_worker(host);
+  leave.set_incarnation(Incarnation(host));
+  ASSERT_TRUE(coordinator_->Leave(leave).ok());
+  job = Get(id);
+  EXPECT_EQ(job.restarts(), 1) << "one restart for one node leaving";
+  EXPECT_EQ(job.attempts_size(), 2);
+  EXPECT_EQ(Host(id), retry_host);
+  EXPECT_NE(job.state(), v1::FAILED);
+}
+
 }  // namespace
 }  // namespace ddp

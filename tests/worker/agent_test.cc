@@ -433,6 +433,14 @@ TEST_F(AgentTest, SendsItsLabelsAndLeavesOnlyWhenToldToOnStop) {
   }
   ASSERT_FALSE(methods.empty());
   EXPECT_EQ(methods.back(), "Leave") << "after its last heartbeat";
+  int leaving = 0;
+  for (const auto& call : fake_->calls()) {
+    if (call.method == "Heartbeat" && !call.heartbeat.leaving().empty()) {
+      ++leaving;
+      EXPECT_EQ(call.heartbeat.leaving(), "received SIGTERM");
+    }
+  }
+  EXPECT_GE(leaving, 1) << "it says it is leaving before it stops its trainers";
   EXPECT_EQ(fake_->leave_reason(), "received SIGTERM");
 }
 
@@ -441,7 +449,10 @@ TEST_F(AgentTest, AnAgentNotToldToLeaveDoesNotLeave) {
   ASSERT_TRUE(fake_->WaitFor([](const auto& c) { return c.size() >= 2; }));
   agent_->Stop();
   thread_.join();
-  for (const auto& call : fake_->calls()) EXPECT_NE(call.method, "Leave");
+  for (const auto& call : fake_->calls()) {
+    EXPECT_NE(call.method, "Leave");
+    EXPECT_TRUE(call.heartbeat.leaving().empty());
+  }
 }
 
 TEST_F(AgentTest, GivesUpWhenAnotherAgentTookItsName) {

@@ -154,6 +154,7 @@ absl::Status Agent::HeartbeatOnce() {
   v1::HeartbeatRequest req;
   req.set_worker(options_.name);
   req.set_incarnation(incarnation_);
+  if (!leaving_.empty()) req.set_leaving(leaving_);
   std::set<TaskKey> sent_finished;
   const int64_t delivered = Delivered();
   held_exits_ = false;
@@ -301,7 +302,13 @@ absl::Status Agent::Run() {
                          std::min(options_.tick, next_heartbeat - clock_->Now())));
   }
 
-  // Shutting down: stop every trainer and tell the coordinator how they ended.
+  // Shutting down: stop every trainer and tell the coordinator how they ended. A
+  // worker leaving for good says so first, so their jobs restart elsewhere once, and
+  // not on this node (HeartbeatRequest.leaving).
+  if (options_.leave_on_exit && registered_ && fatal.ok()) {
+    leaving_ = LeaveReason();
+    (void)HeartbeatOnce();
+  }
   if (!tasks_.empty()) DDP_LOG(INFO) << "stopping " << tasks_.size() << " task(s)";
   const absl::Time begin = clock_->Now();
   for (auto& [key, task] : tasks_) task->Stop(begin);

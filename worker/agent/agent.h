@@ -136,6 +136,7 @@ class Agent {
   bool held_exits_ = false;     // The last heartbeat held back some exit.
   bool heartbeat_now_ = false;  // Something must be told at once (a task failed to start).
   absl::Notification stop_;
+  std::string leaving_;  // Loop thread: HeartbeatRequest.leaving once shutting down.
   absl::Mutex stop_mu_;
   std::string stop_reason_ ABSL_GUARDED_BY(stop_mu_);
   std::string LeaveReason() ABSL_LOCKS_EXCLUDED(stop_mu_);
