@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/utf8.h"
 #include "coordinator/core/coordinator.h"
 #include "coordinator/core/drain_policy.h"
 
@@ -123,7 +124,8 @@ absl::Status Coordinator::Leave(const v1::LeaveRequest& request) {
     if (absl::IsNotFound(w.status())) return absl::OkStatus();  // Left already: idempotent.
     if (!w.ok()) return w.status();
     const std::string why = request.reason().empty() ? std::string("its agent stopped")
-                                                     : request.reason().substr(0, 256);
+                                                     : request.reason().substr(
+                                                           0, Utf8SafeCut(request.reason(), 256));
     ticket = ForgetWorkerLocked(**w, absl::StrCat("worker ", request.worker(), " left (", why, ")"),
                                 touched);
     DDP_LOG(INFO) << "worker " << request.worker() << " left the cluster: " << why;

@@ -8,6 +8,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/contract/exit_codes.h"
 #include "common/logging.h"
+#include "common/utf8.h"
 #include "common/version.h"
 #include "coordinator/core/coordinator.h"
 
@@ -155,19 +156,19 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::HeartbeatLocked(
     worker.free_ports.assign(req.free_ports().begin(), req.free_ports().end());
     if (ports_.WaitsOn(req.worker()) && !worker.free_ports.empty()) schedule_dirty_ = true;
   }
-  // Only what differs from its last report is applied to jobs, and only what the
-  // rank table says is the worker's: a worker cannot fail, start or finish another's
-  // ranks (what it reports only moves its own slot count).
   if (!req.leaving().empty() && !worker.leaving) {
     // Before its exits are applied: the attempts end once, as "leaving", and their
     // retries are not placed here.
-    const std::string why = req.leaving().substr(0, 256);
+    const std::string why = req.leaving().substr(0, Utf8SafeCut(req.leaving(), 256));
     DDP_LOG(INFO) << "worker " << req.worker() << " is leaving: " << why;
     if (registry_.SetLeaving(worker)) schedule_dirty_ = true;
     FailAttemptsOnWorkerLocked(req.worker(),
                                absl::StrCat("worker ", req.worker(), " is leaving (", why, ")"),
                                touched);
   }
+  // Only what differs from its last report is applied to jobs, and only what the
+  // rank table says is the worker's: a worker cannot fail, start or finish another's
+  // ranks (what it reports only moves its own slot count).
   const WorkerRegistry::Reported reported = registry_.Report(worker, req.tasks());
   if (reported.counts_changed) schedule_dirty_ = true;
   for (const v1::TaskStatus* status : reported.changed) {

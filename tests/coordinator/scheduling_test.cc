@@ -9,6 +9,7 @@
 #include "absl/strings/str_replace.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/utf8.h"
 #include "tests/common/status_matchers.h"
 #include "tests/coordinator/coordinator_harness.h"
 
@@ -263,7 +264,8 @@ TEST_F(SchedulingTest, AWorkerThatLeavesIsForgottenAtOnceAndItsJobRestartsElsewh
   leave.set_incarnation("stale");
   EXPECT_THAT(coordinator_->Leave(leave), StatusIs(absl::StatusCode::kFailedPrecondition));
   leave.set_incarnation(Incarnation(host));
-  leave.set_reason("received SIGTERM");
+  // A reason cut to 256 bytes stays UTF-8 ("é" is 2 bytes, across the cut).
+  leave.set_reason("received SIGTERM " + std::string(238, 'x') + "\xc3\xa9 and more");
   ASSERT_TRUE(coordinator_->Leave(leave).ok());
   EXPECT_TRUE(coordinator_->Leave(leave).ok()) << "idempotent";
 
@@ -272,7 +274,9 @@ TEST_F(SchedulingTest, AWorkerThatLeavesIsForgottenAtOnceAndItsJobRestartsElsewh
   ASSERT_EQ(workers->workers_size(), 1);
   EXPECT_EQ(workers->workers(0).name(), other);
   const v1::Job job = Get(id);
-  EXPECT_THAT(job.attempts(0).reason(), HasSubstr(absl::StrCat("worker ", host, " left (received SIGTERM)")));
+  EXPECT_THAT(job.attempts(0).reason(), HasSubstr(absl::StrCat("worker ", host, " left (received SIGTERM")));
+  EXPECT_TRUE(IsValidUtf8(job.attempts(0).reason())) << "cut before the 2-byte character";
+  EXPECT_THAT(job.attempts(0).reason(), ::testing::EndsWith("xxx)"));
   EXPECT_EQ(Host(id), other) << "restarted on the worker that stayed";
 }
 
