@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/stragglers.h"
+#include "common/jobspec/labels.h"
 
 namespace ddp {
 namespace {
@@ -255,9 +256,7 @@ std::vector<std::string> RenderWatchLines(const v1::Job& job, const v1::Job* pre
 }
 
 std::string LabelCell(const google::protobuf::Map<std::string, std::string>& labels) {
-  if (labels.empty()) return "-";
-  const std::map<std::string, std::string> sorted(labels.begin(), labels.end());
-  return absl::StrJoin(sorted, ",", absl::PairFormatter("="));
+  return labels.empty() ? "-" : FormatLabels(Labels(labels.begin(), labels.end()));
 }
 
 std::string RenderJob(const v1::Job& job, absl::Time now) {

@@ -256,6 +256,9 @@ class Coordinator {
   // queue, not counted as a restart, counted in Job.preemptions.
   void PreemptForPriorityLocked(JobRecord& job, const std::string& reason, TouchList& touched)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The worker an operator named: NOT_FOUND saying where the names are listed.
+  absl::StatusOr<WorkerRecord*> KnownWorkerLocked(const std::string& name)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets `worker` (RemoveWorker, Leave): its active attempts fail (retryably) with
   // `reason`, its row is deleted. Returns the store ticket to wait on.
   StoreWriter::Ticket ForgetWorkerLocked(WorkerRecord& worker, const std::string& reason,

@@ -27,6 +27,15 @@ const char* MaintenanceVerb(v1::WorkerMaintenance m) {
 
 }  // namespace
 
+absl::StatusOr<WorkerRecord*> Coordinator::KnownWorkerLocked(const std::string& name) {
+  WorkerRecord* w = registry_.Find(name);
+  if (w == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("no worker named '", name, "' (`ddpctl workers` lists them)"));
+  }
+  return w;
+}
+
 absl::StatusOr<v1::Worker> Coordinator::SetMaintenance(const std::string& name,
                                                        v1::WorkerMaintenance maintenance,
                                                        v1::DrainPolicy policy,
@@ -39,11 +48,9 @@ absl::StatusOr<v1::Worker> Coordinator::SetMaintenance(const std::string& name,
   {
     TouchList touched(hub_);
     absl::MutexLock lock(&mu_);
-    WorkerRecord* w = registry_.Find(name);
-    if (w == nullptr) {
-      return absl::NotFoundError(
-          absl::StrCat("no worker named '", name, "' (`ddpctl workers` lists them)"));
-    }
+    absl::StatusOr<WorkerRecord*> known = KnownWorkerLocked(name);
+    if (!known.ok()) return known.status();
+    WorkerRecord* w = *known;
     if (registry_.SetMaintenance(*w, maintenance, policy, caller.name, clock_->Now())) {
       schedule_dirty_ = true;  // Capacity changed (shrank, or grew on an uncordon).
     }
@@ -73,11 +80,9 @@ absl::Status Coordinator::RemoveWorker(const std::string& name) {
   {
     TouchList touched(hub_);
     absl::MutexLock lock(&mu_);
-    WorkerRecord* w = registry_.Find(name);
-    if (w == nullptr) {
-      return absl::NotFoundError(
-          absl::StrCat("no worker named '", name, "' (`ddpctl workers` lists them)"));
-    }
+    absl::StatusOr<WorkerRecord*> known = KnownWorkerLocked(name);
+    if (!known.ok()) return known.status();
+    WorkerRecord* w = *known;
     if (w->alive) {
       return absl::FailedPreconditionError(absl::StrCat(
           "worker ", name, " is ",
