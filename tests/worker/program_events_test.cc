@@ -69,7 +69,7 @@ TEST(ProgramEventTest, MalformedLinesSayWhy) {
   EXPECT_EQ(Parse("hello", &e, &why), ProgramLine::kMalformed);
   EXPECT_EQ(why, "not a JSON object");
   EXPECT_EQ(Parse("{\"type\": \"step\", \"loss\": ", &e, &why), ProgramLine::kMalformed);
-  EXPECT_EQ(why, "not valid JSON");
+  EXPECT_EQ(why, "not valid JSON: unexpected end of text at byte 25");
   EXPECT_EQ(Parse(R"({"loss": 1})", &e, &why), ProgramLine::kMalformed);
   EXPECT_THAT(why, HasSubstr("no \"type\""));
   EXPECT_EQ(Parse(R"({"type": "stepp", "loss": 1})", &e, &why), ProgramLine::kMalformed);

@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/descriptor.h"
-#include "google/protobuf/util/json_util.h"
 #include "common/contract/events.h"
+#include "worker/agent/event_json.h"
 
 namespace ddp {
 namespace {
@@ -259,7 +259,7 @@ bool ParseTrainerEvent(const std::string& line, v1::TrainerEvent* event,
                        std::vector<std::string>* problems) {
   if (line.empty() || line[0] != '{') return false;
   Struct json;
-  if (!google::protobuf::util::JsonStringToMessage(line, &json).ok()) return false;
+  if (!ParseJsonObject(line, &json).ok()) return false;
   return ParseTrainerEvent(json, event, problems);
 }
 
@@ -271,8 +271,8 @@ ProgramLine ParseProgramEvent(const std::string& line, int rank, double now,
   };
   if (line.empty() || line[0] != '{') return malformed("not a JSON object");
   Struct json;
-  if (!google::protobuf::util::JsonStringToMessage(line, &json).ok()) {
-    return malformed("not valid JSON");
+  if (absl::Status parsed = ParseJsonObject(line, &json); !parsed.ok()) {
+    return malformed(absl::StrCat("not valid JSON: ", parsed.message()));
   }
   auto type = json.fields().find("type");
   if (type == json.fields().end() || !type->second.has_string_value() ||
