@@ -17,6 +17,7 @@
 #include "common/jobspec/command_spec.h"
 #include "common/jobspec/job_text.h"
 #include "common/jobspec/yaml_reader.h"
+#include "yaml-cpp/eventhandler.h"
 #include "yaml-cpp/yaml.h"
 
 namespace ddp {
@@ -92,7 +93,8 @@ void ParseScheduling(Reader& r, const YAML::Node& root, JobSpec* spec) {
     } else {
       std::map<std::string, int> seen;
       for (const auto& kv : sel) {
-        const std::string key = kv.first.as<std::string>("");
+        std::string key;
+        if (!r.Key(kv.first, "node_selector", &key)) continue;
         const std::string field = absl::StrCat("node_selector.", key);
         if (!r.Unique(kv.first, field, &seen)) continue;
         if (!ValidLabelKey(key)) {
@@ -173,7 +175,8 @@ void ParseTop(Reader& r, const YAML::Node& root, JobSpec* spec) {
     } else {
       std::map<std::string, int> seen;
       for (const auto& kv : env) {
-        std::string k = kv.first.as<std::string>("");
+        std::string k;
+        if (!r.Key(kv.first, "env", &k)) continue;
         if (!r.Unique(kv.first, absl::StrCat("env.", k), &seen)) continue;
         bool ok = !k.empty() && !absl::ascii_isdigit(k[0]) &&
                   std::all_of(k.begin(), k.end(),
@@ -688,12 +691,47 @@ void CrossCheck(Reader& r, const YAML::Node& root, JobSpec* spec) {
   }
 }
 
+// The line (1-based) where the second YAML document of `text` begins: its `---`, or
+// its first token; 0 when there is one document. yaml-cpp's Load reads the first
+// document and silently drops the rest, so a job file of two would run half of what
+// its author wrote. Throws YAML::Exception on text that is not YAML.
+int SecondDocumentLine(const std::string& text) {
+  class DocumentStarts : public YAML::EventHandler {
+   public:
+    std::vector<int> lines;
+    void OnDocumentStart(const YAML::Mark& mark) override { lines.push_back(mark.line + 1); }
+    void OnDocumentEnd() override {}
+    void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+    void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+    void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  const std::string&) override {}
+    void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                         YAML::EmitterStyle::value) override {}
+    void OnSequenceEnd() override {}
+    void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                    YAML::EmitterStyle::value) override {}
+    void OnMapEnd() override {}
+  };
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  DocumentStarts starts;
+  while (starts.lines.size() < 2 && parser.HandleNextDocument(starts)) {
+  }
+  return starts.lines.size() < 2 ? 0 : std::max(1, starts.lines[1]);
+}
+
 }  // namespace
 
 absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& source) {
   if (absl::Status st = CheckJobText(yaml_text, source, kMaxSpecBytes); !st.ok()) return st;
   YAML::Node root;
   try {
+    if (const int second = SecondDocumentLine(yaml_text); second > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ":", second,
+          ": a second YAML document begins here; a job file holds one job (one document): "
+          "put each job in a file of its own and submit each"));
+    }
     root = YAML::Load(yaml_text);
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(

@@ -49,7 +49,8 @@ class Reader {
     Touch(node);
     std::map<std::string, int> seen;  // key -> its first line
     for (const auto& kv : node) {
-      std::string key = kv.first.as<std::string>("");
+      std::string key;
+      if (!Key(kv.first, path, &key)) continue;
       if (!Unique(kv.first, Join(path, key), &seen)) continue;
       if (std::find_if(allowed.begin(), allowed.end(),
                        [&](const char* a) { return key == a; }) != allowed.end()) {
@@ -71,6 +72,19 @@ class Reader {
       Error(kv.first, Join(path, key), absl::StrCat("unknown field", hint));
     }
     return true;
+  }
+
+  // A mapping's key as a name. YAML allows any node as a key (`? [a, b] : c`); a
+  // job file's keys are field names, so anything but a scalar is an error that
+  // says what was found there.
+  bool Key(const YAML::Node& key, const std::string& path, std::string* out) {
+    if (key.IsScalar()) {
+      *out = key.Scalar();
+      return true;
+    }
+    Error(key, path.empty() ? "(top level)" : path,
+          absl::StrCat("a key must be a field name, found ", ShowKey(key)));
+    return false;
   }
 
   // False (and an error) if `key` was already in `seen`: yaml-cpp keeps both, and
@@ -245,6 +259,19 @@ class Reader {
     }
     if (required) Error(map, p, "is required");
     return false;
+  }
+
+  // A non-scalar key, in YAML's flow style and cut short: "a list [a, b]".
+  static std::string ShowKey(const YAML::Node& n) {
+    if (!n.IsSequence() && !n.IsMap()) return "an empty key";
+    YAML::Emitter flow;
+    flow.SetSeqFormat(YAML::Flow);
+    flow.SetMapFormat(YAML::Flow);
+    flow << n;
+    std::string text = flow.good() ? flow.c_str() : "";
+    constexpr size_t kShown = 60;
+    if (text.size() > kShown) text = text.substr(0, kShown) + "...";
+    return absl::StrCat(n.IsSequence() ? "a list " : "a mapping ", text);
   }
 
   static std::string Show(const YAML::Node& n) {

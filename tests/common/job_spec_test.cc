@@ -1,5 +1,7 @@
 #include "common/jobspec/job_spec.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -217,6 +219,37 @@ TEST(JobSpecTest, UnknownFieldSuggestsTheNearestName) {
   EXPECT_THAT(spec, StatusIs(absl::StatusCode::kInvalidArgument,
                              HasSubstr("job.yaml:4: train.epoch: unknown field (did you mean "
                                        "epochs?)")));
+}
+
+TEST(JobSpecTest, ADocumentStartMarkerAloneIsOneDocument) {
+  // `---` opening the file (and `...` closing it) is common and still one job.
+  auto spec = ParseJobSpec(absl::StrCat("---\n", kDesignExample, "...\n"), "job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name, "cancer-ddp");
+}
+
+TEST(JobSpecTest, ASecondDocumentIsRefusedAtTheLineWhereItBegins) {
+  const std::string text = absl::StrCat(kDesignExample, "---\nname: other\ncommand: [/bin/true]\n");
+  const int second_line = 1 + static_cast<int>(std::count(kDesignExample,
+                                                         kDesignExample + sizeof(kDesignExample) - 1,
+                                                         '\n'));
+  EXPECT_THAT(ParseJobSpec(text, "job.yaml").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr(absl::StrCat("job.yaml:", second_line,
+                                              ": a second YAML document begins here"))));
+  // Even an empty second document: the author meant something by it.
+  EXPECT_THAT(ParseJobSpec(absl::StrCat(kDesignExample, "---\n"), "job.yaml").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("second YAML document")));
+}
+
+TEST(JobSpecTest, AComplexKeySaysWhatWasFound) {
+  EXPECT_THAT(ParseJobSpec("name: x\ntrain:\n  ? [a, b]\n  : c\n", "job.yaml").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("job.yaml:3: train: a key must be a field name, found a list "
+                                 "[a, b]")));
+  EXPECT_THAT(ParseJobSpec("name: x\ncommand: [a]\nenv:\n  ? {k: v}\n  : 1\n", "job.yaml").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("env: a key must be a field name, found a mapping {k: v}")));
 }
 
 TEST(JobSpecTest, MalformedYamlReportsTheLine) {
