@@ -47,7 +47,10 @@ std::string Elapsed(const v1::Job& job, absl::Time now) {
 }
 
 std::string RankState(const v1::RankAssignment& r) {
-  if (!r.exited()) return r.pid() ? "running" : "starting";
+  if (!r.exited()) {
+    if (r.lost()) return "lost";
+    return r.pid() ? "running" : "starting";
+  }
   if (r.signal()) {
     const char* name = sigabbrev_np(r.signal());
     return name ? absl::StrCat("signal ", r.signal(), " (SIG", name, ")")

@@ -399,9 +399,13 @@ v1::Job Coordinator::SummaryLocked(const JobRecord& rec) {
   for (v1::Attempt& a : *view.mutable_attempts()) {
     const TaskKey key{rec.job.id(), a.number()};
     int live = 0;
-    for (const v1::RankAssignment& r : a.ranks()) {
+    for (v1::RankAssignment& r : *a.mutable_ranks()) {
       const WorkerRecord* w = registry_.Find(r.worker());
-      if (w != nullptr && registry_.RankMayLive(*w, key, r)) ++live;
+      if (w != nullptr && registry_.RankMayLive(*w, key, r)) {
+        ++live;
+      } else if (!r.exited() && IsTerminal(a.state())) {
+        r.set_lost(true);  // Not "running": nobody runs it, and how it ended is unknown.
+      }
     }
     a.set_live_trainers(live);
   }

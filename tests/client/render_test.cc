@@ -101,6 +101,21 @@ TEST(RenderTest, GetShowsWhoSubmittedTheJob) {
               ::testing::ContainsRegex("Owner: +- \\(submitted without authentication\\)"));
 }
 
+TEST(RenderTest, GetShowsALostRankOfAFailedAttemptAsLost) {
+  const absl::Time now = absl::FromUnixSeconds(1800000000);
+  v1::Job job = RunningJob(now);
+  v1::Attempt* a = job.mutable_attempts(0);
+  a->set_state(v1::FAILED);
+  a->set_reason("worker w2 lost: no heartbeat for 5.0s");
+  a->mutable_ranks(0)->set_exited(true);
+  a->mutable_ranks(0)->set_signal(15);
+  a->mutable_ranks(1)->set_lost(true);  // Its worker was lost before reporting an exit.
+  const std::string text = RenderJob(job, now);
+  EXPECT_THAT(text, ::testing::ContainsRegex("w1 +100 +signal 15 \\(SIGTERM\\)"));
+  EXPECT_THAT(text, ::testing::ContainsRegex("w2 +101 +lost"));
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("running")));
+}
+
 TEST(RenderTest, GetShowsTheNewestEpochsOfALongJob) {
   const absl::Time now = absl::FromUnixSeconds(1800000000);
   v1::Job job = RunningJob(now);

@@ -379,6 +379,41 @@ TEST_F(CoordinatorTest, ElasticRendezvousFormsAtOnceWhenMaxNodesAreThere) {
   EXPECT_EQ(Get(id).attempts(0).world_size(), 2);
 }
 
+TEST_F(CoordinatorTest, ARankOfALostWorkerShowsLostOnceItsAttemptEnded) {
+  Register("w1");
+  Register("w2");
+  const std::string id = Submit(JobYaml("max_restarts: 0\n"));
+  auto [t1, t2] = StartOnTwoWorkers(id);
+  const v1::Job running = Get(id);
+  for (const auto& r : running.attempts(0).ranks()) {
+    EXPECT_FALSE(r.lost()) << "rank " << r.rank() << " of a running attempt";
+  }
+  clock_.Advance(absl::Seconds(6));
+  Heartbeat("w1", {Report(t1)});
+  clock_.Advance(absl::Seconds(5));  // w2 silent for 11s > 10s.
+  Heartbeat("w1", {Report(t1)});
+  coordinator_->Tick();
+  v1::Job job = Get(id);
+  ASSERT_EQ(job.attempts(0).state(), v1::FAILED);
+  std::map<std::string, v1::RankAssignment> by_worker;
+  for (const auto& r : job.attempts(0).ranks()) by_worker[r.worker()] = r;
+  // w2's rank: no exit was ever reported, and nobody runs it any more.
+  EXPECT_FALSE(by_worker["w2"].exited());
+  EXPECT_TRUE(by_worker["w2"].lost()) << "not `running`: its worker is gone";
+  // w1's rank is still being stopped by a live worker: not lost.
+  EXPECT_FALSE(by_worker["w1"].lost());
+  Heartbeat("w1", {Report(t1, /*exit_code=*/143)});
+  const v1::Job ended = Get(id);
+  for (const auto& r : ended.attempts(0).ranks()) {
+    if (r.worker() == "w1") {
+      EXPECT_TRUE(r.exited());
+      EXPECT_FALSE(r.lost()) << "its last state is known";
+    } else {
+      EXPECT_TRUE(r.lost());
+    }
+  }
+}
+
 TEST_F(CoordinatorTest, MissedHeartbeatsFailTheAttemptAndTheJobRestarts) {
   Register("w1");
   Register("w2");

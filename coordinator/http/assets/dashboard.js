@@ -200,7 +200,7 @@
   // --- One job's page ------------------------------------------------------------
 
   function rankState(r) {
-    if (!r.exited) return num(r.pid) ? 'running' : 'starting';
+    if (!r.exited) return r.lost ? 'lost' : num(r.pid) ? 'running' : 'starting';
     if (num(r.signal)) return 'signal ' + num(r.signal);
     return 'exit ' + num(r.exit_code);
   }
