@@ -11,9 +11,12 @@
 #include <set>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/net.h"
+#include "common/process.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/status_matchers.h"
@@ -256,6 +259,69 @@ TEST_F(CommandJobTest, CancelStopsEveryProcessOfTheJobDataLoaderWorkersIncluded)
   EXPECT_EQ(cancel.exit_code, 0) << cancel.err;
   EXPECT_THAT(WaitUntilGone(id, 1), ::testing::IsEmpty());
   EXPECT_EQ(Finish(id).state(), v1::CANCELLED);
+}
+
+// kill -9 of ddp-worker: its ranks die with it (PR_SET_PDEATHSIG), but what a rank
+// started lives on with PPID 1. The worker restarted under the same name and work dir
+// finds their process groups in its ledger, ends what is left, and says so.
+TEST_F(CommandJobTest, ARestartedWorkerEndsWhatItsKilledPredecessorsRanksLeftBehind) {
+  Start();
+  const std::string work_dir = cluster_->dir() + "/node-x";
+  auto start_worker = [&]() -> std::unique_ptr<Subprocess> {
+    auto health = PickFreePort();
+    EXPECT_TRUE(health.ok());
+    SpawnOptions o;
+    o.argv = {testing::BinDir() + "/ddp-worker", "--coordinator", cluster_->address(),
+              "--name", "node-x", "--slots", "1", "--cpus", "1", "--work-dir", work_dir,
+              "--label", "pool=x", "--health-listen", absl::StrCat("127.0.0.1:", *health)};
+    o.capture_stderr = true;
+    auto proc = Subprocess::Spawn(o);
+    EXPECT_TRUE(proc.ok()) << proc.status();
+    return proc.ok() ? std::move(*proc) : nullptr;
+  };
+  std::unique_ptr<Subprocess> worker = start_worker();
+  ASSERT_NE(worker, nullptr);
+  auto log = std::make_unique<testing::OutputCollector>(worker->ReleaseStderr());
+  ASSERT_TRUE(cluster_->WaitForWorkers(3).ok());
+  const std::string pid_file = cluster_->dir() + "/child.pid";
+  const std::string id = SubmitOk(
+      *cluster_, Job("orphans", absl::StrCat("nodes: 1\nmax_restarts: 0\n"
+                                             "node_selector: {pool: x}\n"
+                                             "command: [/bin/sh, -c, \"sleep 300 & echo $! > ",
+                                             pid_file, ".tmp && mv ", pid_file, ".tmp ",
+                                             pid_file, "; wait\"]\n")));
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (!fs::exists(pid_file) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  ASSERT_TRUE(fs::exists(pid_file)) << "the rank never started its child";
+  int child = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(absl::StripAsciiWhitespace(testing::ReadFile(pid_file)), &child));
+  struct KillAtEnd {
+    int pid;
+    ~KillAtEnd() { ::kill(pid, SIGKILL); }
+  } guard{child};
+  ASSERT_EQ(ProcessesOf(id, 1).size(), 2u) << "the rank and its child";
+
+  worker->Signal(SIGKILL);
+  worker->Wait();
+  log->Finish(absl::Seconds(10));
+  // The rank died with its worker; its child did not (the defect this guards).
+  const absl::Time rank_gone = absl::Now() + absl::Seconds(10);
+  while (ProcessesOf(id, 1) != std::set<int>{child} && absl::Now() < rank_gone) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_EQ(ProcessesOf(id, 1), std::set<int>{child});
+
+  worker = start_worker();
+  ASSERT_NE(worker, nullptr);
+  log = std::make_unique<testing::OutputCollector>(worker->ReleaseStderr());
+  EXPECT_TRUE(log->WaitFor(absl::StrCat("the previous incarnation of this worker left 1 "
+                                        "process(es) of job ", id, " attempt 1 rank 0"),
+                           absl::Seconds(30)))
+      << log->text();
+  EXPECT_THAT(WaitUntilGone(id, 1), ::testing::IsEmpty());
+  EXPECT_THAT(log->text(), HasSubstr(absl::StrCat("pids ", child, ")")));
+  worker->Signal(SIGTERM);
+  worker->Wait();
 }
 
 TEST_F(CommandJobTest, BadCommandsAreRefusedWithTheirReasonAndHarmNothingElse) {

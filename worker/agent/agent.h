@@ -72,6 +72,9 @@ struct AgentOptions {
   // For nodes that do not come back under this name (a Slurm allocation, an
   // autoscaled VM); a systemd-managed node restarts and keeps its cordon instead.
   bool leave_on_exit = false;
+  // Records the rank processes' groups for the next incarnation (rank_ledger.h);
+  // owned by the caller (WorkerServer); null: not recorded.
+  RankLedger* ledger = nullptr;
 };
 
 class Agent {

@@ -75,6 +75,26 @@ absl::StatusOr<std::string> PrepareWorkDir(const std::string& given, const std::
   return given;
 }
 
+// A worker killed without a chance to stop its ranks (kill -9, a crash) left their
+// process groups in the ledger: whatever is still in them is ended before this
+// incarnation registers, so no rank of a dead attempt outlives it.
+void EndPreviousIncarnationsRanks(const RankLedger& ledger) {
+  int left = 0;
+  for (const LedgerEntry& e : ledger.previous()) {
+    const std::vector<int> ended = EndProcessGroup(e);
+    if (ended.empty()) continue;
+    left += static_cast<int>(ended.size());
+    DDP_LOG(WARNING) << "the previous incarnation of this worker left " << ended.size()
+                     << " process(es) of job " << e.job_id << " attempt " << e.attempt
+                     << " rank " << e.rank << " (process group " << e.pgid
+                     << ", pids " << absl::StrJoin(ended, " ") << "); ended them (SIGKILL)";
+  }
+  if (!ledger.previous().empty() && left == 0) {
+    DDP_LOG(INFO) << "the previous incarnation's " << ledger.previous().size()
+                  << " rank process group(s) (" << ledger.path() << ") are all gone";
+  }
+}
+
 std::string DefaultTrainerPath(const char* argv0) {
   std::error_code ec;
   auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
@@ -185,6 +205,11 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
   SetLogPrefix("[worker " + opts.name + "] ");
 
   std::unique_ptr<WorkerServer> server(new WorkerServer());
+  auto ledger = RankLedger::Open(opts.work_dir, opts.name);
+  if (!ledger.ok()) return ledger.status();
+  server->ledger_ = *std::move(ledger);
+  EndPreviousIncarnationsRanks(*server->ledger_);
+  opts.ledger = server->ledger_.get();
   server->coordinator_ = options.coordinator;
   server->agent_options_ = opts;
   // The shared plaintext health server (common/rpc/health_server.h), as the

@@ -65,6 +65,8 @@ class WorkerServer {
   WorkerServer() = default;
 
   std::string coordinator_;
+  // Before the agent: it records into the ledger until it is destroyed.
+  std::unique_ptr<RankLedger> ledger_;
   AgentOptions agent_options_;
   std::unique_ptr<HealthServer> health_;
   std::unique_ptr<Agent> agent_;

@@ -137,6 +137,9 @@ std::unique_ptr<TrainerTask> TrainerTask::Start(const v1::Task& task,
     Rank r;
     r.rank = task.ranks(local);
     r.pid = (*proc)->pid();
+    if (options.ledger != nullptr) {
+      options.ledger->Add({r.pid, ProcessStartTicks(r.pid), task.job_id(), task.attempt(), r.rank});
+    }
     pump->Add(t->SourceOf(r), (*proc)->ReleaseEvents(), (*proc)->ReleaseStdout(),
               (*proc)->ReleaseStderr(), plan->command ? EventCheck::kLenient : EventCheck::kStrict);
     r.proc = std::move(*proc);
@@ -151,7 +154,11 @@ std::unique_ptr<TrainerTask> TrainerTask::Start(const v1::Task& task,
 
 TrainerTask::~TrainerTask() {
   for (Rank& r : ranks_) {
-    if (r.proc) r.proc->Signal(SIGKILL);  // ~Subprocess reaps.
+    if (r.proc) r.proc->Signal(SIGKILL);
+    // ~Subprocess reaps the rank, and reaping kills what is left in its group
+    // (common/process.h): the group is gone, the next incarnation need not look.
+    r.proc.reset();
+    if (options_.ledger != nullptr) options_.ledger->Remove(r.pid);
     pump_->Forget(SourceOf(r));
   }
 }

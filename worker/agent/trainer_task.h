@@ -24,6 +24,7 @@
 #include "ddp/v1/worker_service.pb.h"
 #include "worker/agent/launch_plan.h"
 #include "worker/agent/output_pump.h"
+#include "worker/agent/rank_ledger.h"
 
 namespace ddp {
 
@@ -44,6 +45,9 @@ struct TrainerTaskOptions {
   ExecPolicy exec;
   // Appended to command jobs' PYTHONPATH: the directory of ddp_report.py.
   std::string python_path;
+  // Where each rank's process group is recorded while the task lives (rank_ledger.h);
+  // null: not recorded.
+  RankLedger* ledger = nullptr;
 };
 
 // Whether process `pid` is stopped (SIGSTOP, a debugger: state T or t in
