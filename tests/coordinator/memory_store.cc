@@ -48,6 +48,7 @@ absl::Status MemoryStore::Write(const RowBatch& batch) {
   }
   for (const RowBatch::RankRow& row : batch.ranks) {
     d.ranks[{row.job_id, row.attempt, row.rank.rank()}] = row.rank;
+    d.ranks[{row.job_id, row.attempt, row.rank.rank()}].clear_lost();  // Derived, as in SQLite.
   }
   for (const v1::Worker& w : batch.workers) d.workers[w.name()] = w;
   for (const std::string& name : batch.removed_workers) {

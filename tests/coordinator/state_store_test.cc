@@ -220,6 +220,7 @@ const std::set<std::string>& NotStored() {
   static const auto* fields = new std::set<std::string>{
       // The live coordinator's view, recomputed when a job is read or scheduled.
       "ddp.v1.Job.queue_position", "ddp.v1.Job.unschedulable", "ddp.v1.Attempt.live_trainers",
+      "ddp.v1.RankAssignment.lost",
       // The spec's (spec_yaml is stored), shown again when the job is loaded; so is
       // Job.node_selector.
       "ddp.v1.Job.priority", "ddp.v1.Job.preemption",
