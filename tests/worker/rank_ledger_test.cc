@@ -136,10 +136,19 @@ TEST_F(RankLedgerTest, ASecondLiveWorkerOfTheSameNameAndDirIsRefused) {
   EXPECT_TRUE(RankLedger::Open(dir_, "node-b").ok()) << "another name may share the dir";
 }
 
-TEST_F(RankLedgerTest, EntriesOfAnotherBootAreVoid) {
+TEST_F(RankLedgerTest, EntriesOfAnotherBootOrPidNamespaceAreVoid) {
   ddp::testing::WriteFile(dir_ + "/ddp-worker-node-a.ranks",
                           "boot 00000000-0000-0000-0000-000000000000\n4242 7 1 0 job-1\n");
   auto ledger = RankLedger::Open(dir_, "node-a");
+  ASSERT_TRUE(ledger.ok());
+  EXPECT_THAT((*ledger)->previous(), IsEmpty());
+  ledger->reset();
+  // This boot, but another container's PID namespace.
+  std::string boot = ddp::testing::ReadFile("/proc/sys/kernel/random/boot_id");
+  boot = std::string(absl::StripAsciiWhitespace(boot));
+  ddp::testing::WriteFile(dir_ + "/ddp-worker-node-a.ranks",
+                          absl::StrCat("boot ", boot, " pid:[1]\n4242 7 1 0 job-1\n"));
+  ledger = RankLedger::Open(dir_, "node-a");
   ASSERT_TRUE(ledger.ok());
   EXPECT_THAT((*ledger)->previous(), IsEmpty());
 }

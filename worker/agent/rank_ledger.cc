@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -20,11 +21,15 @@
 namespace ddp {
 namespace {
 
-std::string BootId() {
+// This boot, and this PID namespace: pids recorded under another boot, or in another
+// container's namespace (a worker pod restarted in a new one), name other processes.
+std::string PidSpace() {
   std::ifstream in("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  std::getline(in, id);
-  return id;
+  std::string boot;
+  std::getline(in, boot);
+  std::error_code ec;
+  const std::string ns = std::filesystem::read_symlink("/proc/self/ns/pid", ec).string();
+  return absl::StrCat(boot, " ", ns);
 }
 
 // /proc/PID/stat's fields after "PID (COMM) ": COMM may hold spaces and parentheses.
@@ -84,7 +89,7 @@ absl::StatusOr<std::unique_ptr<RankLedger>> RankLedger::Open(const std::string& 
                                                             const std::string& worker_name) {
   std::unique_ptr<RankLedger> ledger(new RankLedger());
   ledger->path_ = absl::StrCat(dir, "/ddp-worker-", worker_name, ".ranks");
-  ledger->boot_id_ = BootId();
+  ledger->pid_space_ = PidSpace();
   ledger->lock_fd_ = ::open(ledger->path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (ledger->lock_fd_ < 0) {
     return absl::UnavailableError(absl::StrCat("cannot create ", ledger->path_, ": ",
@@ -103,15 +108,15 @@ absl::StatusOr<std::unique_ptr<RankLedger>> RankLedger::Open(const std::string& 
   // What the previous incarnation wrote last; then this one's (empty) list.
   std::ifstream in(ledger->path_);
   std::string line;
-  bool same_boot = false;
+  bool same_space = false;
   while (std::getline(in, line)) {
     if (absl::string_view boot = line; absl::ConsumePrefix(&boot, "boot ")) {
-      same_boot = boot == ledger->boot_id_;
+      same_space = boot == ledger->pid_space_;
       continue;
     }
     std::vector<std::string> f = absl::StrSplit(line, absl::MaxSplits(' ', 4));
     LedgerEntry e;
-    if (!same_boot || f.size() != 5 || !absl::SimpleAtoi(f[0], &e.pgid) ||
+    if (!same_space || f.size() != 5 || !absl::SimpleAtoi(f[0], &e.pgid) ||
         !absl::SimpleAtoi(f[1], &e.start_ticks) || !absl::SimpleAtoi(f[2], &e.attempt) ||
         !absl::SimpleAtoi(f[3], &e.rank)) {
       continue;
@@ -150,7 +155,7 @@ void RankLedger::WriteLocked() {
   // old inode): truncate, write, sync. A torn write loses at most the entries of this
   // moment, never the lock.
   std::ostringstream out;
-  out << "boot " << boot_id_ << "\n";
+  out << "boot " << pid_space_ << "\n";
   for (const LedgerEntry& e : current_) {
     out << e.pgid << " " << e.start_ticks << " " << e.attempt << " " << e.rank << " "
         << e.job_id << "\n";

@@ -13,8 +13,10 @@
 // Lifecycle: Open() takes an exclusive lock on <dir>/ddp-worker-<name>.ranks for the
 // life of the object (a second live agent of that name and dir is refused, so it can
 // never end the first one's ranks), reads the previous incarnation's entries
-// (previous()) and starts a new file. Add()/Remove() rewrite it atomically. Entries
-// of another boot are void: a reboot ended their processes.
+// (previous()) and starts a new file. Add()/Remove() rewrite it in place. Entries of
+// another boot, or of another PID namespace (a worker container restarted in a new
+// one), are void: their pids name other processes, and a reboot or the container
+// runtime ended theirs.
 //
 // What it cannot catch: a process that left its group (setsid, setpgid); the
 // systemd unit (KillMode=mixed) and the pod's cgroup are the backstop for those.
@@ -51,7 +53,8 @@ class RankLedger {
   RankLedger(const RankLedger&) = delete;
   RankLedger& operator=(const RankLedger&) = delete;
 
-  // The previous incarnation's groups, as it left them (this boot's only).
+  // The previous incarnation's groups, as it left them (this boot's and PID
+  // namespace's only).
   const std::vector<LedgerEntry>& previous() const { return previous_; }
   const std::string& path() const { return path_; }
 
@@ -66,7 +69,7 @@ class RankLedger {
   void WriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::string path_;
-  std::string boot_id_;
+  std::string pid_space_;  // Boot id and PID namespace: where the pids mean something.
   int lock_fd_ = -1;
   std::vector<LedgerEntry> previous_;
   absl::Mutex mu_;
