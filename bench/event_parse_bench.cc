@@ -18,7 +18,8 @@
 
 namespace {
 
-double MillisOf(const auto& fn, int repeats) {
+template <typename Fn>
+double MillisOf(const Fn& fn, int repeats) {
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < repeats; ++i) fn();
   const std::chrono::duration<double, std::milli> d = std::chrono::steady_clock::now() - start;

@@ -3,6 +3,9 @@
 // shown once, never fatal.
 #include <unistd.h>
 
+#include <thread>
+
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/clock.h"
 #include "gmock/gmock.h"
@@ -144,6 +147,36 @@ TEST(ProgramEventTest, GarbageOnTheDescriptorIsShownOnceThenCounted) {
   EXPECT_DOUBLE_EQ(out[1].event().step().loss(), 0.5);
   ASSERT_TRUE(out[2].has_log());
   EXPECT_THAT(out[2].log().text(), HasSubstr("3 lines on DDP_EVENTS_FD in all were not events"));
+}
+
+TEST(ProgramEventTest, ADeeplyNestedLineIsCountedAndTheNextLineStillRelayed) {
+  // The report's 60 KB line: 30,000 nested arrays in a step's extra field. It once held
+  // the pump (and so every rank's output, exits and cancel) for minutes.
+  const std::string hostile = absl::StrCat(R"({"type":"step","loss":0.5,"x":)",
+                                           std::string(30'000, '['), std::string(30'000, ']'),
+                                           "}");
+  EventBuffer buffer;
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  OutputPump pump(&buffer, RealClock());
+  const OutputSource source{"job-1", 1, 0};
+  pump.Add(source, fds[0], -1, -1, EventCheck::kLenient);
+  const std::string bytes = hostile + "\n{\"type\":\"step\",\"loss\":0.25}\n";
+  std::thread writer([&] {
+    EXPECT_EQ(::write(fds[1], bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+    ::close(fds[1]);
+  });
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (!pump.Drained(source) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  writer.join();
+  ASSERT_TRUE(pump.Drained(source)) << "the pump is still reading the nested line";
+  EXPECT_EQ(pump.malformed_event_lines(), 1);
+  int64_t dropped = 0;
+  const auto out = buffer.Take(1000, 1 << 20, &dropped);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_THAT(out[0].log().text(), HasSubstr("nested deeper than 32 levels"));
+  ASSERT_TRUE(out[1].has_event());
+  EXPECT_DOUBLE_EQ(out[1].event().step().loss(), 0.25);
 }
 
 TEST(ProgramEventTest, TheTrainersStreamStaysStrict) {
