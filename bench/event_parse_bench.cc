@@ -2,8 +2,9 @@
 // after the agent's own JSON reader (issue 28, item 1), side by side in one run:
 //   before: protobuf's JsonStringToMessage into a Struct (what ParseProgramEvent did);
 //   after:  ParseProgramEvent as it is now (worker/agent/event_json.h).
-// Lines: a flat 60 KB step line (a 7,500-number array) and step lines whose extra field
-// nests `depth` arrays (60 KB at depth 30,000: the report's line).
+// Lines: a flat 60 KB step line (a 10,000-number array), one nested to the limit
+// throughout, and step lines whose extra field nests `depth` arrays (60 KB at depth
+// 30,000: the report's line).
 //   ddp-bench-event-parse [--before-max-depth N]   (default 8000: deeper takes minutes)
 // Prints one JSON object per line: {"line", "bytes", "before_ms", "after_ms", "after"}.
 #include <chrono>
@@ -60,6 +61,13 @@ int main(int argc, char** argv) {
   while (flat.size() < 60'000) flat += "0.125,";
   flat += "1]}";
   Measure("flat 60 KB", flat, 20);
+  // The deepest a line may be, all the way: groups nested 30 deep (31 with their
+  // array, 32 with the object) repeated to 60 KB. The reader's worst accepted case.
+  std::string deep = R"({"type":"step","loss":0.5,"x":[)";
+  const std::string group = std::string(30, '[') + "0" + std::string(30, ']');
+  while (deep.size() < 60'000) deep += group + ",";
+  deep += "0]}";
+  Measure("nested 32 deep throughout, 60 KB", deep, 20);
   for (int depth : {2000, 4000, 8000, 30000}) {
     const std::string line = std::string(R"({"type":"step","loss":0.5,"x":)") +
                              std::string(depth, '[') + std::string(depth, ']') + "}";
