@@ -24,18 +24,7 @@ find_package(civetweb CONFIG REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(SYSTEMD REQUIRED IMPORTED_TARGET libsystemd)
 
-# LibTorch: Debian's CPU 1.13 by default; point CMAKE_PREFIX_PATH (or Torch_DIR) at a
-# CUDA LibTorch, e.g. $(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)'),
-# to build the NCCL path as well.
-find_package(Torch REQUIRED)
-# TORCH_CXX_FLAGS carries the ABI define; it is applied only to the trainer targets.
-separate_arguments(DDP_TORCH_CXX_FLAGS UNIX_COMMAND "${TORCH_CXX_FLAGS}")
-
-set(DDP_WITH_CUDA OFF)
-if(TARGET torch_cuda OR CAFFE2_USE_CUDA OR TORCH_CUDA_LIBRARIES)
-  set(DDP_WITH_CUDA ON)
-endif()
-message(STATUS "ddp: LibTorch ${Torch_VERSION} at ${Torch_DIR}; CUDA/NCCL path: ${DDP_WITH_CUDA}")
+include(${CMAKE_CURRENT_LIST_DIR}/Torch.cmake)  # LibTorch: which flavour, and checked.
 
 find_program(DDP_PYTHON3 NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)
 if(NOT DDP_PYTHON3)
