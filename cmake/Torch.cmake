@@ -75,6 +75,21 @@ foreach(_ddp_lib IN ITEMS "${TORCH_LIBRARY}" "${c10_LIBRARY}")
   endif()
 endforeach()
 
+# PyPI's torch ships headers of another protobuf in its include/, which is searched
+# before the system's on every command line that has LibTorch's: a file that includes
+# protobuf's headers and LibTorch's (the trainer's test harness) would compile against
+# headers that do not match the libprotobuf it links. DDP_SYSTEM_PROTOBUF_INCLUDE, a
+# directory holding only the system's `google`, goes first on the engine's users'
+# command lines (the engine's and libddp's targets); other targets are left as they are.
+get_filename_component(_ddp_torch_include "${TORCH_INSTALL_PREFIX}/include" REALPATH)
+get_filename_component(_ddp_protobuf_include "${Protobuf_INCLUDE_DIR}" REALPATH)
+if(EXISTS "${_ddp_torch_include}/google/protobuf" AND Protobuf_INCLUDE_DIR AND
+   NOT _ddp_torch_include STREQUAL _ddp_protobuf_include)
+  set(DDP_SYSTEM_PROTOBUF_INCLUDE ${CMAKE_BINARY_DIR}/system-protobuf)
+  file(MAKE_DIRECTORY ${DDP_SYSTEM_PROTOBUF_INCLUDE})
+  file(CREATE_LINK ${Protobuf_INCLUDE_DIR}/google ${DDP_SYSTEM_PROTOBUF_INCLUDE}/google SYMBOLIC)
+endif()
+
 # TORCH_CXX_FLAGS carries the ABI define (1.13; 2.x sets none): applied only to the
 # trainer targets.
 separate_arguments(DDP_TORCH_CXX_FLAGS UNIX_COMMAND "${TORCH_CXX_FLAGS}")
@@ -85,5 +100,12 @@ if(TARGET torch_cuda OR CAFFE2_USE_CUDA OR TORCH_CUDA_LIBRARIES)
 endif()
 if(DDP_REQUIRE_CUDA AND NOT DDP_WITH_CUDA)
   message(FATAL_ERROR "DDP_REQUIRE_CUDA: LibTorch ${Torch_VERSION} at ${TORCH_INSTALL_PREFIX} is a CPU build, so the NCCL path would not be compiled: ${_ddp_torch_fix}")
+endif()
+# The Python whose torch is the flavour under test, for tests that run PyTorch beside
+# it live (a TCPStore as torchrun's agent): the venv's, or Debian's with python3-torch.
+if(DDP_TORCH_PYTHON)
+  set(DDP_REFERENCE_PYTHON "${DDP_TORCH_PYTHON}")
+else()
+  set(DDP_REFERENCE_PYTHON /usr/bin/python3)
 endif()
 message(STATUS "ddp: LibTorch ${Torch_VERSION} at ${Torch_DIR}; CUDA/NCCL path: ${DDP_WITH_CUDA}")

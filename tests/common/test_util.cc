@@ -1,6 +1,9 @@
 #include "tests/common/test_util.h"
 
+#include <ftw.h>
 #include <unistd.h>
+
+#include <cstdio>
 
 #include <cstdlib>
 #include <filesystem>
@@ -22,10 +25,18 @@ std::vector<std::string>& MadeDirs() {
   return *dirs;
 }
 
+// With nftw, not std::filesystem::remove_all: PyPI's LibTorch 2.x exports a copy of
+// std::filesystem from libtorch.so that the test binaries' calls bind to, and that copy
+// jumps to a null pointer when called from an exit handler.
 void RemoveMadeDirs() {
   for (const std::string& dir : MadeDirs()) {
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
+    ::nftw(
+        dir.c_str(),
+        [](const char* path, const struct stat*, int, struct FTW*) {
+          (void)::remove(path);
+          return 0;
+        },
+        16, FTW_DEPTH | FTW_PHYS);
   }
 }
 

@@ -138,12 +138,13 @@ TEST(LibraryCheckpointTest, ResumesToTheSameLosses) {
 
 // Under torchrun's static rendezvous the agent hosts the store on MASTER_PORT and tells
 // the ranks so (TORCHELASTIC_USE_AGENT_STORE=True): rank 0 must join it, not host its
-// own. Here PyTorch's own TCPStore (Debian's torch) plays the agent.
+// own. Here PyTorch's own TCPStore plays the agent: the torch of the flavour under test
+// (Debian's, or the venv's for the PyPI flavour: their stores' protocols differ).
 TEST(LibraryTorchrunTest, RanksJoinTheAgentsStore) {
   auto port = PickFreePort();
   ASSERT_TRUE(port.ok()) << port.status();
   SpawnOptions agent;
-  agent.argv = {"/usr/bin/python3", "-c",
+  agent.argv = {DDP_REFERENCE_PYTHON, "-c",
                 "import sys, time, torch.distributed as d\n"
                 "s = d.TCPStore('127.0.0.1', int(sys.argv[1]), 3, True, wait_for_workers=False)\n"
                 "print('ready', flush=True)\n"
