@@ -8,10 +8,15 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
 #include <thread>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 extern char** environ;
 
@@ -74,6 +79,26 @@ ChildPlan MakePlan(const SpawnOptions& o) {
 }
 
 }  // namespace
+
+std::optional<ProcStat> ReadProcStat(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat;
+  if (!std::getline(in, stat)) return std::nullopt;
+  // "PID (COMM) STATE PPID PGRP ...": COMM may hold spaces and parentheses, so the
+  // fields are counted from the last ')'. Field 3 is the state, 5 the group, 22 the
+  // start time.
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos || close + 2 >= stat.size()) return std::nullopt;
+  const std::vector<absl::string_view> f =
+      absl::StrSplit(absl::string_view(stat).substr(close + 2), ' ', absl::SkipEmpty());
+  ProcStat s;
+  if (f.size() < 20 || f[0].size() != 1 || !absl::SimpleAtoi(f[2], &s.pgrp) ||
+      !absl::SimpleAtoi(f[19], &s.start_ticks)) {
+    return std::nullopt;
+  }
+  s.state = f[0][0];
+  return s;
+}
 
 std::string ExitStatus::ToString() const {
   if (signal != 0) {

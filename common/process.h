@@ -14,6 +14,8 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
+
 #include <map>
 #include <memory>
 #include <optional>
@@ -53,6 +55,15 @@ struct ExitStatus {
   int ShellCode() const { return signal ? 128 + signal : exit_code; }
   std::string ToString() const;  // "exit 1" or "killed by SIGKILL"
 };
+
+// What /proc/PID/stat says of a process (any process, not only our children).
+struct ProcStat {
+  char state = '?';          // R, S, D, T (stopped), t (traced), Z (zombie), ...
+  int pgrp = 0;              // Its process group.
+  uint64_t start_ticks = 0;  // Its start time, in clock ticks since boot.
+};
+// nullopt when the process is gone or /proc cannot tell.
+std::optional<ProcStat> ReadProcStat(pid_t pid);
 
 class Subprocess {
  public:

@@ -28,6 +28,24 @@ std::string ReadAll(int fd) {
   return out;
 }
 
+TEST(ProcStatTest, ReadsAProcessGroupStateAndStartTimeAndNothingOfAGoneOne) {
+  SpawnOptions o;
+  o.argv = {"/bin/sleep", "30"};
+  auto child = Subprocess::Spawn(o);
+  ASSERT_TRUE(child.ok()) << child.status();
+  const std::optional<ProcStat> s = ReadProcStat((*child)->pid());
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->pgrp, (*child)->pid()) << "it leads a group of its own";
+  const std::optional<ProcStat> self = ReadProcStat(::getpid());
+  ASSERT_TRUE(self.has_value());
+  EXPECT_EQ(self->pgrp, ::getpgrp());
+  EXPECT_EQ(self->state, 'R') << "it is reading its own stat";
+  EXPECT_GE(s->start_ticks, self->start_ticks) << "started after this test process";
+  (*child)->Signal(SIGKILL);
+  (*child)->Wait();
+  EXPECT_FALSE(ReadProcStat((*child)->pid()).has_value());
+}
+
 TEST(SubprocessTest, CapturesOutputEnvironmentAndExitCode) {
   SpawnOptions o;
   o.argv = {"/bin/sh", "-c", "echo out-$GREETING; echo err >&2; echo ev >&3; exit 7"};

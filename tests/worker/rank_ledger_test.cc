@@ -31,11 +31,8 @@ using ::testing::IsEmpty;
 
 // Gone, or a zombie nobody reaps yet: either way it runs no more.
 bool Ended(int pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-  std::string stat;
-  if (!std::getline(in, stat)) return true;
-  const size_t close = stat.rfind(')');
-  return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'Z';
+  const std::optional<ProcStat> s = ReadProcStat(pid);
+  return !s.has_value() || s->state == 'Z';
 }
 
 bool WaitEnded(int pid) {

@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/logging.h"
+#include "common/process.h"
 
 namespace ddp {
 namespace {
@@ -32,41 +33,18 @@ std::string PidSpace() {
   return absl::StrCat(boot, " ", ns);
 }
 
-// /proc/PID/stat's fields after "PID (COMM) ": COMM may hold spaces and parentheses.
-bool StatFields(int pid, std::vector<std::string>* fields) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-  std::string stat;
-  if (!std::getline(in, stat)) return false;
-  const size_t close = stat.rfind(')');
-  if (close == std::string::npos || close + 2 >= stat.size()) return false;
-  *fields = absl::StrSplit(stat.substr(close + 2), ' ', absl::SkipEmpty());
-  return true;
-}
-
-// Field 5 (pgrp) and field 22 (starttime) of /proc/PID/stat, and whether field 3
-// (state) says zombie; fields[0] is field 3.
-bool GroupAndStart(int pid, int* pgrp, uint64_t* start, bool* zombie = nullptr) {
-  std::vector<std::string> f;
-  if (!StatFields(pid, &f) || f.size() < 20) return false;
-  if (zombie != nullptr) *zombie = f[0] == "Z";
-  return absl::SimpleAtoi(f[2], pgrp) && absl::SimpleAtoi(f[19], start);
-}
-
 }  // namespace
 
 uint64_t ProcessStartTicks(int pid) {
-  int pgrp;
-  uint64_t start;
-  return GroupAndStart(pid, &pgrp, &start) ? start : 0;
+  const std::optional<ProcStat> s = ReadProcStat(pid);
+  return s.has_value() ? s->start_ticks : 0;
 }
 
 std::vector<int> EndProcessGroup(const LedgerEntry& entry) {
   std::vector<int> ended;
   if (entry.pgid <= 1 || entry.start_ticks == 0) return ended;  // Nothing known to match.
-  int leader_pgrp;
-  uint64_t leader_start;
-  if (GroupAndStart(entry.pgid, &leader_pgrp, &leader_start) &&
-      leader_start != entry.start_ticks) {
+  if (const std::optional<ProcStat> leader = ReadProcStat(entry.pgid);
+      leader.has_value() && leader->start_ticks != entry.start_ticks) {
     return ended;  // The number now belongs to another process, and so does the group.
   }
   DIR* proc = ::opendir("/proc");
@@ -74,11 +52,9 @@ std::vector<int> EndProcessGroup(const LedgerEntry& entry) {
   while (const dirent* d = ::readdir(proc)) {
     int pid;
     if (!absl::SimpleAtoi(d->d_name, &pid) || pid <= 1 || pid == ::getpid()) continue;
-    int pgrp;
-    uint64_t start;
-    bool zombie;
-    if (!GroupAndStart(pid, &pgrp, &start, &zombie) || pgrp != entry.pgid || zombie) continue;
-    if (start < entry.start_ticks) continue;  // Older than the group: not its member.
+    const std::optional<ProcStat> s = ReadProcStat(pid);
+    if (!s.has_value() || s->pgrp != entry.pgid || s->state == 'Z') continue;
+    if (s->start_ticks < entry.start_ticks) continue;  // Older than the group: not its member.
     if (::kill(pid, SIGKILL) == 0) ended.push_back(pid);
   }
   ::closedir(proc);

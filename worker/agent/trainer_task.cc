@@ -22,15 +22,8 @@ constexpr absl::Duration kDrainTimeout = absl::Seconds(2);
 }  // namespace
 
 bool ProcessStopped(int pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-  std::string stat;
-  if (!std::getline(in, stat)) return false;
-  // "PID (COMM) STATE ...": COMM may hold spaces and parentheses, so the state is
-  // the field after the last ')'.
-  const size_t close = stat.rfind(')');
-  if (close == std::string::npos || close + 2 >= stat.size()) return false;
-  const char state = stat[close + 2];
-  return state == 'T' || state == 't';
+  const std::optional<ProcStat> s = ReadProcStat(pid);
+  return s.has_value() && (s->state == 'T' || s->state == 't');
 }
 
 std::unique_ptr<TrainerTask> TrainerTask::Start(const v1::Task& task,
