@@ -1,7 +1,10 @@
 #!/usr/bin/python3
-"""Regenerates tests/fixtures from Debian's python3-torch (the reference PyTorch).
+"""Regenerates tests/fixtures from Debian's python3-torch (the reference PyTorch), and
+tests/fixtures/torch2 from PyPI's torch 2.x (the second reference, docs/torch.md):
 
-    /usr/bin/python3 scripts/gen_fixtures.py
+    /usr/bin/python3 scripts/gen_fixtures.py            # PyTorch 1.13: everything below
+    .venv-torch2/bin/python scripts/gen_fixtures.py     # PyTorch 2.x: torch2/, the DDP losses
+                                                        # and libddp_parity.json only
 
 - sampler_grid.txt: torch.utils.data.DistributedSampler's indices over a grid of
   (n, world, rank, seed, epoch, shuffle, drop_last), one case per line:
@@ -13,6 +16,7 @@
 - <job>.losses.json: PyTorch DDP's per-rank, per-step losses and per-epoch
   validation results for each tests/fixtures/<job>.yaml, from
   scripts/pytorch_ddp_reference.py (2 ranks, gloo).
+- libddp_parity.json: tests/libddp/parity_reference.py's (2 and 3 ranks).
 """
 
 import itertools
@@ -91,19 +95,36 @@ def lr_schedules():
     print(f"lr_schedules.json: {len(out)} schedules")
 
 
-def ddp_losses():
+def ddp_losses(out_dir):
     for job in ["cancer_adam", "synthetic_sgd_accum", "fmnist_cnn", "torchscript_norm_accum",
                 "synthetic_clip_cosine", "cancer_step_epoch"]:
         spec = os.path.join(FIXTURES, job + ".yaml")
-        out = os.path.join(FIXTURES, job + ".losses.json")
+        out = os.path.join(out_dir, job + ".losses.json")
         subprocess.run([sys.executable, os.path.join(HERE, "pytorch_ddp_reference.py"),
                         "--spec", spec, "--world", "2", "--threads", "1", "--out", out],
                        check=True)
         print(f"{job}.losses.json written")
 
 
+def libddp_parity(out_dir):
+    out = os.path.join(out_dir, "libddp_parity.json")
+    with open(out + ".tmp", "w") as f:
+        subprocess.run([sys.executable, os.path.join(HERE, "..", "tests", "libddp",
+                                                     "parity_reference.py")],
+                       stdout=f, check=True)
+    os.replace(out + ".tmp", out)
+    print(f"{os.path.relpath(out, FIXTURES)} written")
+
+
 if __name__ == "__main__":
-    sampler_grid()
-    torchscript_models()
-    lr_schedules()
-    ddp_losses()
+    if torch.__version__.startswith("1."):
+        sampler_grid()
+        torchscript_models()
+        lr_schedules()
+        ddp_losses(FIXTURES)
+        libddp_parity(FIXTURES)
+    else:
+        torch2 = os.path.join(FIXTURES, "torch2")
+        os.makedirs(torch2, exist_ok=True)
+        ddp_losses(torch2)
+        libddp_parity(torch2)

@@ -66,7 +66,8 @@ if [ -n "$wheels" ] && [ -d "$wheels" ]; then
     fi
   done
 fi
-pip_args=(install --disable-pip-version-check --no-input "$torch_req" numpy)
+# numpy and PyYAML: the reference scripts (scripts/gen_fixtures.py) run in the venv too.
+pip_args=(install --disable-pip-version-check --no-input "$torch_req" numpy pyyaml)
 log "pip ${pip_args[*]}"
 "$vpy" -m pip "${pip_args[@]}" ||
   die "pip could not install torch==$torch_version (see pip's message above). Check that" \
