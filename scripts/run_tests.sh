@@ -3,25 +3,27 @@
 # builds everything from scratch into build/ (and, with clang, the fuzz targets into
 # build/fuzz), and runs every test with ctest, a fixed-iteration run of each fuzz
 # target included. Then the second LibTorch flavour (docs/torch.md): PyPI's torch 2.11
-# (its CUDA build) in .venv-torch2, ddp built against it into build-torch2, and the
-# engine's tests there: the trainer's (unit, parity, training, checkpoints, failures)
-# and libddp's (unit, parity, torchrun's agent store, the installed package and a
-# libddp program run as a command job).
+# (its CUDA build) in .venv-torch2, where a command-job test also runs a PyTorch 2.x
+# script; ddp built against it into build-torch2; and the engine's tests there: the
+# trainer's (unit, parity, training, checkpoints, failures) and libddp's (unit, parity,
+# torchrun's agent store, the installed package and a libddp program run as a command
+# job).
 #   scripts/run_tests.sh [ctest args...]     e.g. -L unit, -R trainer, -L fuzz
 # With ctest arguments only the Debian flavour runs, with them; DDP_TORCH2=0 skips the
 # PyPI flavour, DDP_TORCH2=1 runs it whatever the arguments.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$here"
+torch2=${DDP_TORCH2:-$([ $# -eq 0 ] && echo 1 || echo 0)}
 bash scripts/install_deps.sh
+# The venv first: the Debian flavour's command-job test runs a PyTorch 2.x script in it.
+[ "$torch2" != 1 ] || bash scripts/install_torch2.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDDP_FUZZ=ON
 cmake --build build -j "$(nproc)"
 (cd build && ctest --output-on-failure --timeout 1200 "$@")
 
-torch2=${DDP_TORCH2:-$([ $# -eq 0 ] && echo 1 || echo 0)}
 [ "$torch2" = 1 ] || exit 0
 echo "== the PyPI flavour: torch 2.11 (docs/torch.md)"
-bash scripts/install_torch2.sh
 cmake -S . -B build-torch2 -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DDDP_TORCH_PYTHON="$here/.venv-torch2/bin/python" -DDDP_REQUIRE_CUDA=ON
 cmake --build build-torch2 -j "$(nproc)"

@@ -134,11 +134,11 @@ def main():
                         num_workers=args.num_workers,
                         persistent_workers=args.num_workers > 0)
     steps = len(loader)
-    print("rank %d/%d (local rank %s) on %s: %d training rows, %d validation rows, "
+    print("rank %d/%d (local rank %s) on %s, torch %s: %d training rows, %d validation rows, "
           "%d steps per epoch, %d of %d epochs to go, restart count %d"
           % (rank, world, os.environ.get("LOCAL_RANK", "?"), socket.gethostname(),
-             len(train_ds), len(val_ds), steps, max(0, args.epochs - start_epoch), args.epochs,
-             restart_count))
+             torch.__version__, len(train_ds), len(val_ds), steps,
+             max(0, args.epochs - start_epoch), args.epochs, restart_count))
     if rank == 0:
         os.makedirs(ckpt_dir, exist_ok=True)
 

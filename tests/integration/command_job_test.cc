@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <map>
@@ -110,11 +111,12 @@ class CommandJobTest : public ::testing::Test {
                                  fs::path(cluster_->dir()) / "data", ec);
     example_ = example.string();
   }
-  // A job running the example script with `args` (after --data ...).
-  std::string ScriptJob(const std::string& name, int max_restarts, const std::string& args) {
+  // A job running the example script with `args` (after --data ...), on `python`.
+  std::string ScriptJob(const std::string& name, int max_restarts, const std::string& args,
+                        const std::string& python = kPython) {
     const std::string path = absl::StrCat(example_, "/", name, ".yaml");
     testing::WriteFile(path, absl::StrCat("name: ", name, "\nnodes: 2\nmax_restarts: ",
-                                          max_restarts, "\ncommand: [", kPython,
+                                          max_restarts, "\ncommand: [", python,
                                           ", train.py, --data, ../../data/breast_cancer.csv, ",
                                           args, "]\n"));
     return path;
@@ -167,6 +169,29 @@ TEST_F(CommandJobTest, APyTorchDdpScriptTrainsWhileWatchShowsEveryRankLive) {
     CtlResult logs = cluster_->Ctl({"logs", id, "--rank", std::to_string(rank)});
     EXPECT_EQ(logs.exit_code, 0) << logs.err;
     EXPECT_THAT(logs.out, HasSubstr(absl::StrCat("rank ", rank, "/2")));
+  }
+}
+
+// The same script on PyPI's PyTorch 2.11, the project's second flavour (docs/torch.md):
+// torch 2.x's init_process_group and DDP on ddp's torchrun environment.
+TEST_F(CommandJobTest, APyTorch2ScriptFromTheVenvTrainsToSuccess) {
+  const std::string python = DDP_TORCH2_PYTHON;
+  if (::access(python.c_str(), X_OK) != 0) {
+    GTEST_SKIP() << "no PyTorch 2.x venv at " << python
+                 << ": scripts/install_torch2.sh makes it (scripts/run_tests.sh does)";
+  }
+  Start();
+  StageScript();
+  const std::string id = SubmitOk(*cluster_, ScriptJob("script2", 0, "--epochs, 4", python));
+  ASSERT_FALSE(id.empty());
+  const v1::Job job = Finish(id);
+  EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  ASSERT_FALSE(job.epoch_history().empty()) << "the script's epoch lines";
+  EXPECT_GE(job.epoch_history().rbegin()->val_accuracy(), 0.9);
+  for (int rank : {0, 1}) {
+    CtlResult logs = cluster_->Ctl({"logs", id, "--rank", std::to_string(rank)});
+    EXPECT_THAT(logs.out, HasSubstr(absl::StrCat("rank ", rank, "/2 (local rank 0) on ")));
+    EXPECT_THAT(logs.out, HasSubstr(", torch 2.11.0")) << "the venv's torch ran it";
   }
 }
 
