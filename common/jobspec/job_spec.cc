@@ -17,7 +17,6 @@
 #include "common/jobspec/command_spec.h"
 #include "common/jobspec/job_text.h"
 #include "common/jobspec/yaml_reader.h"
-#include "yaml-cpp/eventhandler.h"
 #include "yaml-cpp/yaml.h"
 
 namespace ddp {
@@ -29,6 +28,7 @@ using jobspec_internal::NonNegative;
 using jobspec_internal::ParseCommand;
 using jobspec_internal::Positive;
 using jobspec_internal::Reader;
+using jobspec_internal::SecondDocumentLine;
 
 bool ValidName(const std::string& s) {
   if (s.empty() || s.size() > 63 || !absl::ascii_isalnum(s[0])) return false;
@@ -689,35 +689,6 @@ void CrossCheck(Reader& r, const YAML::Node& root, JobSpec* spec) {
             "shm reduces CPU tensors, but backend: nccl trains on GPUs (NCCL already uses "
             "shared memory or NVLink within a node): use auto or gloo");
   }
-}
-
-// The line (1-based) where the second YAML document of `text` begins: its `---`, or
-// its first token; 0 when there is one document. yaml-cpp's Load reads the first
-// document and silently drops the rest, so a job file of two would run half of what
-// its author wrote. Throws YAML::Exception on text that is not YAML.
-int SecondDocumentLine(const std::string& text) {
-  class DocumentStarts : public YAML::EventHandler {
-   public:
-    std::vector<int> lines;
-    void OnDocumentStart(const YAML::Mark& mark) override { lines.push_back(mark.line + 1); }
-    void OnDocumentEnd() override {}
-    void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
-    void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
-    void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
-                  const std::string&) override {}
-    void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
-                         YAML::EmitterStyle::value) override {}
-    void OnSequenceEnd() override {}
-    void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
-                    YAML::EmitterStyle::value) override {}
-    void OnMapEnd() override {}
-  };
-  std::istringstream in(text);
-  YAML::Parser parser(in);
-  DocumentStarts starts;
-  while (starts.lines.size() < 2 && parser.HandleNextDocument(starts)) {
-  }
-  return starts.lines.size() < 2 ? 0 : std::max(1, starts.lines[1]);
 }
 
 }  // namespace

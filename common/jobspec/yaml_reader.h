@@ -22,6 +22,12 @@ namespace ddp::jobspec_internal {
 // Levenshtein distance, for "did you mean" hints.
 size_t EditDistance(const std::string& a, const std::string& b);
 
+// The line (1-based) where the second YAML document of `text` begins: its `---`, or
+// its first token; 0 when there is one document. yaml-cpp's Load reads the first
+// document and silently drops the rest, so a job file of two would run half of what
+// its author wrote. Throws YAML::Exception on text that is not YAML.
+int SecondDocumentLine(const std::string& text);
+
 // Walks the YAML tree, collecting every problem with its field path and line.
 class Reader {
  public:
