@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "common/flags.h"
-#include "worker/trainer/comm.h"
-#include "worker/trainer/torchrun_env.h"
+#include "libddp/engine/comm.h"
+#include "libddp/engine/environment.h"
 
 namespace {
 
@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
   flags.Int("budget-ms", &budget_ms, "time spent per size (at least 5 sums each)");
   auto rest = flags.Parse(argc, argv);
   if (!rest.ok()) return Fail(rest.status());
-  auto env = ddp::ReadTorchrunEnv();
+  auto env = ddp::ReadEnvironment();
   if (!env.ok()) return Fail(env.status());
   ddp::CommOptions options;
   options.intra_node = mode == "shm" ? ddp::IntraNodeComm::kShm : ddp::IntraNodeComm::kGloo;

@@ -18,6 +18,13 @@ Both sides of a comparison run back to back within a repeat (their order alterna
 between repeats), and the figures are the medians over --repeats of each side and of the
 per-repeat ratios: on a shared machine whose speed drifts between repeats, the paired
 ratio is the figure that holds.
+
+    /usr/bin/python3 bench/libddp_bench.py --before OLD/build/bin [--repeats 7]
+                                          [--out bench/results/libddp_before_after.json]
+
+runs comparison 2 alone for two builds in one run (a change's "before" build's bin/ and
+this tree's build/bin), the four programs in rotated order within each repeat: each
+build's library overhead, and each program's throughput after over before.
 """
 import argparse
 import json
@@ -88,27 +95,70 @@ def resnet(limit, epochs, batch, libddp_first=True):
     return lib_s, py_s
 
 
-def throughput_trainer():
+def throughput_trainer(bin_dir=BIN):
     spec = os.path.join(ROOT, "bench", "jobs", "mlp85k.yaml")
-    outs = run_ranks([os.path.join(BIN, "ddp-trainer"), "--spec", spec], cwd=os.path.dirname(spec))
+    outs = run_ranks([os.path.join(bin_dir, "ddp-trainer"), "--spec", spec],
+                     cwd=os.path.dirname(spec))
     done = [json.loads([l for l in o.splitlines() if '"type":"done"' in l][-1]) for o in outs]
     return sum(d["samples"] for d in done) / max(d["train_s"] for d in done)
 
 
-def throughput_library():
-    outs = run_ranks([os.path.join(BIN, "ddp-bench-libddp-mlp"), "3"])
+def throughput_library(bin_dir=BIN):
+    outs = run_ranks([os.path.join(bin_dir, "ddp-bench-libddp-mlp"), "3"])
     done = [json.loads(o.strip().splitlines()[-1]) for o in outs]
     return sum(d["samples"] for d in done) / max(d["train_s"] for d in done)
+
+
+def before_after(before_bin, repeats, out):
+    """Comparison 2 for two builds, interleaved: {build: {program: [samples/s]}}."""
+    bins = {"before": os.path.abspath(before_bin), "after": BIN}
+    runs = [(build, prog) for build in bins for prog in ("ddp-trainer", "libddp")]
+    tp = {build: {"ddp-trainer": [], "libddp": []} for build in bins}
+    for r in range(repeats):
+        order = runs[r % len(runs):] + runs[:r % len(runs)]  # Rotate who goes first.
+        for build, prog in order:
+            f = throughput_trainer if prog == "ddp-trainer" else throughput_library
+            tp[build][prog].append(f(bins[build]))
+        print(f"repeat {r + 1}: " + "; ".join(
+            f"{b} {p} {tp[b][p][-1]:,.0f}" for b in bins for p in tp[b]), flush=True)
+
+    def paired_median(xs, ys):
+        return round(statistics.median(100.0 * (x / y - 1.0) for x, y in zip(xs, ys)), 2)
+
+    result = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "world_size": WORLD, "repeats": repeats, "job": "bench/jobs/mlp85k.yaml",
+        "bins": bins,
+        "samples_per_s_median": {b: {p: round(statistics.median(v)) for p, v in tp[b].items()}
+                                 for b in bins},
+        "samples_per_s": {b: {p: [round(x) for x in v] for p, v in tp[b].items()} for b in bins},
+        # ddp-trainer over the libddp program, minus 1, in each build (median of paired).
+        "library_overhead_pct": {b: paired_median(tp[b]["ddp-trainer"], tp[b]["libddp"])
+                                 for b in bins},
+        # Each program after over before, minus 1 (median of paired).
+        "after_over_before_pct": {p: paired_median(tp["after"][p], tp["before"][p])
+                                  for p in ("ddp-trainer", "libddp")},
+    }
+    print(json.dumps(result, indent=1))
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--before", help="another build's bin/: comparison 2, before and after")
     ap.add_argument("--limit", type=int, default=6000, help="Fashion-MNIST training images")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--batch-sizes", default="64,32")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "libddp.json"))
     a = ap.parse_args()
+    if a.before:
+        out = a.out
+        if out == ap.get_default("out"):
+            out = os.path.join(ROOT, "bench", "results", "libddp_before_after.json")
+        return before_after(a.before, a.repeats, out)
     batches = [int(b) for b in a.batch_sizes.split(",")]
     lib_s = {b: [] for b in batches}
     py_s = {b: [] for b in batches}

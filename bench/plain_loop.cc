@@ -15,10 +15,10 @@
 
 #include "common/flags.h"
 #include "common/jobspec/job_spec.h"
-#include "worker/trainer/dataset.h"
-#include "worker/trainer/model.h"
-#include "worker/trainer/optimizer.h"
-#include "worker/trainer/sampler.h"
+#include "trainer/dataset.h"
+#include "trainer/model.h"
+#include "libddp/engine/optimizer.h"
+#include "libddp/engine/sampler.h"
 
 namespace {
 

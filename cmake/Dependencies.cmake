@@ -2,6 +2,15 @@
 
 find_package(Threads REQUIRED)
 find_package(absl CONFIG REQUIRED)
+if(DDP_ENGINE_ONLY)  # bench/gpu/run.sh's build: the engine's own dependencies alone.
+  find_package(yaml-cpp CONFIG REQUIRED)
+  find_package(ZLIB REQUIRED)
+  if(DDP_BUILD_TESTS)
+    find_package(GTest CONFIG REQUIRED)
+  endif()
+  include(${CMAKE_CURRENT_LIST_DIR}/Torch.cmake)
+  return()
+endif()
 find_package(Protobuf REQUIRED)
 find_package(gRPC CONFIG REQUIRED)
 find_package(yaml-cpp CONFIG REQUIRED)

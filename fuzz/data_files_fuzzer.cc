@@ -6,7 +6,7 @@
 #include <sstream>
 #include <string>
 
-#include "worker/trainer/data_files.h"
+#include "trainer/data_files.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;

@@ -85,7 +85,7 @@ def read_idx(images, labels):
 
 
 def load_data(spec, loss):
-    """design.md's split and standardization, as worker/trainer/dataset.cc does."""
+    """design.md's split and standardization, as trainer/dataset.cc does."""
     import torch
     d = spec["data"]
     val = None
@@ -142,7 +142,7 @@ def load_data(spec, loss):
 
 
 def build_model(spec, sample_shape, out):
-    """nn.Sequential equivalents of ddp's built-in models (worker/trainer/model.h)."""
+    """nn.Sequential equivalents of ddp's built-in models (trainer/model.h)."""
     import torch
     from torch import nn
     m = spec["model"]

@@ -1,7 +1,7 @@
 // The launch contract: the environment every rank process starts with, whether it is
 // ddp-trainer or a user's own program (a `command:` job). One torch-free definition
 // that the worker agent writes (LaunchEnvironment) and the trainer and libddp read
-// (worker/trainer/torchrun_env.h), so no name is spelled twice.
+// (libddp/engine/environment.h), so no name is spelled twice.
 //
 // torchrun's names, with torchrun's meanings (torch.distributed.run, static
 // rendezvous, one role):

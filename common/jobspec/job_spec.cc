@@ -372,17 +372,17 @@ void ParseLrSchedule(Reader& r, const YAML::Node& train, TrainSpec* t) {
               "eta_min", "end_factor"})) {
     return;
   }
-  LrScheduleSpec& s = t->lr_schedule;
+  LrSchedule& s = t->lr_schedule;
   std::string name;
   if (r.String(n, "name", path, &name, /*required=*/true)) {
     if (name == "constant") {
-      s.kind = LrScheduleSpec::Kind::kConstant;
+      s.kind = LrSchedule::Kind::kConstant;
     } else if (name == "step") {
-      s.kind = LrScheduleSpec::Kind::kStep;
+      s.kind = LrSchedule::Kind::kStep;
     } else if (name == "cosine") {
-      s.kind = LrScheduleSpec::Kind::kCosine;
+      s.kind = LrSchedule::Kind::kCosine;
     } else if (name == "linear") {
-      s.kind = LrScheduleSpec::Kind::kLinear;
+      s.kind = LrSchedule::Kind::kLinear;
     } else {
       r.Error(n["name"], path + ".name",
               absl::StrCat("must be step, cosine, linear or constant (got '", name, "')"));
@@ -391,9 +391,9 @@ void ParseLrSchedule(Reader& r, const YAML::Node& train, TrainSpec* t) {
   std::string interval;
   if (r.String(n, "interval", path, &interval)) {
     if (interval == "step") {
-      s.interval = LrScheduleSpec::Interval::kStep;
+      s.interval = LrSchedule::Interval::kStep;
     } else if (interval == "epoch") {
-      s.interval = LrScheduleSpec::Interval::kEpoch;
+      s.interval = LrSchedule::Interval::kEpoch;
     } else {
       r.Error(n["interval"], path + ".interval",
               absl::StrCat("must be step (every optimizer step) or epoch (got '", interval, "')"));
@@ -409,34 +409,34 @@ void ParseLrSchedule(Reader& r, const YAML::Node& train, TrainSpec* t) {
             absl::StrCat("must be in (0, 1] (got ", s.warmup_start_factor, ")"));
   }
   // Each knob belongs to one schedule: naming it for another is a mistake to report.
-  auto only_for = [&](const char* key, LrScheduleSpec::Kind kind, const char* which) {
+  auto only_for = [&](const char* key, LrSchedule::Kind kind, const char* which) {
     if (n[key] && s.kind != kind) {
       r.Error(n[key], absl::StrCat(path, ".", key), absl::StrCat("applies to name: ", which, " only"));
       return false;
     }
     return true;
   };
-  if (only_for("step_size", LrScheduleSpec::Kind::kStep, "step") &&
+  if (only_for("step_size", LrSchedule::Kind::kStep, "step") &&
       r.Int(n, "step_size", path, &s.step_size)) {
     Positive(r, n, "step_size", path, s.step_size);
     AtMost(r, n, "step_size", path, s.step_size, kMaxSteps);
   }
-  if (only_for("gamma", LrScheduleSpec::Kind::kStep, "step") && r.Double(n, "gamma", path, &s.gamma)) {
+  if (only_for("gamma", LrSchedule::Kind::kStep, "step") && r.Double(n, "gamma", path, &s.gamma)) {
     Positive(r, n, "gamma", path, s.gamma);
     AtMost(r, n, "gamma", path, s.gamma, 1.0);
   }
-  if (only_for("eta_min", LrScheduleSpec::Kind::kCosine, "cosine") &&
+  if (only_for("eta_min", LrSchedule::Kind::kCosine, "cosine") &&
       r.Double(n, "eta_min", path, &s.eta_min)) {
     NonNegative(r, n, "eta_min", path, s.eta_min);
     AtMost(r, n, "eta_min", path, s.eta_min, kMaxOptimizerValue);
   }
-  if (only_for("end_factor", LrScheduleSpec::Kind::kLinear, "linear") &&
+  if (only_for("end_factor", LrSchedule::Kind::kLinear, "linear") &&
       r.Double(n, "end_factor", path, &s.end_factor) && (s.end_factor < 0 || s.end_factor > 1)) {
     r.Error(n["end_factor"], path + ".end_factor",
             absl::StrCat("must be in [0, 1] (got ", s.end_factor, ")"));
   }
-  if (n["t_max"] && s.kind != LrScheduleSpec::Kind::kCosine &&
-      s.kind != LrScheduleSpec::Kind::kLinear) {
+  if (n["t_max"] && s.kind != LrSchedule::Kind::kCosine &&
+      s.kind != LrSchedule::Kind::kLinear) {
     r.Error(n["t_max"], path + ".t_max", "applies to name: cosine and linear only");
   } else if (r.Int(n, "t_max", path, &s.t_max)) {
     NonNegative(r, n, "t_max", path, s.t_max);
@@ -522,7 +522,7 @@ void ParseTrain(Reader& r, const YAML::Node& root, JobSpec* spec) {
              {"epochs", "batch_size", "drop_last", "shuffle", "optimizer", "loss",
               "bucket_cap_mb", "first_bucket_cap_mb", "grad_accum_steps", "seed", "collective_timeout_s",
               "stall_timeout_s", "threads",
-              "max_steps", "precision", "intra_node_comm", "clip_grad_norm", "lr_schedule"})) {
+              "max_steps", "precision", "intra_node_comm", "device", "clip_grad_norm", "lr_schedule"})) {
     return;
   }
   TrainSpec& t = spec->train;
@@ -612,6 +612,19 @@ void ParseTrain(Reader& r, const YAML::Node& root, JobSpec* spec) {
               absl::StrCat("must be auto, shm or gloo (got '", intra, "')"));
     }
   }
+  std::string device;
+  if (r.String(n, "device", "train", &device)) {
+    if (device == "auto") {
+      t.device = Device::kAuto;
+    } else if (device == "cpu") {
+      t.device = Device::kCpu;
+    } else if (device == "cuda") {
+      t.device = Device::kCuda;
+    } else {
+      r.Error(n["device"], "train.device",
+              absl::StrCat("must be auto, cpu or cuda (got '", device, "')"));
+    }
+  }
 }
 
 void ParseRest(Reader& r, const YAML::Node& root, JobSpec* spec) {
@@ -682,6 +695,15 @@ void CrossCheck(Reader& r, const YAML::Node& root, JobSpec* spec) {
                          spec->train.collective_timeout_s,
                          "s): the watchdog names the stalled rank before the trainers' "
                          "collective timeout blames a peer"));
+  }
+  if (spec->train.device == Device::kCpu && spec->backend == Backend::kNccl) {
+    r.Error(root["train"]["device"], "train.device",
+            "cpu, but backend: nccl reduces GPU tensors only: use backend gloo (or auto), or "
+            "device cuda");
+  }
+  if (spec->train.device == Device::kCuda && spec->train.intra_node_comm == IntraNodeComm::kShm) {
+    r.Error(root["train"]["intra_node_comm"], "train.intra_node_comm",
+            "shm reduces CPU tensors, but train.device is cuda: use auto or gloo");
   }
   if (spec->train.intra_node_comm == IntraNodeComm::kShm && spec->backend == Backend::kNccl &&
       root["train"]) {
@@ -773,12 +795,21 @@ const char* IntraNodeCommName(IntraNodeComm c) {
   return "?";
 }
 
-const char* LrScheduleName(LrScheduleSpec::Kind k) {
+const char* DeviceName(Device d) {
+  switch (d) {
+    case Device::kAuto: return "auto";
+    case Device::kCpu: return "cpu";
+    case Device::kCuda: return "cuda";
+  }
+  return "?";
+}
+
+const char* LrScheduleName(LrSchedule::Kind k) {
   switch (k) {
-    case LrScheduleSpec::Kind::kConstant: return "constant";
-    case LrScheduleSpec::Kind::kStep: return "step";
-    case LrScheduleSpec::Kind::kCosine: return "cosine";
-    case LrScheduleSpec::Kind::kLinear: return "linear";
+    case LrSchedule::Kind::kConstant: return "constant";
+    case LrSchedule::Kind::kStep: return "step";
+    case LrSchedule::Kind::kCosine: return "cosine";
+    case LrSchedule::Kind::kLinear: return "linear";
   }
   return "?";
 }

@@ -18,7 +18,7 @@
 #include "absl/status/statusor.h"
 
 #include "common/jobspec/labels.h"
-#include "ddp/lr_schedule.h"
+#include "common/contract/lr_schedule.h"
 
 namespace ddp {
 
@@ -29,6 +29,10 @@ enum class Precision { kFp32 };  // bf16 is refused until the CUDA autocast path
 // How ranks on one node reduce gradients: auto (shared memory for CPU tensors when a
 // node runs more than one rank, else the backend), shm (required), gloo (the backend).
 enum class IntraNodeComm { kAuto, kShm, kGloo };
+// Where a rank's model and collectives live: auto (cuda:LOCAL_RANK with NCCL when a GPU
+// is visible and the backend allows it, else the CPU), cpu, or cuda (also with gloo:
+// Gloo's CUDA path, which lets several ranks share one GPU, as NCCL does not).
+enum class Device { kAuto, kCpu, kCuda };
 
 struct NodeRange {
   int min = 1;
@@ -114,9 +118,8 @@ struct OptimizerSpec {
 // after `warmup` intervals of LinearLR(warmup_start_factor, 1, total_iters = warmup),
 // joined as SequentialLR([warm-up, main], milestones=[warmup]) joins them. t_max 0:
 // the intervals left after the warm-up (epochs x steps per epoch, or epochs, capped by
-// train.max_steps). The closed forms are in worker/trainer/lr_schedule.h.
-// The struct is libddp's public ddp::LrSchedule (<ddp/lr_schedule.h>, torch-free).
-using LrScheduleSpec = LrSchedule;
+// train.max_steps). The struct is the contract's ddp::LrSchedule
+// (common/contract/lr_schedule.h); libddp's ddp::scheduled_lr is its closed form.
 
 struct TrainSpec {
   int64_t epochs = 1;
@@ -134,7 +137,7 @@ struct TrainSpec {
   // torch.nn.utils.clip_grad_norm_(max_norm, L2) after the all-reduce, before the
   // optimizer step; 0: no clipping.
   double clip_grad_norm = 0.0;
-  LrScheduleSpec lr_schedule;
+  LrSchedule lr_schedule;
   double collective_timeout_s = 300.0;
   // The coordinator's stall watchdog: a running rank that reports no progress for
   // this long fails the attempt, naming it. 0: chosen from the step reports seen
@@ -144,6 +147,7 @@ struct TrainSpec {
   int64_t max_steps = 0;  // Stop after this many optimizer steps in total; 0: no cap.
   Precision precision = Precision::kFp32;
   IntraNodeComm intra_node_comm = IntraNodeComm::kAuto;
+  Device device = Device::kAuto;
 };
 
 struct RdzvSpec {
@@ -254,7 +258,8 @@ const char* BackendName(Backend b);
 const char* LossName(LossKind l);
 const char* OptimizerName(OptimizerKind o);
 const char* IntraNodeCommName(IntraNodeComm c);
-const char* LrScheduleName(LrScheduleSpec::Kind k);
+const char* DeviceName(Device d);
+const char* LrScheduleName(LrSchedule::Kind k);
 // "2" or "1:4".
 std::string NodeRangeString(const NodeRange& r);
 

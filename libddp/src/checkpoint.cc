@@ -2,10 +2,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "libddp/src/internal.h"
-#include "worker/trainer/checkpoint.h"
-#include "worker/trainer/checkpoint_keeper.h"
-#include "worker/trainer/optimizer.h"
+#include "libddp/engine/api_bridge.h"
+#include "libddp/engine/checkpoint.h"
+#include "libddp/engine/checkpoint_keeper.h"
+#include "libddp/engine/optimizer.h"
 
 namespace ddp {
 namespace {

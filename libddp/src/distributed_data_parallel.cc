@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "libddp/src/internal.h"
+#include "libddp/engine/api_bridge.h"
 
 namespace ddp {
 

@@ -1,10 +1,10 @@
 #include "ddp/environment.h"
 
-#include "libddp/src/internal.h"
-#include "worker/trainer/torchrun_env.h"
+#include "libddp/engine/api_bridge.h"
+#include "libddp/engine/environment.h"
 
 namespace ddp {
 
-Environment read_environment() { return ValueOrThrow(ReadTorchrunEnv()); }
+Environment read_environment() { return ValueOrThrow(ReadEnvironment()); }
 
 }  // namespace ddp

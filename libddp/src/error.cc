@@ -1,7 +1,7 @@
 #include "ddp/error.h"
 
-#include "libddp/src/internal.h"
-#include "worker/trainer/failure.h"
+#include "libddp/engine/api_bridge.h"
+#include "libddp/engine/failure.h"
 
 namespace ddp {
 

@@ -3,14 +3,42 @@
 #include <torch/types.h>  // clip_grad.h uses torch::Tensor without including it.
 #include <torch/nn/utils/clip_grad.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
-#include "libddp/src/internal.h"
-#include "worker/trainer/lr_schedule.h"
+#include "libddp/engine/api_bridge.h"
 
 namespace ddp {
 
-double scheduled_lr(const LrSchedule& schedule, double base_lr, int64_t count, int64_t total) {
-  return ScheduledLr(schedule, base_lr, count, total);
+double scheduled_lr(const LrSchedule& s, double base_lr, int64_t count, int64_t total) {
+  using Kind = LrSchedule::Kind;
+  if (s.kind == Kind::kConstant && s.warmup == 0) return base_lr;
+  count = std::max<int64_t>(0, count);
+  if (count < s.warmup) {  // LinearLR(warmup_start_factor, 1.0, total_iters=warmup)
+    return base_lr * (s.warmup_start_factor + (1.0 - s.warmup_start_factor) *
+                                                  static_cast<double>(count) /
+                                                  static_cast<double>(s.warmup));
+  }
+  const int64_t j = count - s.warmup;  // The main schedule's own count.
+  const int64_t t_max = s.t_max > 0 ? s.t_max : std::max<int64_t>(1, total - s.warmup);
+  switch (s.kind) {
+    case Kind::kConstant:
+      return base_lr;
+    case Kind::kStep:  // StepLR: gamma ** (count // step_size)
+      return base_lr * std::pow(s.gamma, static_cast<double>(j / s.step_size));
+    case Kind::kCosine: {  // CosineAnnealingLR's closed form (periodic past T_max, as PyTorch's)
+      const double pi = std::acos(-1.0);
+      return s.eta_min + (base_lr - s.eta_min) *
+                             (1.0 + std::cos(pi * static_cast<double>(j) /
+                                             static_cast<double>(t_max))) /
+                             2.0;
+    }
+    case Kind::kLinear:  // LinearLR(1.0, end_factor, total_iters=t_max)
+      return base_lr * (1.0 + (s.end_factor - 1.0) * static_cast<double>(std::min(j, t_max)) /
+                                  static_cast<double>(t_max));
+  }
+  return base_lr;
 }
 
 LrScheduler::LrScheduler(torch::optim::Optimizer& optimizer, LrSchedule schedule, int64_t total)
@@ -44,7 +72,7 @@ double LrScheduler::lr() const { return optimizer_.param_groups()[0].options().g
 void LrScheduler::Apply() {
   auto& groups = optimizer_.param_groups();
   for (size_t i = 0; i < groups.size() && i < base_lrs_.size(); ++i) {
-    groups[i].options().set_lr(ScheduledLr(schedule_, base_lrs_[i], count_, total_));
+    groups[i].options().set_lr(scheduled_lr(schedule_, base_lrs_[i], count_, total_));
   }
 }
 

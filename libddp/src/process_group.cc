@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "libddp/src/internal.h"
+#include "libddp/engine/api_bridge.h"
 
 namespace ddp {
 
@@ -32,6 +32,17 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const Environment& env,
     ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
         "ProcessGroupOptions.backend: '", options.backend, "' is not one of auto, gloo, nccl")));
   }
+  Device device = Device::kAuto;
+  if (options.device == "auto") {
+    device = Device::kAuto;
+  } else if (options.device == "cpu") {
+    device = Device::kCpu;
+  } else if (options.device == "cuda") {
+    device = Device::kCuda;
+  } else {
+    ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
+        "ProcessGroupOptions.device: '", options.device, "' is not one of auto, cpu, cuda")));
+  }
   CommOptions co;
   if (options.intra_node_comm == "auto") {
     co.intra_node = IntraNodeComm::kAuto;
@@ -50,8 +61,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const Environment& env,
   }
   co.rdzv_timeout = options.rdzv_timeout;
   co.collective_timeout = options.collective_timeout;
-  const DeviceChoice device = ValueOrThrow(ChooseDevice(backend, env));
-  return ValueOrThrow(Impl::Create(env, device, co));
+  const DeviceChoice choice = ValueOrThrow(ChooseDevice(backend, device, env));
+  return ValueOrThrow(Impl::Create(env, choice, co));
 }
 
 std::shared_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& options) {

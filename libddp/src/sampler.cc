@@ -4,8 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "ddp/process_group.h"
-#include "libddp/src/internal.h"
-#include "worker/trainer/sampler.h"
+#include "libddp/engine/api_bridge.h"
+#include "libddp/engine/sampler.h"
 
 namespace ddp {
 

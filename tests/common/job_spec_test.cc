@@ -128,6 +128,32 @@ TEST(JobSpecTest, IntraNodeCommDefaultsToAutoAndNamesBadValues) {
                                  "(got 'tcp')")));
 }
 
+TEST(JobSpecTest, DeviceDefaultsToAutoAndRefusesWhatCannotRun) {
+  constexpr char kBase[] = "name: d\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n";
+  DDP_ASSERT_OK_AND_ASSIGN(JobSpec spec,
+                           ParseJobSpec(std::string(kBase) + "train: {batch_size: 4}\n"));
+  EXPECT_EQ(spec.train.device, Device::kAuto);
+  // Gloo's CUDA path: the one way two ranks share a GPU.
+  DDP_ASSERT_OK_AND_ASSIGN(spec, ParseJobSpec(std::string(kBase) +
+                                              "backend: gloo\ntrain: {batch_size: 4, device: cuda}\n"));
+  EXPECT_EQ(spec.train.device, Device::kCuda);
+  EXPECT_EQ(spec.backend, Backend::kGloo);
+  EXPECT_STREQ(DeviceName(spec.train.device), "cuda");
+  EXPECT_THAT(ParseJobSpec(std::string(kBase) + "train:\n  batch_size: 4\n  device: tpu\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("job.yaml:6: train.device: must be auto, cpu or cuda (got 'tpu')")));
+  EXPECT_THAT(ParseJobSpec(std::string(kBase) + "backend: nccl\ntrain:\n  batch_size: 4\n"
+                                                "  device: cpu\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("job.yaml:7: train.device: cpu, but backend: nccl reduces GPU "
+                                 "tensors only")));
+  EXPECT_THAT(ParseJobSpec(std::string(kBase) + "train:\n  batch_size: 4\n  device: cuda\n"
+                                                "  intra_node_comm: shm\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.intra_node_comm: shm reduces CPU tensors, but "
+                                 "train.device is cuda")));
+}
+
 TEST(JobSpecTest, SchedulingFieldsParseAndNameBadValues) {
   constexpr char kBase[] = "name: d\nmodel: {mlp: {}}\ndata: {synthetic: {}}\ntrain: {batch_size: 4}\n";
   DDP_ASSERT_OK_AND_ASSIGN(JobSpec spec, ParseJobSpec(kBase));

@@ -221,6 +221,41 @@ TEST(ProcessGroupTest, BadOptionsAreNamed) {
   }
 }
 
+TEST(ProcessGroupTest, ADeviceThatCannotBeHadIsNamed) {
+  Environment env;
+  env.master_addr = "127.0.0.1";
+  env.master_port = 1;  // Never reached: every case fails before the rendezvous.
+  ProcessGroupOptions o;
+  o.device = "tpu";
+  try {
+    ProcessGroup::create(env, o);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("'tpu' is not one of auto, cpu, cuda"));
+  }
+  o.device = "cpu";
+  o.backend = "nccl";
+  try {
+    ProcessGroup::create(env, o);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_THAT(e.what(), HasSubstr("NCCL reduces GPU tensors only"));
+  }
+  if (torch::cuda::is_available()) GTEST_SKIP() << "a GPU is visible: tests/libddp/cuda_test.cc";
+  for (const char* backend : {"gloo", "nccl", "auto"}) {
+    o.device = "cuda";
+    o.backend = backend;
+    try {
+      ProcessGroup::create(env, o);
+      FAIL() << "no error for " << backend;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kFailedPrecondition) << backend;
+      EXPECT_THAT(e.what(), HasSubstr("on device cuda needs")) << backend;
+    }
+  }
+}
+
 TEST(ProcessGroupTest, AWorldOfOneSumsAndBroadcasts) {
   auto group = WorldOfOne();
   EXPECT_EQ(group->world_size(), 1);

@@ -2,7 +2,8 @@
 // own schedulers set (tests/fixtures/lr_schedules.json, made by scripts/gen_fixtures.py
 // from torch.optim.lr_scheduler's StepLR, CosineAnnealingLR, LinearLR and
 // SequentialLR), each configuration read through job.yaml's parser.
-#include "worker/trainer/lr_schedule.h"
+#include "ddp/lr_schedule.h"
+#include "trainer/trainer.h"
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -41,7 +42,7 @@ TEST(LrScheduleTest, EveryStepMatchesTorchOptimLrScheduler) {
     const auto total = static_cast<int64_t>(f.at("total").number_value());
     const auto& lrs = f.at("lrs").list_value();
     for (int k = 0; k < lrs.values_size(); ++k) {
-      EXPECT_NEAR(ScheduledLr(spec.train.lr_schedule, base, k, total),
+      EXPECT_NEAR(scheduled_lr(spec.train.lr_schedule, base, k, total),
                   lrs.values(k).number_value(), 1e-12)
           << flow << " after " << k << " scheduler steps";
     }
@@ -49,17 +50,17 @@ TEST(LrScheduleTest, EveryStepMatchesTorchOptimLrScheduler) {
 }
 
 TEST(LrScheduleTest, TheRunsLengthCountsStepsOrEpochsCappedByMaxSteps) {
-  LrScheduleSpec s;
+  LrSchedule s;
   EXPECT_EQ(ScheduleIntervals(s, 3, 28, 0), 84);
   EXPECT_EQ(ScheduleIntervals(s, 3, 28, 50), 50);
-  s.interval = LrScheduleSpec::Interval::kEpoch;
+  s.interval = LrSchedule::Interval::kEpoch;
   EXPECT_EQ(ScheduleIntervals(s, 3, 28, 50), 3);
 }
 
 TEST(LrScheduleTest, NoScheduleKeepsTheOptimizersLr) {
   const JobSpec spec = WithSchedule("{name: constant}");
-  EXPECT_EQ(ScheduledLr(spec.train.lr_schedule, 0.25, 1000, 10), 0.25);
-  EXPECT_EQ(ScheduledLr(JobSpec().train.lr_schedule, 0.25, 7, 10), 0.25);
+  EXPECT_EQ(scheduled_lr(spec.train.lr_schedule, 0.25, 1000, 10), 0.25);
+  EXPECT_EQ(scheduled_lr(JobSpec().train.lr_schedule, 0.25, 7, 10), 0.25);
 }
 
 TEST(LrScheduleTest, BadSchedulesNameTheField) {

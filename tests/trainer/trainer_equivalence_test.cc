@@ -13,8 +13,8 @@
 #include "gtest/gtest.h"
 #include "tests/common/status_matchers.h"
 #include "tests/trainer/trainer_harness.h"
-#include "worker/trainer/checkpoint.h"
-#include "worker/trainer/checkpoint_store.h"
+#include "libddp/engine/checkpoint.h"
+#include "libddp/engine/checkpoint_store.h"
 
 namespace ddp {
 namespace {

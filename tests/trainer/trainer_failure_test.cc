@@ -1,5 +1,9 @@
 // How real ddp-trainer processes classify their failures: permanent ones (exit 2)
 // end the job, a node's fault (exit 3) lets it run elsewhere.
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "common/contract/exit_codes.h"
 #include "gmock/gmock.h"
@@ -40,24 +44,29 @@ train: {batch_size: 8, threads: 1}
 
 TEST(TrainerFailureTest, ADeviceThisNodeLacksIsTheNodesFault) {
 #if DDP_WITH_CUDA
-  GTEST_SKIP() << "this ddp-trainer has CUDA: backend nccl may well run here";
+  GTEST_SKIP() << "this ddp-trainer has CUDA: these jobs may well run here (library_unit_test "
+                  "and libddp_cuda_test cover a CUDA build without a GPU)";
 #endif
-  const std::string dir = testing::MakeTempDir("no-gpu");
-  testing::WriteFile(dir + "/job.yaml", R"(name: nogpu
-backend: nccl
-model: {mlp: {}}
-data: {synthetic: {samples: 64, features: 8}}
-train: {batch_size: 8}
-)");
-  DDP_ASSERT_OK_AND_ASSIGN(auto results,
-                           testing::RunTrainers(testing::LaunchOf(dir + "/job.yaml", 1)));
-  const RankResult& r = results[0];
-  EXPECT_EQ(r.exit.exit_code, kExitNodeFault) << r.exit.ToString() << "\n" << r.stderr_text;
-  auto errors = r.OfType("error");
-  ASSERT_EQ(errors.size(), 1u) << r.stderr_text;
-  EXPECT_THAT(errors[0].String("message"), HasSubstr("backend: nccl needs"));
-  EXPECT_TRUE(Flag(errors[0], "retryable"));
-  EXPECT_TRUE(Flag(errors[0], "node_fault"));
+  // NCCL, and Gloo's CUDA path (train.device: cuda), on a node without a GPU.
+  for (const auto& [backend, device] :
+       std::vector<std::pair<std::string, std::string>>{{"nccl", "auto"}, {"gloo", "cuda"}}) {
+    SCOPED_TRACE(backend + " on device " + device);
+    const std::string dir = testing::MakeTempDir("no-gpu");
+    testing::WriteFile(dir + "/job.yaml", "name: nogpu\nbackend: " + backend +
+                                              "\nmodel: {mlp: {}}\n"
+                                              "data: {synthetic: {samples: 64, features: 8}}\n"
+                                              "train: {batch_size: 8, device: " + device + "}\n");
+    DDP_ASSERT_OK_AND_ASSIGN(auto results,
+                             testing::RunTrainers(testing::LaunchOf(dir + "/job.yaml", 1)));
+    const RankResult& r = results[0];
+    EXPECT_EQ(r.exit.exit_code, kExitNodeFault) << r.exit.ToString() << "\n" << r.stderr_text;
+    auto errors = r.OfType("error");
+    ASSERT_EQ(errors.size(), 1u) << r.stderr_text;
+    EXPECT_THAT(errors[0].String("message"),
+                HasSubstr("backend " + backend + " on device cuda needs"));
+    EXPECT_TRUE(Flag(errors[0], "retryable"));
+    EXPECT_TRUE(Flag(errors[0], "node_fault"));
+  }
 }
 
 }  // namespace

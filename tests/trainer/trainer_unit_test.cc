@@ -9,10 +9,10 @@
 #include "gtest/gtest.h"
 #include "tests/common/status_matchers.h"
 #include "tests/trainer/trainer_harness.h"
-#include "worker/trainer/checkpoint.h"
-#include "worker/trainer/dataset.h"
-#include "worker/trainer/reducer.h"
-#include "worker/trainer/sampler.h"
+#include "libddp/engine/checkpoint.h"
+#include "trainer/dataset.h"
+#include "libddp/engine/reducer.h"
+#include "libddp/engine/sampler.h"
 
 namespace ddp {
 namespace {

@@ -1,19 +1,8 @@
 // ddp::Position: where training stands, as checkpoints record it and resume from it.
-// No LibTorch here: ddp-trainer's engine and the public Checkpointer share it.
+// Torch-free; the struct is <ddp/contract/position.h>.
 #ifndef DDP_POSITION_H_
 #define DDP_POSITION_H_
 
-#include <cstdint>
-
-namespace ddp {
-
-// `step` optimizer steps of `epoch` are done (`global_step` over all epochs).
-struct Position {
-  int64_t epoch = 0;
-  int64_t step = 0;
-  int64_t global_step = 0;
-};
-
-}  // namespace ddp
+#include "ddp/contract/position.h"
 
 #endif  // DDP_POSITION_H_

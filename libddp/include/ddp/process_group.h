@@ -24,6 +24,11 @@ struct ProcessGroupOptions {
   // "auto" (NCCL on cuda:LOCAL_RANK when a GPU is visible, else Gloo on the CPU),
   // "gloo" or "nccl".
   std::string backend = "auto";
+  // Where the rank's tensors live: "auto" (a GPU when the backend is NCCL, or auto with
+  // a GPU visible; else the CPU), "cpu", or "cuda" (also with "gloo": Gloo's CUDA path,
+  // on which several ranks may share one GPU, as NCCL refuses). The GPU is
+  // cuda:(LOCAL_RANK mod the visible GPUs).
+  std::string device = "auto";
   // How ranks of one node reduce: "auto" (shared memory on CPU when a node runs more
   // than one rank), "shm" (required) or "gloo" (the backend only).
   std::string intra_node_comm = "auto";

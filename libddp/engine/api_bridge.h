@@ -1,0 +1,74 @@
+// libddp's inside: how the public classes hold the engine (worker/trainer's Comm,
+// GradientReducer, CheckpointKeeper), and the bridge between the engine's
+// absl::Status and the public ddp::Error. Not installed: ddp-trainer, the library's
+// first client, includes it to reach the engine behind the public objects it makes.
+#ifndef DDP_LIBDDP_ENGINE_API_BRIDGE_H_
+#define DDP_LIBDDP_ENGINE_API_BRIDGE_H_
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ddp/distributed_data_parallel.h"
+#include "ddp/error.h"
+#include "ddp/process_group.h"
+#include "libddp/engine/comm.h"
+#include "libddp/engine/reducer.h"
+#include "libddp/engine/environment.h"
+
+namespace ddp {
+
+// The public error for an engine status (its code, message and exit code).
+Error ErrorFromStatus(const absl::Status& status);
+// Throws ErrorFromStatus(status) unless it is OK.
+void ThrowIfError(const absl::Status& status);
+template <typename T>
+T ValueOrThrow(absl::StatusOr<T> v) {
+  ThrowIfError(v.status());
+  return *std::move(v);
+}
+// The engine status for a public error (ddp-trainer is written in statuses).
+absl::Status StatusFromError(const Error& error);
+
+struct ProcessGroup::Impl {
+  Environment env;
+  DeviceChoice device;
+  std::optional<Comm> comm;
+
+  // ProcessGroup::sum in statuses: `values` summed over all ranks (one double
+  // all-reduce on the group's device).
+  absl::StatusOr<std::vector<double>> Sum(const std::vector<double>& values);
+
+  // What ProcessGroup::create does, in statuses.
+  static absl::StatusOr<std::shared_ptr<ProcessGroup>> Create(const Environment& env,
+                                                              const DeviceChoice& device,
+                                                              const CommOptions& options);
+};
+
+struct DataParallel::Impl {
+  std::shared_ptr<ProcessGroup> group;
+  DdpOptions options;
+  std::vector<at::Tensor> buffers;
+  std::unique_ptr<GradientReducer> reducer;
+  bool sync_buffers = true;      // Broadcast buffers before the next forward.
+  bool grad_sync = true;         // false inside no_sync().
+
+  // What the public constructor does, in statuses. `trace` (may be null) records the
+  // reducer's timeline.
+  static absl::StatusOr<std::unique_ptr<DataParallel>> Create(NamedTensors parameters,
+                                                              NamedTensors buffers,
+                                                              std::shared_ptr<ProcessGroup> group,
+                                                              DdpOptions options,
+                                                              ReducerTrace* trace);
+  // prepare_forward in statuses.
+  absl::Status PrepareForward();
+  // After backward() threw: the engine's status of the all-reduce that failed inside
+  // it (and clears it), or nullopt when backward failed for another reason.
+  std::optional<absl::Status> TakeBackwardError() { return reducer->TakeCallbackError(); }
+};
+
+}  // namespace ddp
+
+#endif  // DDP_LIBDDP_ENGINE_API_BRIDGE_H_

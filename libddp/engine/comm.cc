@@ -1,0 +1,510 @@
+#include "libddp/engine/comm.h"
+
+#include <torch/cuda.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#if DDP_WITH_CUDA
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "libddp/engine/shm_comm.h"
+#include "libddp/engine/store_probe.h"
+
+namespace ddp {
+namespace {
+
+std::string FirstLine(const std::exception& e) {
+  std::string what = e.what();
+  return what.substr(0, what.find('\n'));
+}
+
+bool IsLoopback(const std::string& addr) {
+  return addr == "localhost" || addr == "::1" || absl::StartsWith(addr, "127.");
+}
+
+std::shared_ptr<::gloo::transport::Device> GlooDevice(const Environment& env) {
+  // All ranks on this host: the loopback device. Otherwise PyTorch's own rules:
+  // GLOO_SOCKET_IFNAME, else the address this host's name resolves to.
+  if (IsLoopback(env.master_addr)) {
+    return c10d::ProcessGroupGloo::createDeviceForHostname(env.master_addr == "::1" ? "::1"
+                                                                                   : "127.0.0.1");
+  }
+  if (!env.gloo_socket_ifname.empty()) {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(env.gloo_socket_ifname);
+  }
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+// Every rank announces itself in the store and waits for all the others, so that a
+// rank that never starts fails the job after rdzv.timeout_s with the missing ranks
+// named, rather than as an opaque process-group timeout.
+absl::Status RendezvousBarrier(c10d::Store& store, const Environment& env,
+                               std::chrono::milliseconds timeout) {
+  auto key = [](int r) { return absl::StrCat("rdzv/rank/", r); };
+  std::vector<std::string> keys;
+  for (int r = 0; r < env.world_size; ++r) keys.push_back(key(r));
+  try {
+    store.set(key(env.rank), std::vector<uint8_t>{1});
+    store.wait(keys, timeout);
+  } catch (const std::exception& e) {
+    std::vector<int> missing;
+    try {
+      for (int r = 0; r < env.world_size; ++r) {
+        if (!store.check({key(r)})) missing.push_back(r);
+      }
+    } catch (const std::exception&) {
+      // The store itself went away (rank 0 died): report the original error.
+    }
+    return absl::UnavailableError(absl::StrCat(
+        "rendezvous incomplete after rdzv.timeout_s (",
+        std::chrono::duration<double>(timeout).count(), "s): ",
+        missing.empty() ? FirstLine(e)
+                        : absl::StrCat("ranks [", absl::StrJoin(missing, ", "),
+                                       "] never arrived")));
+  }
+  return absl::OkStatus();
+}
+
+// The rendezvous store as the shared-memory setup sees it.
+class StoreRendezvous : public ShmRendezvous {
+ public:
+  explicit StoreRendezvous(c10d::Store& store) : store_(store) {}
+  absl::Status Set(const std::string& key, const std::string& value) override {
+    try {
+      store_.set(key, std::vector<uint8_t>(value.begin(), value.end()));
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat("rendezvous store: ", FirstLine(e)));
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::string> Get(const std::string& key) override {
+    try {
+      std::vector<uint8_t> v = store_.get(key);  // Waits up to rdzv.timeout_s.
+      return std::string(v.begin(), v.end());
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat("rendezvous store: waiting for ", key, ": ",
+                                                 FirstLine(e)));
+    }
+  }
+
+ private:
+  c10d::Store& store_;
+};
+
+at::ScalarType TorchType(ShmDType dtype) {
+  return dtype == ShmDType::kFloat32 ? at::kFloat : at::kDouble;
+}
+
+// A c10d work item, waited on with the collective timeout.
+absl::Status WaitWork(const c10::intrusive_ptr<c10d::Work>& work, std::chrono::milliseconds timeout,
+                      const char* what) {
+  try {
+    work->wait(timeout);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(
+        what, " failed (a peer died or hung past train.collective_timeout_s): ", FirstLine(e)));
+  }
+  return absl::OkStatus();
+}
+
+// The node leaders' collectives, over their own process group, in place on the
+// node's shared memory.
+class LeadersCrossNode : public CrossNode {
+ public:
+  LeadersCrossNode(CommBackendPtr leaders, std::chrono::milliseconds timeout)
+      : leaders_(std::move(leaders)), timeout_(timeout) {}
+
+  absl::StatusOr<std::unique_ptr<CrossNodeOp>> StartSum(void* data, size_t count,
+                                                        ShmDType dtype) override {
+    std::vector<at::Tensor> t = {
+        at::from_blob(data, {static_cast<int64_t>(count)}, TorchType(dtype))};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = c10d::ReduceOp::SUM;
+    opts.timeout = timeout_;
+    return Start([&] { return leaders_->allreduce(t, opts); }, "the node leaders' all-reduce");
+  }
+
+  absl::StatusOr<std::unique_ptr<CrossNodeOp>> StartBroadcast(void* data, size_t bytes) override {
+    std::vector<at::Tensor> t = {at::from_blob(data, {static_cast<int64_t>(bytes)}, at::kByte)};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = 0;
+    opts.timeout = timeout_;
+    return Start([&] { return leaders_->broadcast(t, opts); }, "the node leaders' broadcast");
+  }
+
+ private:
+  class Op : public CrossNodeOp {
+   public:
+    Op(c10::intrusive_ptr<c10d::Work> work, std::chrono::milliseconds timeout, const char* what)
+        : work_(std::move(work)), timeout_(timeout), what_(what) {}
+    bool Done() override { return work_->isCompleted(); }
+    absl::Status Wait() override { return WaitWork(work_, timeout_, what_); }
+
+   private:
+    c10::intrusive_ptr<c10d::Work> work_;
+    std::chrono::milliseconds timeout_;
+    const char* what_;
+  };
+
+  absl::StatusOr<std::unique_ptr<CrossNodeOp>> Start(
+      const std::function<c10::intrusive_ptr<c10d::Work>()>& op, const char* what) {
+    try {
+      return std::make_unique<Op>(op(), timeout_, what);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat(what, " failed: ", FirstLine(e)));
+    }
+  }
+
+  CommBackendPtr leaders_;
+  std::chrono::milliseconds timeout_;
+};
+
+class DonePendingSum : public PendingSum {
+ public:
+  explicit DonePendingSum(absl::Status status) : status_(std::move(status)) {}
+  absl::Status Wait() override { return status_; }
+
+ private:
+  absl::Status status_;
+};
+
+class WorkPendingSum : public PendingSum {
+ public:
+  WorkPendingSum(c10::intrusive_ptr<c10d::Work> work, std::chrono::milliseconds timeout)
+      : work_(std::move(work)), timeout_(timeout) {}
+  absl::Status Wait() override { return WaitWork(work_, timeout_, "all-reduce"); }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::chrono::milliseconds timeout_;
+};
+
+class ShmPendingSum : public PendingSum {
+ public:
+  ShmPendingSum(ShmNodeComm* shm, ShmNodeComm::OpId id) : shm_(shm), id_(id) {}
+  absl::Status Wait() override { return shm_->Wait(id_); }
+
+ private:
+  ShmNodeComm* shm_;
+  ShmNodeComm::OpId id_;
+};
+
+std::optional<ShmDType> ShmTypeOf(const at::Tensor& t) {
+  if (!t.device().is_cpu() || !t.is_contiguous()) return std::nullopt;
+  if (t.scalar_type() == at::kFloat) return ShmDType::kFloat32;
+  if (t.scalar_type() == at::kDouble) return ShmDType::kFloat64;
+  return std::nullopt;
+}
+
+}  // namespace
+
+absl::StatusOr<DeviceChoice> ChooseDevice(Backend backend, Device device, const Environment& env) {
+  if (device == Device::kCpu && backend == Backend::kNccl) {
+    return absl::InvalidArgumentError(
+        "device cpu with backend nccl: NCCL reduces GPU tensors only (use gloo or auto)");
+  }
+  const bool cuda = torch::cuda::is_available();
+  DeviceChoice choice;
+  const bool on_gpu = device == Device::kCuda ||
+                      (device == Device::kAuto && (backend == Backend::kNccl ||
+                                                   (backend == Backend::kAuto && cuda)));
+  choice.backend = backend == Backend::kGloo || (backend == Backend::kAuto && !on_gpu)
+                       ? "gloo" : "nccl";
+  if (!on_gpu) return choice;
+  const std::string what = absl::StrCat("backend ", choice.backend, " on device cuda");
+#if DDP_WITH_CUDA
+  if (!cuda) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " needs a CUDA GPU, and none is visible to this rank"));
+  }
+  const int gpus = static_cast<int>(torch::cuda::device_count());
+  choice.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank % gpus));
+  return choice;
+#else
+  return absl::FailedPreconditionError(absl::StrCat(
+      what, " needs ddp-trainer or libddp built against a CUDA LibTorch (this build is "
+      "CPU-only; docs/torch.md)"));
+#endif
+}
+
+absl::StatusOr<Comm> Comm::Connect(const Environment& env, const DeviceChoice& device,
+                                   const CommOptions& options) {
+  const std::chrono::milliseconds rdzv_timeout = options.rdzv_timeout;
+  const std::chrono::milliseconds collective_timeout = options.collective_timeout;
+  Comm c;
+  c.rank_ = env.rank;
+  c.world_size_ = env.world_size;
+  c.device_ = device.device;
+  c.timeout_ = collective_timeout;
+  c.backend_name_ = device.backend;
+  // Rank 0 hosts the store, unless torchrun's agent already does (its static
+  // rendezvous, TORCHELASTIC_USE_AGENT_STORE=True: what init_process_group does too).
+  const bool host_store = env.rank == 0 && !env.use_agent_store;
+  if (!host_store) {
+    // TCPStore's client sleeps a whole second after a refused connection, and rank 0
+    // usually opens the store a little after the others get here: wait for the
+    // listener ourselves, in milliseconds, so that the client connects at once.
+    (void)WaitForTcpListener(env.master_addr, env.master_port, absl::FromChrono(rdzv_timeout));
+  }
+  try {
+    c10d::TCPStoreOptions opts;
+    opts.port = static_cast<uint16_t>(env.master_port);
+    opts.isServer = host_store;
+    opts.numWorkers = static_cast<size_t>(env.world_size);
+    opts.waitWorkers = false;  // Our own barrier below says who is missing.
+    opts.timeout = rdzv_timeout;
+    auto tcp = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+    // Every key of this job's attempt, ours and the process group's, lives under one
+    // prefix (as torchrun scopes its store per restart).
+    c.store_ = c10::make_intrusive<c10d::PrefixStore>(
+        absl::StrCat("ddp/", env.job_id, "/", env.attempt), tcp);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(
+        host_store ? "cannot host" : "cannot reach", " the rendezvous store at ",
+        env.master_addr, ":", env.master_port, " within rdzv.timeout_s: ", FirstLine(e)));
+  }
+  DDP_RETURN_IF_ERROR(RendezvousBarrier(*c.store_, env, rdzv_timeout));
+  try {
+    if (device.backend == "gloo") {
+      auto opts = c10d::ProcessGroupGloo::Options::create(collective_timeout);
+      opts->devices.push_back(GlooDevice(env));
+      c.backend_ = c10::make_intrusive<c10d::ProcessGroupGloo>(c.store_, env.rank,
+                                                               env.world_size, opts);
+    } else {
+#if DDP_WITH_CUDA
+      // A dead or hung peer must surface as an exception from wait() within the
+      // collective timeout (a retryable exit 1 that names the collective), not as the
+      // NCCL watchdog's abort or a silent hang: blocking wait (TORCH_ prefix in 2.x,
+      // bare in 1.13). A job's own `env` may still set either variable.
+      setenv("TORCH_NCCL_BLOCKING_WAIT", "1", /*overwrite=*/0);
+      setenv("NCCL_BLOCKING_WAIT", "1", /*overwrite=*/0);
+      auto opts = c10d::ProcessGroupNCCL::Options::create();
+      opts->timeout = collective_timeout;
+      c.backend_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(c.store_, env.rank,
+                                                               env.world_size, opts);
+#else
+      return absl::FailedPreconditionError("NCCL is not built into this ddp-trainer");
+#endif
+    }
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot form the ", device.backend, " process group: ", FirstLine(e)));
+  }
+  if (options.intra_node != IntraNodeComm::kGloo && device.device.is_cpu() && env.world_size > 1) {
+    DDP_RETURN_IF_ERROR(c.SetUpNodeGroup(env, options.intra_node));
+  } else if (options.intra_node == IntraNodeComm::kShm && !device.device.is_cpu()) {
+    return absl::FailedPreconditionError(
+        "train.intra_node_comm: shm reduces CPU tensors, but this rank trains on " +
+        device.device.str() + " (use auto or gloo)");
+  }
+  return c;
+}
+
+Comm::Comm(Comm&&) = default;
+Comm& Comm::operator=(Comm&&) = default;
+Comm::~Comm() = default;
+
+absl::Status Comm::SetUpNodeGroup(const Environment& env, IntraNodeComm mode) {
+  const int local_world = env.local_world_size;
+  // Node leaders' ranks are derived, so ranks must be numbered node by node.
+  const bool layout_ok = local_world > 1 && env.world_size % local_world == 0 &&
+                         env.rank == env.group_rank * local_world + env.local_rank;
+  const int nodes = layout_ok ? env.world_size / local_world : 0;
+  absl::Status local = absl::OkStatus();
+  std::unique_ptr<ShmNodeComm> shm;
+  if (layout_ok) {
+    ShmNodeComm::Options o;
+    o.job_id = env.job_id;
+    o.attempt = env.attempt;
+    o.group_rank = env.group_rank;
+    o.nodes = nodes;
+    o.local_rank = env.local_rank;
+    o.local_world = local_world;
+    o.timeout = absl::FromChrono(timeout_);
+    StoreRendezvous rendezvous(*store_);
+    absl::StatusOr<std::unique_ptr<ShmNodeComm>> created = ShmNodeComm::Create(o, rendezvous);
+    if (created.ok()) {
+      shm = *std::move(created);
+    } else {
+      local = created.status();
+    }
+  }
+  // Every rank votes (MIN over the job), so that all of them use the same scheme:
+  // [numbered node by node, shared memory up, LOCAL_WORLD_SIZE, -LOCAL_WORLD_SIZE].
+  at::Tensor votes = at::tensor(
+      std::vector<int64_t>{layout_ok, layout_ok && local.ok(), local_world, -local_world},
+      at::TensorOptions().dtype(at::kLong));
+  {
+    std::vector<at::Tensor> t = {votes};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = c10d::ReduceOp::MIN;
+    opts.timeout = timeout_;
+    DDP_RETURN_IF_ERROR(Run("intra-node communication vote", [&] { return backend_->allreduce(t, opts); }));
+  }
+  const int64_t* v = votes.data_ptr<int64_t>();
+  const bool one_per_node = v[2] == 1 && -v[3] == 1;
+  const bool shm_everywhere = v[0] == 1 && v[1] == 1 && v[2] == -v[3];
+  const char* fallback = "; ranks on a node all-reduce through the backend (set "
+                         "train.intra_node_comm: gloo to skip shared memory)";
+  if (one_per_node) {
+    // Nothing to share on any node: the backend alone is exactly the hierarchy.
+    return absl::OkStatus();
+  }
+  if (v[0] != 1 || v[2] != -v[3]) {
+    const std::string why =
+        "shared memory needs the same LOCAL_WORLD_SIZE on every node and ranks numbered node "
+        "by node (RANK = GROUP_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK)";
+    if (mode == IntraNodeComm::kShm) {
+      return absl::FailedPreconditionError(absl::StrCat("train.intra_node_comm: shm: ", why));
+    }
+    DDP_LOG(WARNING) << why << fallback;
+    return absl::OkStatus();
+  }
+  if (!shm_everywhere) {
+    const std::string why =
+        local.ok() ? "shared memory could not be set up on another node (see its log)"
+                   : absl::StrCat("shared memory could not be set up: ", local.message());
+    if (mode == IntraNodeComm::kShm) {
+      return absl::UnavailableError(absl::StrCat("train.intra_node_comm: shm: ", why));
+    }
+    DDP_LOG(WARNING) << why << fallback;
+    return absl::OkStatus();
+  }
+  if (nodes > 1 && env.local_rank == 0) {
+    try {
+      auto opts = c10d::ProcessGroupGloo::Options::create(timeout_);
+      opts->devices.push_back(GlooDevice(env));
+      leaders_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          c10::make_intrusive<c10d::PrefixStore>("leaders", store_), env.group_rank, nodes, opts);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot form the node leaders' process group: ", FirstLine(e)));
+    }
+    cross_ = std::make_unique<LeadersCrossNode>(leaders_, timeout_);
+    shm->SetCrossNode(cross_.get());
+  }
+  shm_ = std::move(shm);
+  return absl::OkStatus();
+}
+
+std::string Comm::intra_node_comm() const { return shm_ ? "shm" : backend_name_; }
+
+std::unique_ptr<PendingSum> Comm::StartSum(const at::Tensor& flat) {
+  if (world_size_ == 1) return std::make_unique<DonePendingSum>(absl::OkStatus());
+  if (std::optional<ShmDType> dtype = ShmTypeOf(flat); shm_ && dtype) {
+    return std::make_unique<ShmPendingSum>(
+        shm_.get(), shm_->StartSum(flat.data_ptr(), static_cast<size_t>(flat.numel()), *dtype));
+  }
+  std::vector<at::Tensor> tensors = {flat};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp::SUM;
+  opts.timeout = timeout_;
+  try {
+    return std::make_unique<WorkPendingSum>(backend_->allreduce(tensors, opts), timeout_);
+  } catch (const std::exception& e) {
+    return std::make_unique<DonePendingSum>(
+        absl::UnavailableError(absl::StrCat("all-reduce failed to start: ", FirstLine(e))));
+  }
+}
+
+void Comm::Poll() {
+  if (shm_) shm_->Poll();
+}
+
+absl::Status Comm::Run(const char* what,
+                       const std::function<c10::intrusive_ptr<c10d::Work>()>& op) {
+  try {
+    op()->wait(timeout_);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(what, " failed (a peer died or hung past "
+                                                     "train.collective_timeout_s): ",
+                                               FirstLine(e)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Comm::Broadcast(const std::vector<at::Tensor>& tensors) {
+  // One flat broadcast per dtype (parameters are float; buffers may be integers).
+  std::vector<at::ScalarType> dtypes;
+  for (const at::Tensor& t : tensors) {
+    if (std::find(dtypes.begin(), dtypes.end(), t.scalar_type()) == dtypes.end()) {
+      dtypes.push_back(t.scalar_type());
+    }
+  }
+  for (at::ScalarType dtype : dtypes) {
+    std::vector<at::Tensor> group, flat_parts;
+    for (const at::Tensor& t : tensors) {
+      if (t.scalar_type() != dtype) continue;
+      group.push_back(t);
+      flat_parts.push_back(t.detach().reshape({-1}));
+    }
+    std::vector<at::Tensor> buf = {at::cat(flat_parts)};
+    absl::Status st;
+    if (shm_ && buf[0].device().is_cpu()) {
+      st = shm_->Broadcast(buf[0].data_ptr(), buf[0].nbytes());
+    } else {
+      c10d::BroadcastOptions opts;
+      opts.rootRank = 0;
+      opts.timeout = timeout_;
+      st = Run("broadcast", [&] { return backend_->broadcast(buf, opts); });
+    }
+    if (!st.ok()) return st;
+    at::NoGradGuard no_grad;
+    int64_t offset = 0;
+    for (const at::Tensor& t : group) {
+      t.copy_(buf[0].narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<char>> Comm::BroadcastBytes(const std::vector<char>& bytes) {
+  const at::TensorOptions opts = at::TensorOptions().device(device_);
+  at::Tensor size = at::full({1}, rank_ == 0 ? static_cast<int64_t>(bytes.size()) : 0,
+                             opts.dtype(at::kLong));
+  absl::Status st = Broadcast({size});
+  if (!st.ok()) return st;
+  const int64_t n = size.cpu().item<int64_t>();
+  if (n == 0) return std::vector<char>();
+  at::Tensor data = at::empty({n}, opts.dtype(at::kByte));
+  if (rank_ == 0) {
+    data.copy_(at::from_blob(const_cast<char*>(bytes.data()), {n}, at::kByte));
+  }
+  st = Broadcast({data});
+  if (!st.ok()) return st;
+  at::Tensor host = data.cpu();
+  return std::vector<char>(static_cast<char*>(host.data_ptr()),
+                           static_cast<char*>(host.data_ptr()) + n);
+}
+
+absl::Status Comm::AllReduceSum(at::Tensor& tensor) {
+  if (std::optional<ShmDType> dtype = ShmTypeOf(tensor); shm_ && dtype) {
+    return shm_->Sum(tensor.data_ptr(), static_cast<size_t>(tensor.numel()), *dtype);
+  }
+  std::vector<at::Tensor> tensors = {tensor};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp::SUM;
+  opts.timeout = timeout_;
+  return Run("all-reduce", [&] { return backend_->allreduce(tensors, opts); });
+}
+
+absl::Status Comm::Barrier() {
+  c10d::BarrierOptions opts;
+  opts.timeout = timeout_;
+  return Run("barrier", [&] { return backend_->barrier(opts); });
+}
+
+}  // namespace ddp

@@ -1,0 +1,122 @@
+// Rendezvous and collectives for one ddp-trainer rank.
+//
+// Rank 0 hosts a c10d::TCPStore on MASTER_ADDR:MASTER_PORT; every rank connects to
+// it and forms a c10d process group: Gloo on CPU, NCCL on CUDA (when built against a
+// CUDA LibTorch). Each collective carries train.collective_timeout_s, so a dead or
+// hung peer fails the rank with UNAVAILABLE instead of hanging it.
+//
+// On CPU with several ranks per node (train.intra_node_comm auto or shm), sums and
+// broadcasts are hierarchical: the node's ranks meet in a shared-memory segment
+// (ShmNodeComm), and on a multi-node job the node leaders (LOCAL_RANK 0) run the
+// backend's collective among themselves in between (docs/trainer.md, Communication).
+// Every rank votes on it at connect time, so the whole job uses one scheme.
+#ifndef DDP_LIBDDP_ENGINE_COMM_H_
+#define DDP_LIBDDP_ENGINE_COMM_H_
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/jobspec/job_spec.h"
+#include "libddp/engine/torch_compat.h"
+#include "libddp/engine/environment.h"
+
+namespace ddp {
+
+class CrossNode;
+class ShmNodeComm;
+
+struct DeviceChoice {
+  at::Device device = at::kCPU;
+  std::string backend;  // "gloo" or "nccl"
+};
+
+// Where this rank trains and which backend reduces:
+//   device auto: backend auto -> NCCL on a GPU when this LibTorch has CUDA and a GPU is
+//                visible, else Gloo on the CPU; gloo -> the CPU; nccl -> a GPU;
+//   device cpu:  Gloo on the CPU (nccl is INVALID_ARGUMENT);
+//   device cuda: a GPU, with NCCL (auto, nccl) or Gloo's CUDA path (gloo).
+// The GPU is cuda:(LOCAL_RANK mod the visible GPUs): under ddp-worker
+// CUDA_VISIBLE_DEVICES names the rank's own GPU (cuda:0), under torchrun every GPU of
+// the node is visible, and with more ranks than GPUs they share them (Gloo only: NCCL
+// refuses two ranks on one device). FAILED_PRECONDITION when a GPU is asked for and
+// this build has no CUDA or no GPU is visible (permanent).
+absl::StatusOr<DeviceChoice> ChooseDevice(Backend backend, Device device, const Environment& env);
+
+struct CommOptions {
+  std::chrono::milliseconds rdzv_timeout{120000};
+  std::chrono::milliseconds collective_timeout{300000};
+  IntraNodeComm intra_node = IntraNodeComm::kAuto;
+};
+
+// An in-place sum started by Comm::StartSum. Sums complete in start order.
+class PendingSum {
+ public:
+  virtual ~PendingSum() = default;
+  // UNAVAILABLE when a peer died or hung past the collective timeout.
+  virtual absl::Status Wait() = 0;
+};
+
+class Comm {
+ public:
+  // Connects to (rank 0: hosts) the TCPStore within rdzv.timeout_s, forms the
+  // process group, and the node's shared-memory group where it applies.
+  // UNAVAILABLE on timeouts, a port already in use or shared memory that cannot be set
+  // up with intra_node_comm: shm (retryable); FAILED_PRECONDITION for shm on a GPU or
+  // with ranks not numbered node by node (permanent).
+  static absl::StatusOr<Comm> Connect(const Environment& env, const DeviceChoice& device,
+                                      const CommOptions& options);
+  Comm(Comm&&);
+  Comm& operator=(Comm&&);
+  ~Comm();
+
+  // The world's process group (Gloo or NCCL), for collectives that do not go through
+  // shared memory (a broadcast from a root other than rank 0, say).
+  CommBackend& backend() { return *backend_; }
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  // What ranks of one node reduce through: "shm", or the backend's name.
+  std::string intra_node_comm() const;
+
+  // Starts an in-place sum of `flat` (contiguous, kept alive by the caller until
+  // Wait) over all ranks. Never blocks on shared memory or on a CPU backend.
+  std::unique_ptr<PendingSum> StartSum(const at::Tensor& flat);
+  // Lets started shared-memory sums progress without waiting (from backward's hooks).
+  void Poll();
+
+  // Copies rank 0's values into `tensors` on every rank (one flattened broadcast).
+  absl::Status Broadcast(const std::vector<at::Tensor>& tensors);
+  // Rank 0's `bytes` (ignored elsewhere) on every rank.
+  absl::StatusOr<std::vector<char>> BroadcastBytes(const std::vector<char>& bytes);
+  // In-place sum over ranks.
+  absl::Status AllReduceSum(at::Tensor& tensor);
+  absl::Status Barrier();
+
+ private:
+  Comm() = default;
+  absl::Status Run(const char* what, const std::function<c10::intrusive_ptr<c10d::Work>()>& op);
+  // Sets up the node's shared-memory group and agrees on it with every rank.
+  absl::Status SetUpNodeGroup(const Environment& env, IntraNodeComm mode);
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  CommBackendPtr backend_;
+  std::string backend_name_;
+  // Hierarchical mode: the node's group, and (node leaders of multi-node jobs) the
+  // leaders' process group it sums through (destroyed first to last: shm_, cross_, leaders_).
+  CommBackendPtr leaders_;
+  std::unique_ptr<CrossNode> cross_;
+  std::unique_ptr<ShmNodeComm> shm_;
+  at::Device device_ = at::kCPU;
+  int rank_ = 0;
+  int world_size_ = 1;
+  std::chrono::milliseconds timeout_{0};
+};
+
+}  // namespace ddp
+
+#endif  // DDP_LIBDDP_ENGINE_COMM_H_

@@ -1,0 +1,152 @@
+// Our gradient reducer: PyTorch DDP's bucketed all-reduce, built on c10d collectives.
+//
+// Debian's libtorch-dev lacks the headers c10d::Reducer needs, so this is ours. It
+// follows PyTorch's semantics:
+//   - Parameters are grouped into buckets in reverse registration order (the order
+//     backward produces their gradients); the first bucket closes at 1 MiB, later ones
+//     at bucket_cap_mb (a bucket closes once it reaches its cap, as in
+//     compute_bucket_assignment_by_size).
+//   - A hook on every parameter copies its gradient, times 1/world, into the bucket's
+//     flat buffer. When a bucket's last gradient arrives, and every earlier bucket has
+//     been launched, its async all-reduce (SUM) starts, so communication overlaps the
+//     rest of backward. Buckets launch in index order on every rank, as collectives
+//     must match across ranks. The all-reduce is Comm's: through shared memory on a
+//     node (then among node leaders) or the backend's; later hooks let shared-memory
+//     sums progress without waiting (Comm::Poll).
+//   - FinishBackward() launches buckets whose parameters got no gradient (unused in
+//     this forward; treated as zero), waits for every all-reduce with the collective
+//     timeout, and copies the averages into param.grad. With finish_in_backward (what
+//     libddp's DistributedDataParallel uses), the first hook of a sync backward queues
+//     it as the autograd engine's final callback, as PyTorch's reducer queues
+//     finalize_backward, so backward() returns with the averages in place; a failure
+//     there throws out of backward() and TakeCallbackError() says why.
+//   - A non-sync backward (PyTorch's no_sync, for gradient accumulation) leaves
+//     gradients to accumulate locally; the next sync backward all-reduces the
+//     accumulated sum, exactly as DDP reduces param.grad after accumulation.
+//
+// Lifecycle per optimizer step: PrepareForBackward(sync) -> loss.backward() ->
+// FinishBackward() (sync steps only, unless finish_in_backward) -> optimizer.step(). Not thread-safe across
+// steps; hooks may run on autograd's device threads, so per-step state is locked.
+#ifndef DDP_LIBDDP_ENGINE_REDUCER_H_
+#define DDP_LIBDDP_ENGINE_REDUCER_H_
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "libddp/engine/comm.h"
+
+namespace ddp {
+
+// Records the reducer's timeline for one step (metrics.trace_buckets): which
+// gradients became ready and when each bucket's all-reduce was launched and done.
+class ReducerTrace {
+ public:
+  enum class Kind { kGradReady, kLaunch, kBackwardEnd, kWaitDone };
+  struct Entry {
+    Kind kind;
+    int64_t index;    // Parameter index (kGradReady) or bucket index.
+    double micros;    // Since Reset().
+  };
+  void Reset();
+  void Record(Kind kind, int64_t index);
+  std::vector<Entry> Take();
+  static const char* KindName(Kind kind);
+
+ private:
+  std::mutex mu_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  std::vector<Entry> entries_;
+};
+
+struct BucketLayout {
+  std::vector<size_t> params;  // Parameter indices, in the order they fill the bucket.
+  int64_t numel = 0;
+  int64_t bytes = 0;
+};
+
+// Groups parameters into buckets as described above. `sizes_bytes[i]` is parameter
+// i's gradient size; all parameters share one dtype and device here.
+std::vector<BucketLayout> AssignBuckets(const std::vector<int64_t>& sizes_bytes,
+                                        int64_t first_cap_bytes, int64_t cap_bytes);
+
+class GradientReducer {
+ public:
+  struct Options {
+    int64_t bucket_cap_bytes = 25 * 1024 * 1024;
+    int64_t first_bucket_cap_bytes = 1024 * 1024;
+    // Run FinishBackward as autograd's final callback of every sync backward.
+    bool finish_in_backward = false;
+    // finish_in_backward: throws the exception backward() propagates when FinishBackward
+    // fails (libddp throws its ddp::Error); null: std::runtime_error.
+    std::function<void(const absl::Status&)> throw_failure;
+  };
+
+  // Registers a gradient hook on every parameter; they must all require grad and
+  // share dtype and device. `comm` must outlive the reducer; `trace` may be null.
+  GradientReducer(std::vector<at::Tensor> params, Comm* comm, Options options,
+                  ReducerTrace* trace);
+  ~GradientReducer();  // Removes the hooks.
+  GradientReducer(const GradientReducer&) = delete;
+  GradientReducer& operator=(const GradientReducer&) = delete;
+
+  // Arms the hooks for the next backward. sync=false: accumulate locally only.
+  void PrepareForBackward(bool sync);
+  // After a sync backward: waits for every bucket and writes averaged gradients.
+  // Returns the time spent waiting (communication not hidden by backward).
+  // UNAVAILABLE when an all-reduce fails or times out (a peer died or hung).
+  absl::StatusOr<absl::Duration> FinishBackward();
+
+  const std::vector<BucketLayout>& buckets() const { return buckets_; }
+  // finish_in_backward: the wait of the last sync backward's FinishBackward.
+  absl::Duration last_wait() const;
+  // finish_in_backward: why the last backward threw, if FinishBackward failed in it
+  // (cleared by the call).
+  std::optional<absl::Status> TakeCallbackError();
+
+ private:
+  struct Bucket {
+    BucketLayout layout;
+    at::Tensor flat;                 // The all-reduce buffer.
+    std::vector<at::Tensor> views;   // Per parameter, shaped like it, into `flat`.
+    size_t pending = 0;              // Gradients still to arrive this step.
+    std::unique_ptr<PendingSum> work;
+  };
+
+  void OnGradient(size_t param_index, const at::Tensor& grad);
+  void LaunchReadyLocked();  // Caller holds mu_.
+  void FinishFromCallback();
+  void Launch(Bucket& bucket, size_t index);
+
+  std::vector<at::Tensor> params_;
+  Comm* comm_;
+  // World 1: nothing to reduce; backward's own accumulation is the result, so the
+  // hooks copy nothing and FinishBackward only zeroes unused parameters' gradients.
+  bool alone_ = false;
+  at::Tensor scale_;  // 0-dim 1/world, as DDP's div factor.
+  Options options_;
+  ReducerTrace* trace_;
+  std::vector<BucketLayout> buckets_;
+  std::vector<Bucket> state_;
+  std::vector<std::pair<size_t, size_t>> locate_;  // param -> (bucket, slot)
+  std::vector<unsigned> hook_handles_;
+
+  mutable std::mutex mu_;
+  bool sync_ = false;
+  std::vector<bool> ready_;   // Per parameter, this step.
+  size_t next_launch_ = 0;    // Buckets [0, next_launch_) have been launched.
+  bool callback_queued_ = false;
+  absl::Duration last_wait_;
+  std::optional<absl::Status> callback_error_;
+};
+
+}  // namespace ddp
+
+#endif  // DDP_LIBDDP_ENGINE_REDUCER_H_

@@ -1,0 +1,589 @@
+#include "trainer/trainer.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+#include <torch/types.h>  // clip_grad.h uses torch::Tensor without including it.
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/optimizer.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <new>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "ddp/distributed_data_parallel.h"
+#include "ddp/lr_schedule.h"
+#include "ddp/process_group.h"
+#include "libddp/engine/api_bridge.h"
+#include "libddp/engine/checkpoint.h"
+#include "libddp/engine/checkpoint_keeper.h"
+#include "libddp/engine/comm.h"
+#include "libddp/engine/optimizer.h"
+#include "libddp/engine/reducer.h"
+#include "libddp/engine/sampler.h"
+#include "trainer/dataset.h"
+#include "trainer/model.h"
+
+namespace ddp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double MillisSince(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+std::chrono::milliseconds Seconds(double s) {
+  return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+}
+
+std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+// Mean loss of a batch (reduction "mean") or its sum ("sum", for validation).
+at::Tensor Loss(LossKind kind, const at::Tensor& out, const at::Tensor& target, bool sum) {
+  const int64_t reduction = sum ? at::Reduction::Sum : at::Reduction::Mean;
+  switch (kind) {
+    case LossKind::kCrossEntropy:
+      return at::cross_entropy_loss(out, target, {}, reduction);
+    case LossKind::kMse:
+      return at::mse_loss(out.reshape({-1}), target, reduction);
+    case LossKind::kBceWithLogits:
+      return at::binary_cross_entropy_with_logits(out.reshape({-1}), target, {}, {}, reduction);
+  }
+  return {};
+}
+
+// FNV-1a over every parameter's bytes: equal on all ranks iff they hold the same model.
+std::string Fingerprint(const std::vector<at::Tensor>& params) {
+  uint64_t h = 1469598103934665603ULL;
+  for (const at::Tensor& p : params) {
+    at::Tensor c = p.detach().cpu().contiguous();
+    const auto* b = static_cast<const unsigned char*>(c.data_ptr());
+    for (size_t i = 0; i < c.nbytes(); ++i) {
+      h ^= b[i];
+      h *= 1099511628211ULL;
+    }
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+JobSpec WithPlaceholders(JobSpec spec, const Environment& env) {
+  spec.checkpoint.dir = CheckpointDirFor(spec.checkpoint.dir, env);
+  return spec;
+}
+
+}  // namespace
+
+class TrainerImpl {
+ public:
+  TrainerImpl(JobSpec spec, Environment env, EventSink* events)
+      : spec_(WithPlaceholders(std::move(spec), env)), env_(env), events_(*events) {}
+
+  absl::Status Run();
+
+ private:
+  absl::Status Setup();
+  absl::Status Resume();
+  absl::Status TrainEpoch(int64_t epoch, int64_t first_step);
+  // `complete`: false when train.max_steps stopped the epoch early.
+  absl::Status EndEpoch(int64_t epoch, bool complete, bool checkpoint_due);
+  absl::Status Checkpoint(const Position& pos);
+  // One optimizer step at learning rate `lr`: forward and backward of each
+  // micro-batch, the all-reduce, train.clip_grad_norm, the optimizer.
+  absl::Status TakeStep(const std::vector<int64_t>& order, int64_t first_micro,
+                        int64_t num_micro, double lr, double* loss, double* comm_ms,
+                        int64_t* samples);
+  // train.lr_schedule's lr for the step after `global_step` steps, in `epoch`.
+  double LrAt(int64_t epoch, int64_t global_step) const;
+  int64_t StepsPerEpoch() const;
+  // The world's collectives, behind the process group.
+  Comm& comm() { return *group_->impl().comm; }
+  // `values` summed over all ranks (one double all-reduce).
+  absl::StatusOr<std::vector<double>> SumOverRanks(const std::vector<double>& values) {
+    return group_->impl().Sum(values);
+  }
+  void EmitStart();
+  void EmitTrace();
+  // The inputs of this run's data order, as a checkpoint records them.
+  SamplerState CurrentSampler() const {
+    return {env_.world_size,           spec_.train.batch_size, spec_.train.grad_accum_steps,
+            spec_.train.seed,          spec_.train.shuffle,    data_.train.size(),
+            spec_.data.seed};
+  }
+
+  bool trace_enabled() const { return spec_.metrics.trace_buckets; }
+  bool IsLastStep() const {
+    return spec_.train.max_steps > 0 && pos_.global_step >= spec_.train.max_steps;
+  }
+
+  const JobSpec spec_;
+  const Environment env_;
+  EventSink& events_;
+
+  TrainValData data_;
+  std::unique_ptr<Model> model_;
+  std::vector<at::Tensor> params_;  // All of them; the optimizer and checkpoints see these.
+  DeviceChoice device_;
+  // libddp's process group and data-parallel engine (the public API's objects).
+  std::shared_ptr<ProcessGroup> group_;
+  std::unique_ptr<DataParallel> ddp_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<CheckpointKeeper> keeper_;  // With checkpoint.dir only.
+  std::unique_ptr<BatchAssembler> train_batches_;
+  ReducerTrace trace_;
+  SamplerOptions sampler_;
+  int64_t schedule_intervals_ = 0;  // train.lr_schedule's whole run (t_max 0).
+  double last_lr_ = 0;              // Of the last optimizer step.
+
+  Position pos_;
+  bool resumed_ = false;
+  Position resumed_from_;
+  // Per-epoch running totals for the epoch event's train_loss (reset by EndEpoch;
+  // restored by Resume, summed over ranks, on rank 0).
+  double epoch_loss_sum_ = 0;
+  int64_t epoch_steps_ = 0;
+  // Throughput window since the last step event.
+  int64_t window_samples_ = 0;
+  Clock::time_point window_start_;
+  Position last_saved_{-1, -1, -1};
+  double last_val_accuracy_ = -1;  // Of the last validation; < 0 when there is none.
+  double train_ms_ = 0;           // Time in training steps (no validation, no checkpoints).
+  int64_t total_samples_ = 0;     // Samples this rank trained on in this run.
+};
+
+absl::Status TrainerImpl::Setup() {
+  const int64_t threads =
+      spec_.train.threads > 0   ? spec_.train.threads
+      : env_.omp_num_threads > 0 ? env_.omp_num_threads
+                                 : std::max<int64_t>(1, std::thread::hardware_concurrency() /
+                                                            env_.local_world_size);
+  at::set_num_threads(static_cast<int>(threads));
+
+  DDP_ASSIGN_OR_RETURN(data_, LoadData(spec_.data, spec_.train.loss));
+  at::manual_seed(static_cast<uint64_t>(spec_.train.seed));
+  DDP_ASSIGN_OR_RETURN(model_, BuildModel(spec_.model, data_, spec_.train.loss));
+  auto device = ChooseDevice(spec_.backend, spec_.train.device, env_);
+  // The device the job asks for is not on this node (or not in this build): another
+  // node may have it. (A bad pairing, cpu with nccl, is the job's: job.yaml refuses it.)
+  if (!device.ok()) {
+    return device.status().code() == absl::StatusCode::kFailedPrecondition
+               ? AsNodeFault(device.status())
+               : device.status();
+  }
+  device_ = *device;
+  model_->To(device_.device);
+  for (auto& [name, p] : model_->Parameters()) params_.push_back(p);
+
+  CommOptions co;
+  co.rdzv_timeout = Seconds(spec_.rdzv.timeout_s);
+  co.collective_timeout = Seconds(spec_.train.collective_timeout_s);
+  co.intra_node = spec_.train.intra_node_comm;
+  DDP_ASSIGN_OR_RETURN(group_, ProcessGroup::Impl::Create(env_, device_, co));
+  // libddp's DistributedDataParallel engine: every rank starts from rank 0's weights;
+  // trainable parameters are reduced in buckets during backward, frozen ones left alone.
+  DdpOptions ddp_options;
+  ddp_options.bucket_cap_mb = spec_.train.bucket_cap_mb;
+  ddp_options.first_bucket_cap_mb = spec_.train.first_bucket_cap_mb;
+  DDP_ASSIGN_OR_RETURN(
+      ddp_, DataParallel::Impl::Create(model_->Parameters(), model_->Buffers(), group_,
+                                       ddp_options, trace_enabled() ? &trace_ : nullptr));
+
+  optimizer_ = MakeOptimizer(spec_.train.optimizer, params_);
+  sampler_.num_replicas = env_.world_size;
+  sampler_.rank = env_.rank;
+  sampler_.shuffle = spec_.train.shuffle;
+  sampler_.seed = spec_.train.seed;
+  sampler_.drop_last = false;  // design.md: the sampler pads; train.drop_last drops batches.
+  if (!spec_.checkpoint.dir.empty()) {
+    keeper_ = std::make_unique<CheckpointKeeper>(spec_.checkpoint, spec_.checkpoint.dir, env_,
+                                                 &comm(), device_.device);
+    DDP_RETURN_IF_ERROR(keeper_->Setup());
+    DDP_RETURN_IF_ERROR(Resume());
+  }
+
+  train_batches_ = std::make_unique<BatchAssembler>(data_.train, spec_.train.batch_size);
+  schedule_intervals_ = ScheduleIntervals(spec_.train.lr_schedule, spec_.train.epochs,
+                                          StepsPerEpoch(), spec_.train.max_steps);
+  const int64_t per_rank = DistributedSamplerLength(data_.train.size(), sampler_);
+  if (NumBatches(per_rank, spec_.train.batch_size, spec_.train.drop_last) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.batch_size: ", spec_.train.batch_size, " is more than the ", per_rank,
+        " samples each of ", env_.world_size, " ranks gets, and train.drop_last drops the "
+        "only batch"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TrainerImpl::Resume() {
+  // The newest checkpoint any rank holds, sent by its holder to every rank (see
+  // CheckpointKeeper): no shared filesystem needed.
+  DDP_ASSIGN_OR_RETURN(std::optional<CheckpointKeeper::Restored> restored, keeper_->Restore());
+  if (!restored.has_value()) return absl::OkStatus();
+  const TrainingState& ckpt = restored->state;
+  const std::string& path = restored->path;
+  std::vector<NamedTensor> named = model_->Parameters();
+  for (auto& b : model_->Buffers()) named.push_back(b);
+  DDP_RETURN_IF_ERROR(RestoreModel(ckpt, named, path));
+  DDP_RETURN_IF_ERROR(
+      LoadOptimizerStateDict(spec_.train.optimizer, *optimizer_, params_, ckpt.optimizer));
+  pos_ = ckpt.position;
+  if (!SameDataOrder(ckpt.sampler, CurrentSampler()) && pos_.step != 0) {
+    DDP_LOG(WARNING) << "checkpoint was taken with another world size, batch size, sampler "
+                        "seed or training set: epoch "
+                     << pos_.epoch << " restarts from its first batch";
+    pos_.step = 0;
+  }
+  // The interrupted epoch's loss totals so far (summed over ranks): rank 0 carries
+  // them, so the epoch's train_loss covers all of its steps.
+  if (pos_.step > 0 && env_.rank == 0) {
+    epoch_loss_sum_ = ckpt.epoch_loss_sum;
+    epoch_steps_ = ckpt.epoch_steps;
+  }
+  if (ckpt.rng_state.defined()) RestoreRngState(ckpt.rng_state);
+  resumed_ = true;
+  resumed_from_ = pos_;
+  last_saved_ = pos_;
+  DDP_LOG(INFO) << "resumed from " << path << " (held by rank " << restored->holder
+                << ") at epoch " << pos_.epoch << " step " << pos_.step;
+  return absl::OkStatus();
+}
+
+void TrainerImpl::EmitStart() {
+  const int64_t per_rank = DistributedSamplerLength(data_.train.size(), sampler_);
+  StartEvent e;
+  e.world_size = env_.world_size;
+  e.local_rank = env_.local_rank;
+  e.group_rank = env_.group_rank;
+  e.backend = device_.backend;
+  e.intra_node_comm = group_->intra_node_comm();
+  e.device = device_.device.str();
+  e.model = model_->Describe();
+  e.params = CountParameters(*model_);
+  e.train_samples = data_.train.size();
+  e.val_samples = data_.val.size();
+  e.batch_size = spec_.train.batch_size;
+  e.steps_per_epoch = StepsPerEpoch();
+  e.epochs = spec_.train.epochs;
+  e.threads = at::get_num_threads();
+  if (resumed_) {
+    e.resumed_from = PositionField{resumed_from_.epoch, resumed_from_.step,
+                                   resumed_from_.global_step};
+  }
+  events_.Emit(e);
+  DDP_LOG(INFO) << "rank " << env_.rank << "/" << env_.world_size << " on "
+                << device_.device.str() << " (" << device_.backend << "): "
+                << model_->Describe() << ", " << data_.train.size() << " training samples, "
+                << per_rank << " per rank";
+  if (env_.rank == 0) {
+    BucketsEvent be;
+    be.cap_mb = spec_.train.bucket_cap_mb;
+    const std::vector<BucketInfo> buckets = ddp_->buckets();
+    for (size_t i = 0; i < buckets.size(); ++i) {
+      const BucketInfo& b = buckets[i];
+      be.buckets.push_back({static_cast<int64_t>(i), b.params, b.numel, b.bytes});
+    }
+    events_.Emit(be);
+  }
+}
+
+int64_t TrainerImpl::StepsPerEpoch() const {
+  const int64_t per_rank = DistributedSamplerLength(data_.train.size(), sampler_);
+  const int64_t micro = NumBatches(per_rank, spec_.train.batch_size, spec_.train.drop_last);
+  return (micro + spec_.train.grad_accum_steps - 1) / spec_.train.grad_accum_steps;
+}
+
+double TrainerImpl::LrAt(int64_t epoch, int64_t global_step) const {
+  const LrSchedule& s = spec_.train.lr_schedule;
+  const int64_t count = s.interval == LrSchedule::Interval::kEpoch ? epoch : global_step;
+  return scheduled_lr(s, spec_.train.optimizer.lr, count, schedule_intervals_);
+}
+
+absl::Status TrainerImpl::TakeStep(const std::vector<int64_t>& order, int64_t first_micro,
+                                   int64_t num_micro, double lr, double* loss, double* comm_ms,
+                                   int64_t* samples) {
+  const int64_t bs = spec_.train.batch_size;
+  const int64_t total = static_cast<int64_t>(order.size());
+  if (trace_enabled()) trace_.Reset();
+  double loss_sum = 0;
+  *samples = 0;
+  for (int64_t j = 0; j < num_micro; ++j) {
+    const int64_t begin = (first_micro + j) * bs;
+    const int64_t n = std::min(bs, total - begin);
+    auto [x, y] = train_batches_->Gather(order.data() + begin, n);
+    at::Tensor xd = x.to(device_.device, /*non_blocking=*/true);
+    at::Tensor yd = y.to(device_.device, /*non_blocking=*/true);
+    // Gradient accumulation: every micro-batch but the last runs under no_sync, and the
+    // last one's backward all-reduces the accumulated sum (inside backward()).
+    std::optional<DataParallel::NoSync> no_sync;
+    if (j != num_micro - 1) no_sync.emplace(ddp_->no_sync());
+    DDP_RETURN_IF_ERROR(ddp_->impl().PrepareForward());
+    at::Tensor out = model_->Forward(xd);
+    at::Tensor l = Loss(spec_.train.loss, out, yd, /*sum=*/false);
+    try {
+      if (num_micro == 1) {
+        l.backward();
+      } else {
+        (l / static_cast<double>(num_micro)).backward();
+      }
+    } catch (const std::exception&) {
+      // The all-reduce failed inside backward (a peer died or hung): its status.
+      if (std::optional<absl::Status> st = ddp_->impl().TakeBackwardError()) return *st;
+      throw;
+    }
+    loss_sum += l.item<double>();
+    *samples += n;
+  }
+  // On the averaged gradients, as torch.nn.utils.clip_grad_norm_ after backward().
+  if (spec_.train.clip_grad_norm > 0) {
+    torch::nn::utils::clip_grad_norm_(params_, spec_.train.clip_grad_norm);
+  }
+  for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
+  last_lr_ = lr;
+  optimizer_->step();
+  for (at::Tensor& p : params_) p.mutable_grad().reset();  // zero_grad(set_to_none=True)
+  *loss = loss_sum / static_cast<double>(num_micro);
+  *comm_ms = ddp_->last_backward().comm_wait_ms;
+  return absl::OkStatus();
+}
+
+void TrainerImpl::EmitTrace() {
+  TraceEvent e;
+  e.epoch = pos_.epoch;
+  e.global_step = pos_.global_step - 1;
+  for (const ReducerTrace::Entry& t : trace_.Take()) {
+    e.entries.push_back({ReducerTrace::KindName(t.kind), t.index, t.micros});
+  }
+  // The parameters after this step: equal on every rank, step by step.
+  e.params_fingerprint = Fingerprint(params_);
+  events_.Emit(e);
+}
+
+absl::Status TrainerImpl::TrainEpoch(int64_t epoch, int64_t first_step) {
+  const std::vector<int64_t> order =
+      DistributedSamplerIndices(data_.train.size(), sampler_, epoch);
+  const int64_t accum = spec_.train.grad_accum_steps;
+  const int64_t micro_total =
+      NumBatches(static_cast<int64_t>(order.size()), spec_.train.batch_size, spec_.train.drop_last);
+  const int64_t steps = (micro_total + accum - 1) / accum;
+  window_samples_ = 0;
+  window_start_ = Clock::now();
+  model_->SetTraining(true);
+  bool checkpoint_due = false;
+  bool complete = true;
+  for (int64_t step = first_step; step < steps; ++step) {
+    const auto t0 = Clock::now();
+    const int64_t first_micro = step * accum;
+    const int64_t num_micro = std::min(accum, micro_total - first_micro);
+    double loss = 0, comm_ms = 0;
+    int64_t samples = 0;
+    const double lr = LrAt(epoch, pos_.global_step);
+    DDP_RETURN_IF_ERROR(
+        TakeStep(order, first_micro, num_micro, lr, &loss, &comm_ms, &samples));
+    const double step_ms = MillisSince(t0);
+    train_ms_ += step_ms;
+    total_samples_ += samples;
+    pos_ = {epoch, step + 1, pos_.global_step + 1};
+    epoch_loss_sum_ += loss;
+    ++epoch_steps_;
+    window_samples_ += samples;
+    const bool last_in_epoch = step + 1 == steps || IsLastStep();
+    if (pos_.global_step % spec_.metrics.every_steps == 0 || last_in_epoch) {
+      const double window_s = MillisSince(window_start_) / 1000.0;
+      StepEvent e;
+      e.epoch = epoch;
+      e.step = step;
+      e.steps = steps;
+      e.global_step = pos_.global_step - 1;
+      e.loss = loss;
+      e.samples_per_s = window_s > 0 ? window_samples_ / window_s : 0.0;
+      e.step_ms = step_ms;
+      e.comm_ms = comm_ms;
+      e.lr = lr;
+      events_.Emit(e);
+      window_samples_ = 0;
+      window_start_ = Clock::now();
+    }
+    if (spec_.metrics.trace_buckets) EmitTrace();
+    const bool step_ckpt = spec_.checkpoint.every_steps > 0 &&
+                           pos_.global_step % spec_.checkpoint.every_steps == 0;
+    if (last_in_epoch) {
+      checkpoint_due = step_ckpt;
+      complete = step + 1 == steps;
+      break;
+    }
+    if (step_ckpt && !spec_.checkpoint.dir.empty()) DDP_RETURN_IF_ERROR(Checkpoint(pos_));
+  }
+  return EndEpoch(epoch, complete, checkpoint_due);
+}
+
+absl::Status TrainerImpl::EndEpoch(int64_t epoch, bool complete, bool checkpoint_due) {
+  const auto t0 = Clock::now();
+  // [train loss sum, train steps, val loss sum, val correct, val count], summed over ranks.
+  double val_loss = 0, correct = 0, count = 0;
+  if (data_.val.size() > 0) {
+    at::NoGradGuard no_grad;
+    model_->SetTraining(false);
+    // DDP's buffer rule for validation's no-grad forwards: the first one broadcasts
+    // if a syncing training forward came last, and the next training forward does
+    // not. Decided here once for every rank, including one that has no validation
+    // samples, so the broadcast stays collective.
+    DDP_RETURN_IF_ERROR(ddp_->impl().PrepareForward());
+    // Every rank evaluates val[rank::world] without padding, so the reduced totals
+    // count each validation sample exactly once.
+    std::vector<int64_t> idx;
+    for (int64_t i = env_.rank; i < data_.val.size(); i += env_.world_size) idx.push_back(i);
+    BatchAssembler batches(data_.val, std::max<int64_t>(spec_.train.batch_size, 256));
+    const int64_t bs = std::max<int64_t>(spec_.train.batch_size, 256);
+    for (size_t b = 0; b < idx.size(); b += static_cast<size_t>(bs)) {
+      const int64_t n = std::min<int64_t>(bs, static_cast<int64_t>(idx.size() - b));
+      auto [x, y] = batches.Gather(idx.data() + b, n);
+      at::Tensor yd = y.to(device_.device);
+      at::Tensor out = model_->Forward(x.to(device_.device));
+      val_loss += Loss(spec_.train.loss, out, yd, /*sum=*/true).item<double>();
+      if (spec_.train.loss == LossKind::kCrossEntropy) {
+        correct += out.argmax(1).eq(yd).sum().item<double>();
+      } else if (spec_.train.loss == LossKind::kBceWithLogits) {
+        correct += out.reshape({-1}).gt(0).eq(yd.gt(0.5)).sum().item<double>();
+      }
+      count += static_cast<double>(n);
+    }
+    model_->SetTraining(true);
+  }
+  DDP_ASSIGN_OR_RETURN(
+      const std::vector<double> v,
+      SumOverRanks({epoch_loss_sum_, static_cast<double>(epoch_steps_), val_loss, correct, count}));
+  epoch_loss_sum_ = 0;
+  epoch_steps_ = 0;
+  if (env_.rank == 0) {
+    EpochEvent e;
+    e.epoch = epoch;
+    e.train_loss = v[1] > 0 ? v[0] / v[1] : 0.0;
+    if (v[4] > 0) {
+      e.val_loss = v[2] / v[4];
+      e.val_samples = static_cast<int64_t>(v[4]);
+      if (spec_.train.loss != LossKind::kMse) e.val_accuracy = v[3] / v[4];
+    }
+    e.validate_ms = MillisSince(t0);
+    events_.Emit(e);
+  }
+  last_val_accuracy_ = v[4] > 0 && spec_.train.loss != LossKind::kMse ? v[3] / v[4] : -1;
+  if (complete) pos_ = {epoch + 1, 0, pos_.global_step};
+  if (spec_.checkpoint.dir.empty()) return absl::OkStatus();
+  const bool final_epoch = epoch + 1 == spec_.train.epochs || IsLastStep();
+  const bool epoch_ckpt = spec_.checkpoint.every_epochs > 0 &&
+                          (epoch + 1) % spec_.checkpoint.every_epochs == 0;
+  if (checkpoint_due || epoch_ckpt || final_epoch) return Checkpoint(pos_);
+  return absl::OkStatus();
+}
+
+absl::Status TrainerImpl::Checkpoint(const Position& pos) {
+  // Every rank comes here at the same positions, so the collective below matches.
+  if (pos.epoch == last_saved_.epoch && pos.step == last_saved_.step) return absl::OkStatus();
+  last_saved_ = pos;
+  const auto t0 = Clock::now();
+  // Mid-epoch, the epoch's loss totals so far, summed over ranks, travel along.
+  std::vector<double> loss_totals = {0, 0};
+  if (pos.step > 0) {
+    DDP_ASSIGN_OR_RETURN(loss_totals,
+                         SumOverRanks({epoch_loss_sum_, static_cast<double>(epoch_steps_)}));
+  }
+  // Every writer saves rank 0's generator state, as if rank 0 had written them all.
+  DDP_ASSIGN_OR_RETURN(at::Tensor rng, RankZeroRngState(comm(), device_.device));
+  if (!keeper_->writer()) return absl::OkStatus();
+  TrainingState state;
+  state.identity.job = spec_.name;
+  state.position = pos;
+  state.sampler = CurrentSampler();
+  state.epoch_loss_sum = loss_totals[0];
+  state.epoch_steps = static_cast<int64_t>(loss_totals[1]);
+  state.model = model_->Parameters();
+  for (auto& b : model_->Buffers()) state.model.push_back(b);
+  state.optimizer = OptimizerStateDict(spec_.train.optimizer, *optimizer_, params_);
+  if (spec_.train.lr_schedule.kind != LrSchedule::Kind::kConstant ||
+      spec_.train.lr_schedule.warmup > 0) {
+    const LrSchedule& ls = spec_.train.lr_schedule;
+    c10::impl::GenericDict sched(c10::StringType::get(), c10::AnyType::get());
+    sched.insert("name", std::string(LrScheduleName(ls.kind)));
+    sched.insert("interval",
+                 std::string(ls.interval == LrSchedule::Interval::kEpoch ? "epoch" : "step"));
+    sched.insert("last_epoch", ls.interval == LrSchedule::Interval::kEpoch ? pos.epoch
+                                                                               : pos.global_step);
+    sched.insert("base_lrs", c10::List<double>({spec_.train.optimizer.lr}));
+    sched.insert("_last_lr", c10::List<double>({last_lr_}));
+    state.lr_scheduler = sched;
+  }
+  state.rng_state = rng;
+  DDP_ASSIGN_OR_RETURN(const std::string path, keeper_->Save(std::move(state)));
+  if (env_.rank != 0) {
+    DDP_LOG(INFO) << "checkpoint of step " << pos.global_step << " kept on this node: " << path;
+    return absl::OkStatus();
+  }
+  CheckpointEvent e;
+  e.path = std::filesystem::absolute(path).string();
+  e.epoch = pos.epoch;
+  e.step = pos.step;
+  e.global_step = pos.global_step;
+  e.write_ms = MillisSince(t0);
+  events_.Emit(e);
+  return absl::OkStatus();
+}
+
+absl::Status TrainerImpl::Run() {
+  DDP_RETURN_IF_ERROR(Setup());
+  EmitStart();
+  while (pos_.epoch < spec_.train.epochs && !IsLastStep()) {
+    DDP_RETURN_IF_ERROR(TrainEpoch(pos_.epoch, pos_.step));
+  }
+  DoneEvent e;
+  e.epochs = pos_.epoch;
+  e.global_step = pos_.global_step;
+  e.params_fingerprint = Fingerprint(params_);
+  e.samples = total_samples_;
+  e.train_s = train_ms_ / 1000.0;
+  if (last_val_accuracy_ >= 0) e.val_accuracy = last_val_accuracy_;
+  events_.Emit(e);
+  DDP_LOG(INFO) << "finished: " << pos_.global_step << " steps, " << total_samples_
+                << " samples in " << train_ms_ / 1000.0 << "s of training";
+  // Let every rank finish before rank 0's store goes away with its process.
+  return comm().Barrier();
+}
+
+int64_t ScheduleIntervals(const LrSchedule& s, int64_t epochs, int64_t steps_per_epoch,
+                          int64_t max_steps) {
+  if (s.interval == LrSchedule::Interval::kEpoch) return epochs;
+  const int64_t steps = epochs * steps_per_epoch;
+  return max_steps > 0 ? std::min(steps, max_steps) : steps;
+}
+
+Trainer::Trainer(JobSpec spec, Environment env, EventSink* events)
+    : impl_(std::make_unique<TrainerImpl>(std::move(spec), env, events)) {}
+
+Trainer::~Trainer() = default;
+
+absl::Status Trainer::Run() {
+  try {
+    return impl_->Run();
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("out of memory (std::bad_alloc)");
+  } catch (const std::exception& e) {
+    // An allocation the spec makes impossible (a model larger than the device) is
+    // permanent; one that failed for want of free memory now is worth a retry.
+    const std::string what = e.what();
+    if (what.find("allocate") != std::string::npos) {
+      return AllocationFailure(what, HostMemoryBytes());
+    }
+    // LibTorch/c10d errors not already mapped: a collective that failed inside
+    // backward. Worth a retry from the last checkpoint.
+    return absl::InternalError(FirstLine(what));
+  }
+}
+
+}  // namespace ddp
