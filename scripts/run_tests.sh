@@ -7,7 +7,8 @@
 # script; ddp built against it into build-torch2; and the engine's tests there: the
 # trainer's (unit, parity, training, checkpoints, failures) and libddp's (unit, parity,
 # torchrun's agent store, the installed package and a libddp program run as a command
-# job).
+# job). Last, the GPU check's rehearsal (bench/gpu/, docs/torch.md): its packing, and its
+# one command's dry run on the CPU (the carried build, the GPU tests, the GPU bench).
 #   scripts/run_tests.sh [ctest args...]     e.g. -L unit, -R trainer, -L fuzz
 # With ctest arguments only the Debian flavour runs, with them; DDP_TORCH2=0 skips the
 # PyPI flavour, DDP_TORCH2=1 runs it whatever the arguments.
@@ -30,4 +31,14 @@ cmake --build build-torch2 -j "$(nproc)"
 cd build-torch2
 ctest --output-on-failure --timeout 1200 -L trainer
 ctest --output-on-failure --timeout 1200 \
-  -R '^(library_unit_test|libddp_package_test|torch_config_test)$'
+  -R '^(library_unit_test|libddp_package_test|torch_config_test|libddp_cuda_test)$'
+cd "$here"
+
+echo "== the GPU check's rehearsal (bench/gpu/, docs/torch.md)"
+bash bench/gpu/pack.sh
+gpu_out=$(mktemp -d)
+trap 'rm -rf "$gpu_out"' EXIT
+# build-gpu/ (the carried packages unpacked, and the engine-only build) stays, as build/
+# does: at a fixed place under the tree, its compiles hit ccache on the next run.
+OUT=$gpu_out DDP_GPU_WORK="$here/build-gpu" DDP_GPU_PYTHON="$here/.venv-torch2/bin/python" \
+  bash bench/gpu/run.sh --dry-run

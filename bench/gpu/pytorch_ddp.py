@@ -1,0 +1,70 @@
+"""PyTorch's side of the GPU bench: bench/gpu/models.py's model in torch.nn.parallel's DDP.
+
+    torchrun-style environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK)
+    python3 bench/gpu/pytorch_ddp.py --model NAME --batch B --steps N --warmup W
+                                     --backend nccl|gloo --device cuda|cpu [--samples S]
+
+The same loop as ddp-bench-gpu: SGD (lr 0.01, momentum 0.9), synthetic samples held on
+the CPU and each batch copied to the device, loss.item() every step; prints one JSON
+line with the samples and seconds of the steps after the first W.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from models import CLASSES, FEATURES, make  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True, choices=sorted(FEATURES))
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--backend", default="nccl")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--samples", type=int, default=0)
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group(a.backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if a.device == "cuda":
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+    else:
+        dev = torch.device("cpu")
+    samples = a.samples or (a.warmup + a.steps) * a.batch * world
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(samples, FEATURES[a.model], generator=g)
+    y = torch.randint(0, CLASSES, (samples,), generator=g)
+    model = DDP(make(a.model).to(dev), device_ids=[dev] if dev.type == "cuda" else None)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    train_s, timed = 0.0, 0
+    for step in range(a.warmup + a.steps):
+        t0 = time.perf_counter()
+        begin = ((step * world + rank) * a.batch) % (samples - a.batch + 1)
+        xb = x[begin:begin + a.batch].to(dev)
+        yb = y[begin:begin + a.batch].to(dev)
+        loss = torch.nn.functional.cross_entropy(model(xb), yb)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        loss.item()
+        if step >= a.warmup:
+            train_s += time.perf_counter() - t0
+            timed += a.batch
+    print(json.dumps({"rank": rank, "samples": timed, "train_s": train_s, "backend": a.backend,
+                      "device": str(dev)}), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
