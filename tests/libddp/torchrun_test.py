@@ -1,19 +1,25 @@
-"""torchrun itself, PyTorch 2.x's (the venv's), launches ddp-trainer and a libddp
-program with its defaults: `--standalone` c10d rendezvous on a free port, the agent's
-store shared with the ranks (TORCHELASTIC_USE_AGENT_STORE=True). Both train to the
-per-step losses of PyTorch's own DDP (both references, within 1e-5), as under ddp.
+"""torchrun itself, PyTorch 2.x's (the venv's), launches ddp-trainer and libddp
+programs with its defaults: `--standalone` c10d rendezvous on a free port, the agent's
+store shared with the ranks (TORCHELASTIC_USE_AGENT_STORE=True). ddp-trainer and the
+parity program train to the per-step losses of PyTorch's own DDP (both references,
+within 1e-5), as under ddp; examples/cpp's program (FASHION_PROGRAM) trains to the
+per-step losses it has as a command job on a real ddp cluster (a coordinator and a
+worker with 2 slots, on loopback), rank by rank within 1e-5.
 
-    <venv>/bin/python torchrun_test.py DDP_TRAINER PARITY_PROGRAM SOURCE_DIR
+    <venv>/bin/python torchrun_test.py DDP_TRAINER PARITY_PROGRAM SOURCE_DIR FASHION_PROGRAM
 
 Run by ctest in the PyPI flavour's build (its torchrun and its LibTorch are one torch).
 """
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 
-trainer, program, source = (os.path.abspath(a) for a in sys.argv[1:4])
+trainer, program, source, fashion = (os.path.abspath(a) for a in sys.argv[1:5])
+bindir = os.path.dirname(trainer)  # ddp-coordinator, ddp-worker and ddpctl are beside it.
 fixtures = os.path.join(source, "tests", "fixtures")
 torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
 failures = []
@@ -73,8 +79,82 @@ for ref in ("libddp_parity.json", os.path.join("torch2", "libddp_parity.json")):
         got = [e["loss"] for e in events[rank] if e["type"] == "step"]
         near("libddp program rank %d against %s" % (rank, ref), got, reference[rank]["losses"])
 
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def ddp_command_job(argv, tmp):
+    """ARGV as a 2-rank command job on a real local cluster: {rank: [step losses]}."""
+    addr = "127.0.0.1:%d" % free_port()
+    procs = []
+    try:
+        for name, cmd in (("coordinator", ["ddp-coordinator", "--listen", addr, "--state-dir",
+                                           os.path.join(tmp, "state")]),
+                          ("worker", ["ddp-worker", "--coordinator", addr, "--name", "node",
+                                      "--slots", "2", "--work-dir", os.path.join(tmp, "work")])):
+            log = open(os.path.join(tmp, name + ".log"), "w")
+            procs.append(subprocess.Popen([os.path.join(bindir, cmd[0])] + cmd[1:], stdout=log,
+                                          stderr=subprocess.STDOUT))
+
+        def ctl(*args):
+            r = subprocess.run([os.path.join(bindir, "ddpctl")] + list(args) +
+                               ["--coordinator", addr], capture_output=True, text=True)
+            return r.stdout if r.returncode == 0 else None
+
+        deadline = time.time() + 60
+        while "1 alive" not in (ctl("workers", "--summary") or ""):
+            if time.time() > deadline:
+                sys.exit("FAIL: the local cluster did not come up")
+            time.sleep(0.2)
+        spec = os.path.join(tmp, "job.yaml")
+        with open(spec, "w") as f:
+            f.write("name: fashion-example\nnodes: 1\nnproc_per_node: 2\nworkdir: %s\n"
+                    "command: %s\n" % (tmp, json.dumps(argv)))
+        job = json.loads(ctl("submit", spec, "-o", "json"))["id"]
+        deadline = time.time() + 300
+        while True:
+            j = json.loads(ctl("get", job, "--history", "-o", "json"))
+            if j["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
+                break
+            if time.time() > deadline:
+                sys.exit("FAIL: the command job did not end in 300 s")
+            time.sleep(0.5)
+        if j["state"] != "SUCCEEDED":
+            sys.exit("FAIL: the command job %s: %s\n%s" % (j["state"], j.get("reason"),
+                                                          ctl("logs", job) or ""))
+        losses = {0: {}, 1: {}}
+        for m in j.get("history", []):
+            losses[int(m.get("rank", 0))][int(m.get("global_step", 0))] = m["loss"]
+        return {r: [losses[r][k] for k in sorted(losses[r])] for r in losses}
+    finally:
+        for p in reversed(procs):  # The worker first: it stops its ranks.
+            p.terminate()
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+# examples/cpp's program (a residual CNN on Fashion-MNIST), under torchrun and under ddp.
+fashion_args = ["--data", "/usr/share/datasets/fashion-mnist", "--epochs", "1", "--limit", "512",
+                "--batch-size", "32", "--threads", "1"]
+with tempfile.TemporaryDirectory() as cwd:
+    events = run([fashion] + fashion_args, cwd, {"DDP_REPORT_STDOUT": "1"})
+    under_ddp = ddp_command_job([fashion] + fashion_args, cwd)
+for rank in (0, 1):
+    got = [e["loss"] for e in events[rank] if e["type"] == "step"]
+    if not got:
+        failures.append("examples/cpp rank %d: no step events under torchrun" % rank)
+    near("examples/cpp rank %d under torchrun against the same program as a ddp command job"
+         % rank, got, under_ddp[rank])
+
 if failures:
     sys.exit("FAIL:\n  " + "\n  ".join(failures))
 import torch  # noqa: E402 (only to name the torchrun that ran)
-print("ok: torchrun of torch %s started ddp-trainer and a libddp program to the references' "
-      "losses" % torch.__version__)
+print("ok: torchrun of torch %s started ddp-trainer and the parity program to the references' "
+      "losses, and examples/cpp to its losses under ddp" % torch.__version__)
