@@ -15,10 +15,10 @@
 
 #include "common/flags.h"
 #include "common/jobspec/job_spec.h"
-#include "trainer/dataset.h"
-#include "trainer/model.h"
 #include "libddp/engine/optimizer.h"
 #include "libddp/engine/sampler.h"
+#include "trainer/dataset.h"
+#include "trainer/model.h"
 
 namespace {
 

@@ -1,7 +1,8 @@
-// libddp's inside: how the public classes hold the engine (worker/trainer's Comm,
-// GradientReducer, CheckpointKeeper), and the bridge between the engine's
-// absl::Status and the public ddp::Error. Not installed: ddp-trainer, the library's
-// first client, includes it to reach the engine behind the public objects it makes.
+// libddp's inside: how the public classes hold the engine (its Comm, GradientReducer,
+// CheckpointKeeper), and the bridge between the engine's absl::Status and the public
+// ddp::Error. Part of the internal target ddp_engine, not installed: ddp-trainer, the
+// library's first client, includes it to reach the engine behind the public objects it
+// makes (decision 139). The functions declared here are defined in libddp/src.
 #ifndef DDP_LIBDDP_ENGINE_API_BRIDGE_H_
 #define DDP_LIBDDP_ENGINE_API_BRIDGE_H_
 
@@ -15,8 +16,8 @@
 #include "ddp/error.h"
 #include "ddp/process_group.h"
 #include "libddp/engine/comm.h"
-#include "libddp/engine/reducer.h"
 #include "libddp/engine/environment.h"
+#include "libddp/engine/reducer.h"
 
 namespace ddp {
 
