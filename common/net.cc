@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -100,6 +101,30 @@ std::string LocalHostname() {
   if (::gethostname(buf, sizeof(buf)) != 0) return "localhost";
   buf[sizeof(buf) - 1] = '\0';
   return buf;
+}
+
+std::string InterfaceOfAddress(const std::string& ip) {
+  in_addr v4{};
+  in6_addr v6{};
+  const bool is4 = inet_pton(AF_INET, ip.c_str(), &v4) == 1;
+  const bool is6 = !is4 && inet_pton(AF_INET6, ip.c_str(), &v6) == 1;
+  if (!is4 && !is6) return "";
+  ifaddrs* all = nullptr;
+  if (getifaddrs(&all) != 0) return "";
+  std::string name;
+  for (ifaddrs* a = all; a != nullptr && name.empty(); a = a->ifa_next) {
+    if (a->ifa_addr == nullptr) continue;
+    if (is4 && a->ifa_addr->sa_family == AF_INET &&
+        reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr.s_addr == v4.s_addr) {
+      name = a->ifa_name;
+    } else if (is6 && a->ifa_addr->sa_family == AF_INET6 &&
+               std::memcmp(&reinterpret_cast<sockaddr_in6*>(a->ifa_addr)->sin6_addr, &v6,
+                           sizeof(v6)) == 0) {
+      name = a->ifa_name;
+    }
+  }
+  freeifaddrs(all);
+  return name;
 }
 
 }  // namespace ddp

@@ -31,6 +31,11 @@ bool IsLoopbackHost(const std::string& host);
 // The machine's host name, for worker registration defaults.
 std::string LocalHostname();
 
+// The name of this machine's network interface that holds the address `ip` (an IPv4
+// or IPv6 literal: "10.0.0.2" -> "eth0", "127.0.0.1" -> "lo"); empty when no interface
+// holds it or `ip` is not an address literal.
+std::string InterfaceOfAddress(const std::string& ip);
+
 }  // namespace ddp
 
 #endif  // DDP_COMMON_NET_H_

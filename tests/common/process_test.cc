@@ -153,6 +153,13 @@ TEST(NetTest, ParsesHostPortForms) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("0..65535")));
 }
 
+TEST(NetTest, NamesTheInterfaceOfAnAddress) {
+  EXPECT_EQ(InterfaceOfAddress("127.0.0.1"), "lo");
+  EXPECT_EQ(InterfaceOfAddress("192.0.2.77"), "");  // TEST-NET-1: no interface here has it.
+  EXPECT_EQ(InterfaceOfAddress("node-a"), "");      // Not an address literal.
+  EXPECT_EQ(InterfaceOfAddress(""), "");
+}
+
 TEST(NetTest, PicksABindablePort) {
   DDP_ASSERT_OK_AND_ASSIGN(int port, PickFreePort("127.0.0.1"));
   EXPECT_GT(port, 0);

@@ -218,6 +218,22 @@ TEST_F(LaunchPlanTest, TheJobChoosesItsThreadsAndPythonPathIsAppended) {
   EXPECT_EQ(env.count("PYTHONPATH"), 0u);
 }
 
+TEST_F(LaunchPlanTest, GlooListensOnTheAdvertisedInterfaceUnlessTheWorkerOrJobSaysElse) {
+  JobSpec spec;
+  spec.command = {"python3"};
+  v1::Task task = TwoNodeTask();
+  RankEnvOptions o;
+  EXPECT_EQ(RankEnvironment(task, 0, spec, /*command=*/true, o).count("GLOO_SOCKET_IFNAME"), 0u);
+  o.gloo_socket_ifname = "eth1";  // The interface of --advertise-addr.
+  EXPECT_EQ(RankEnvironment(task, 0, spec, /*command=*/true, o)["GLOO_SOCKET_IFNAME"], "eth1");
+  EXPECT_EQ(RankEnvironment(task, 0, JobSpec{}, /*command=*/false, o)["GLOO_SOCKET_IFNAME"],
+            "eth1");
+  o.base_env["GLOO_SOCKET_IFNAME"] = "bond0";  // The operator's, passed to ranks.
+  EXPECT_EQ(RankEnvironment(task, 0, spec, /*command=*/true, o)["GLOO_SOCKET_IFNAME"], "bond0");
+  (*task.mutable_env())["GLOO_SOCKET_IFNAME"] = "ib0";  // The job's own.
+  EXPECT_EQ(RankEnvironment(task, 0, spec, /*command=*/true, o)["GLOO_SOCKET_IFNAME"], "ib0");
+}
+
 TEST_F(LaunchPlanTest, TheRunIdIsTheJobIdWithoutAnRdzvIdAndGpusAreTheWorkers) {
   v1::Task task = TwoNodeTask();
   task.clear_rdzv_id();

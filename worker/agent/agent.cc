@@ -195,6 +195,7 @@ void Agent::Reconcile(const v1::HeartbeatResponse& desired) {
     o.node_has_gpus = !options_.gpus.empty();
     o.exec = options_.exec;
     o.python_path = options_.python_path;
+    o.gloo_socket_ifname = options_.gloo_socket_ifname;
     o.ledger = options_.ledger;
     auto task = TrainerTask::Start(t, o, pump_.get());
     ++tasks_started_;

@@ -49,6 +49,9 @@ namespace ddp {
 struct AgentOptions {
   std::string name;            // Unique in the cluster.
   std::string advertise_addr;  // Where this node's rank 0 can be reached.
+  // The interface holding advertise_addr when it is not loopback: the ranks'
+  // GLOO_SOCKET_IFNAME unless set (launch_plan.h). Empty: none.
+  std::string gloo_socket_ifname;
   int slots = 1;
   std::vector<GpuDevice> gpus;  // The node's GPUs (GpuInventory); empty on a CPU node.
   int cpus = 1;                // Cores for trainers; split evenly over slots.

@@ -140,6 +140,7 @@ std::map<std::string, std::string> RankEnvironment(const v1::Task& task, int loc
   l.attempt = task.attempt();
   l.node = options.node;
   for (auto& [k, v] : LaunchEnvironment(l)) out[k] = std::move(v);
+  if (!options.gloo_socket_ifname.empty()) out.emplace("GLOO_SOCKET_IFNAME", options.gloo_socket_ifname);
   // Exactly the rank's own GPU (by UUID, stable across reboots and PCI order), which
   // it then sees as cuda:0; none for a CPU rank on a GPU node. Set after the job's
   // env: a job cannot reach a GPU it was not given.

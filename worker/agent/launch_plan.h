@@ -78,6 +78,11 @@ struct RankEnvOptions {
   int threads_per_rank = 1;                     // The built-in trainer's OMP default.
   bool node_has_gpus = false;
   std::string python_path;  // Appended to a command job's PYTHONPATH (ddp_report.py).
+  // GLOO_SOCKET_IFNAME for every rank unless the worker's or the job's environment sets
+  // it: the interface of the worker's advertised address, so that Gloo (ddp's and
+  // PyTorch's) listens where the other hosts reach this one, not where the host name
+  // happens to resolve (Debian: 127.0.1.1). Empty: not set.
+  std::string gloo_socket_ifname;
 };
 
 // The whole environment of local rank `local` of `task`: the worker's variables, the

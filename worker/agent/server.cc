@@ -195,6 +195,20 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
   }
   if (opts.advertise_addr.empty()) opts.advertise_addr = RouteAddressTo(target->host, target->port);
   if (opts.advertise_addr.empty()) opts.advertise_addr = LocalHostname();
+  // Ranks' Gloo listens on the interface other hosts reach this one at (a host name
+  // that resolves to loopback would make it listen there alone). The operator's own
+  // GLOO_SOCKET_IFNAME, passed to ranks, and a job's, win.
+  if (!IsLoopbackHost(opts.advertise_addr) && !opts.trainer_env.count("GLOO_SOCKET_IFNAME")) {
+    opts.gloo_socket_ifname = InterfaceOfAddress(opts.advertise_addr);
+    if (opts.gloo_socket_ifname.empty()) {
+      DDP_LOG(WARNING) << "--advertise-addr " << opts.advertise_addr
+                       << " is not an address of this host's interfaces: ranks' Gloo binds "
+                          "where the host name resolves; set GLOO_SOCKET_IFNAME for multi-host jobs";
+    } else {
+      DDP_LOG(INFO) << "ranks' Gloo binds " << opts.gloo_socket_ifname << " (the interface of "
+                    << opts.advertise_addr << ")";
+    }
+  }
   if (opts.trainer_path.empty()) opts.trainer_path = DefaultTrainerPath(argv0);
   if (access(opts.trainer_path.c_str(), X_OK) != 0) {
     return absl::InvalidArgumentError("--trainer: cannot execute " + opts.trainer_path);

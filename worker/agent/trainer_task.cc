@@ -106,6 +106,7 @@ std::unique_ptr<TrainerTask> TrainerTask::Start(const v1::Task& task,
   eo.threads_per_rank = options.threads_per_rank;
   eo.node_has_gpus = options.node_has_gpus;
   eo.python_path = options.python_path;
+  eo.gloo_socket_ifname = options.gloo_socket_ifname;
   for (int local = 0; local < local_world; ++local) {
     SpawnOptions o;
     o.argv = plan->argv;

@@ -45,6 +45,8 @@ struct TrainerTaskOptions {
   ExecPolicy exec;
   // Appended to command jobs' PYTHONPATH: the directory of ddp_report.py.
   std::string python_path;
+  // The ranks' GLOO_SOCKET_IFNAME unless set (RankEnvOptions); empty: none.
+  std::string gloo_socket_ifname;
   // Where each rank's process group is recorded while the task lives (rank_ledger.h);
   // null: not recorded.
   RankLedger* ledger = nullptr;

@@ -1,0 +1,168 @@
+"""Test hosts as Linux network namespaces: a multi-host harness for ddp's tests.
+
+    with Hosts(3) as hosts:            # h0, h1, h2: 10.<a>.<b>.1, .2, .3 on one bridge
+        p = hosts.spawn(1, ["ddp-worker", ...], log="w1.log")
+        hosts.run(2, ["ddpctl", "get", ...])
+        hosts[1].addr                    # "10.<a>.<b>.2"
+
+Each host is a namespace of its own with loopback and one veth ("eth0"), whose other end
+is a port of a bridge inside a further namespace (the switch), so nothing of the
+machine's own network is touched, and every address is one the test assigned: traffic
+goes only between these hosts. Names carry a per-run tag, so runs in parallel do not
+meet. Everything is removed on exit from the `with` block, on SIGTERM/SIGINT, and at
+interpreter exit: the processes started through spawn() (each in a process group of
+its own, killed with it), then the namespaces (which takes their links along).
+
+Needs root and iproute2; `Hosts.unavailable()` says why not, for a test to skip on.
+"""
+import atexit
+import os
+import random
+import signal
+import subprocess
+import time
+
+SKIP = 77  # ctest's SKIP_RETURN_CODE for these tests.
+
+
+def _ip(*args, check=True):
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+
+
+class Host:
+    def __init__(self, ns, addr, index):
+        self.ns, self.addr, self.index = ns, addr, index
+
+
+class Hosts:
+    @staticmethod
+    def unavailable():
+        """Why namespaces cannot be made here, or None."""
+        if os.geteuid() != 0:
+            return "network namespaces need root (ip netns add)"
+        if subprocess.run(["which", "ip"], capture_output=True).returncode != 0:
+            return "iproute2's ip is not installed"
+        tag = "ddpprobe%d" % os.getpid()
+        r = _ip("netns", "add", tag, check=False)
+        if r.returncode != 0:
+            return "ip netns add failed: " + r.stderr.strip()
+        _ip("netns", "del", tag, check=False)
+        return None
+
+    def __init__(self, n):
+        self.tag = "%x" % random.getrandbits(24)
+        # A /24 per run: 10.<a>.<b>.0/24, hosts .1 .. .n.
+        a, b = 100 + random.randrange(100), random.randrange(256)
+        self.prefix = "10.%d.%d" % (a, b)
+        self.switch = "ddpsw-" + self.tag
+        self.hosts = []
+        self.procs = []
+        self._closed = False
+        atexit.register(self.close)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        try:
+            self._make(n)
+        except BaseException:
+            self.close()
+            raise
+
+    def _on_signal(self, signum, frame):
+        self.close()
+        raise SystemExit(128 + signum)
+
+    def _make(self, n):
+        _ip("netns", "add", self.switch)
+        self._in(self.switch, "ip", "link", "add", "br0", "type", "bridge")
+        self._in(self.switch, "ip", "link", "set", "br0", "up")
+        for i in range(n):
+            ns = "ddph%d-%s" % (i, self.tag)
+            _ip("netns", "add", ns)
+            self.hosts.append(Host(ns, "%s.%d" % (self.prefix, i + 1), i))
+            port = "p%d" % i
+            # The veth is made inside the host's namespace, its peer moved to the switch.
+            self._in(ns, "ip", "link", "add", "eth0", "type", "veth", "peer", "name", port)
+            self._in(ns, "ip", "link", "set", port, "netns", self.switch)
+            self._in(self.switch, "ip", "link", "set", port, "master", "br0")
+            self._in(self.switch, "ip", "link", "set", port, "up")
+            self._in(ns, "ip", "addr", "add", self.hosts[-1].addr + "/24", "dev", "eth0")
+            self._in(ns, "ip", "link", "set", "eth0", "up")
+            self._in(ns, "ip", "link", "set", "lo", "up")
+        # A bridge without STP forwards at once; a test waits for its own services
+        # (wait_listening) rather than for the links.
+
+    def _in(self, ns, *argv):
+        subprocess.run(["ip", "netns", "exec", ns, *argv], check=True, capture_output=True)
+
+    def __getitem__(self, i):
+        return self.hosts[i]
+
+    def __len__(self):
+        return len(self.hosts)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def argv(self, i, argv):
+        return ["ip", "netns", "exec", self.hosts[i].ns, *argv]
+
+    def spawn(self, i, argv, log=None, env=None):
+        """Starts argv on host i (in a process group of its own); output to `log`."""
+        out = open(log, "w") if log else subprocess.DEVNULL
+        p = subprocess.Popen(self.argv(i, argv), stdout=out, stderr=subprocess.STDOUT, env=env,
+                             start_new_session=True)
+        self.procs.append(p)
+        return p
+
+    def run(self, i, argv, timeout=60, env=None):
+        """Runs argv on host i to its end: the CompletedProcess (text, not checked)."""
+        return subprocess.run(self.argv(i, argv), capture_output=True, text=True,
+                              timeout=timeout, env=env)
+
+    def wait_listening(self, i, addr, port, timeout=30):
+        """Waits until a TCP connect from host i to addr:port succeeds."""
+        probe = ("import socket, sys\n"
+                 "s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=1)")
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if subprocess.run(self.argv(i, ["python3", "-c", probe, addr, str(port)]),
+                              capture_output=True).returncode == 0:
+                return
+            time.sleep(0.2)
+        raise RuntimeError("host %d: nothing listens on %s:%d after %d s" % (i, addr, port, timeout))
+
+    def stop(self, p, timeout=30):
+        """SIGTERM to p's process group, SIGKILL after `timeout`."""
+        if p.poll() is not None:
+            return
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        except ProcessLookupError:
+            pass
+
+    def close(self):
+        if self._closed:
+            return
+        self._closed = True
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait()
+        for h in self.hosts:
+            _ip("netns", "del", h.ns, check=False)
+        _ip("netns", "del", self.switch, check=False)
+
+    def leftovers(self):
+        """Namespaces of this run still present (none after close())."""
+        names = _ip("netns", "list", check=False).stdout
+        return [line.split()[0] for line in names.splitlines() if self.tag in line]
