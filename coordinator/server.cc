@@ -141,6 +141,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   // Thousands of agents each send a small RPC a second: bandwidth probing (a PING
   // per read, and its ack) would cost more syscalls than the RPCs themselves.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  // Agents' keepalive pings (worker/agent/coordinator_client.h: every 5 s, also
+  // without calls) are welcome: by default gRPC answers pings more often than every
+  // 5 minutes without data with GOAWAY "too_many_pings".
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 4000);
   builder.AddListeningPort(options.listen, *credentials, &s->port_);
   builder.RegisterService(s->job_service_.get());
   builder.RegisterService(s->worker_service_.get());

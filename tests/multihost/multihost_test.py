@@ -69,7 +69,7 @@ def main(tmp):
         while True:
             workers = json.loads(ctl("workers", "-o", "json"))
             workers = workers.get("workers", workers) if isinstance(workers, dict) else workers
-            if len([w for w in workers if w.get("state", "ALIVE") in ("ALIVE", "WORKER_ALIVE")]) >= 2:
+            if len([w for w in workers if w.get("alive")]) >= 2:
                 break
             if time.time() > deadline:
                 raise RuntimeError("the workers did not register: %s" % workers)

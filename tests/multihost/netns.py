@@ -4,6 +4,7 @@
         p = hosts.spawn(1, ["ddp-worker", ...], log="w1.log")
         hosts.run(2, ["ddpctl", "get", ...])
         hosts[1].addr                    # "10.<a>.<b>.2"
+    hosts.cut(2); ...; hosts.heal(2)    # host 2 off the network, silently, and back
 
 Each host is a namespace of its own with loopback and one veth ("eth0"), whose other end
 is a port of a bridge inside a further namespace (the switch), so nothing of the
@@ -133,6 +134,17 @@ class Hosts:
                 return
             time.sleep(0.2)
         raise RuntimeError("host %d: nothing listens on %s:%d after %d s" % (i, addr, port, timeout))
+
+    def cut(self, i):
+        """Cuts host i off from every other host, both ways, silently: its switch port
+        leaves the bridge, while both ends of its link stay up (no carrier loss the host
+        could notice), so what it sends is lost, as behind a failed switch or a firewall
+        that drops. Its processes and connections live on."""
+        self._in(self.switch, "ip", "link", "set", "p%d" % i, "nomaster")
+
+    def heal(self, i):
+        """Undoes cut(i)."""
+        self._in(self.switch, "ip", "link", "set", "p%d" % i, "master", "br0")
 
     def stop(self, p, timeout=30):
         """SIGTERM to p's process group, SIGKILL after `timeout`."""

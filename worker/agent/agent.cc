@@ -99,6 +99,13 @@ void Agent::WaitForWork(absl::Duration timeout) {
 
 void Agent::SetReachable(bool reachable) {
   if (reachable_ == reachable) return;
+  if (!reachable) {
+    unreachable_since_ = clock_->Now();
+  } else if (reachable_.has_value()) {  // Back, not the first contact.
+    DDP_LOG(INFO) << "coordinator reachable again after "
+                  << absl::FormatDuration(absl::Trunc(clock_->Now() - unreachable_since_,
+                                                      absl::Milliseconds(100)));
+  }
   reachable_ = reachable;
   if (on_reachable_) on_reachable_(reachable);
 }

@@ -150,6 +150,7 @@ class Agent {
   bool woken_ ABSL_GUARDED_BY(wake_mu_) = false;
   std::function<void(bool)> on_reachable_;
   std::optional<bool> reachable_;  // Last value given to on_reachable_.
+  absl::Time unreachable_since_;     // When reachable_ last became false.
 
   bool registered_ = false;
   absl::Duration heartbeat_interval_ = absl::Seconds(1);

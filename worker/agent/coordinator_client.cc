@@ -25,6 +25,10 @@ grpc::ChannelArguments CoordinatorChannelArgs() {
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, Millis(kMaxReconnectBackoff));
   // gRPC's "min reconnect backoff" is the shortest time a connection attempt is given.
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, Millis(kConnectTimeout));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, Millis(kKeepaliveTime));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, Millis(kKeepaliveTimeout));
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);  // Ping however idle the channel.
   return args;
 }
 

@@ -48,7 +48,19 @@ inline constexpr absl::Duration kMaxReconnectBackoff = absl::Seconds(1);  // gRP
 inline constexpr absl::Duration kConnectTimeout = absl::Seconds(2);  // Per attempt (a blackhole).
 inline constexpr absl::Duration kMaxConnectDelay = kConnectTimeout;  // >= 1.2 * kMaxReconnectBackoff.
 
-// The channel arguments that bound reconnection (above): pass them to MakeChannel.
+// HTTP/2 keepalive: a ping after kKeepaliveTime without one, the connection closed when
+// its ack is not back within kKeepaliveTimeout. A connection that a silent cut (a
+// dropping firewall, a dead switch port) left open is so found dead within
+// kKeepaliveTime + kKeepaliveTimeout and the channel starts reconnecting (bounded as
+// above): once the cut heals the worker is back within about kMaxConnectDelay, however
+// long the cut lasted. Without it, the old connection waited on TCP's retransmission
+// back-off (11.6 s back after a 15 s cut, more than 42 s after a 60 s one). The
+// coordinator accepts pings this often (coordinator/server.cc).
+inline constexpr absl::Duration kKeepaliveTime = absl::Seconds(5);
+inline constexpr absl::Duration kKeepaliveTimeout = absl::Seconds(3);
+
+// The channel arguments that bound reconnection and keep the connection alive
+// (above): pass them to MakeChannel.
 grpc::ChannelArguments CoordinatorChannelArgs();
 
 // `target` is HOST:PORT. The channel reconnects by itself (as above); calls fail fast
