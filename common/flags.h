@@ -1,6 +1,6 @@
 // A small command-line flag parser for ddp's binaries.
 //
-// absl::flags cannot spell the flag names users see in design.md (`--state-dir`,
+// absl::flags cannot spell the flag names users see in the docs (`--state-dir`,
 // `--advertise-addr`), so each main.cc declares its flags on a FlagSet bound to the
 // fields of an options struct, then parses argv:
 //

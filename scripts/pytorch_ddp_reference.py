@@ -85,7 +85,7 @@ def read_idx(images, labels):
 
 
 def load_data(spec, loss):
-    """design.md's split and standardization, as trainer/dataset.cc does."""
+    """The split and standardization of docs/trainer.md (Data split), as trainer/dataset.cc does."""
     import torch
     d = spec["data"]
     val = None

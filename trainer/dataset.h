@@ -1,6 +1,6 @@
 // Training data in memory: CSV tables, IDX image sets (MNIST / Fashion-MNIST, gzip
 // allowed) and synthetic classification data, split and standardized exactly as
-// design.md says, plus a batch assembler that gathers a batch into preallocated
+// docs/trainer.md says (Data split), plus a batch assembler that gathers a batch into preallocated
 // tensors (no per-sample allocation in the training loop).
 #ifndef DDP_TRAINER_DATASET_H_
 #define DDP_TRAINER_DATASET_H_

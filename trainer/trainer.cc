@@ -201,7 +201,7 @@ absl::Status TrainerImpl::Setup() {
   sampler_.rank = env_.rank;
   sampler_.shuffle = spec_.train.shuffle;
   sampler_.seed = spec_.train.seed;
-  sampler_.drop_last = false;  // design.md: the sampler pads; train.drop_last drops batches.
+  sampler_.drop_last = false;  // The sampler pads (as PyTorch's); train.drop_last drops batches.
   if (!spec_.checkpoint.dir.empty()) {
     keeper_ = std::make_unique<CheckpointKeeper>(spec_.checkpoint, spec_.checkpoint.dir, env_,
                                                  &comm(), device_.device);

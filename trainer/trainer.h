@@ -1,7 +1,7 @@
 // ddp-trainer's training loop: one rank of a data-parallel job.
 //
 // Lifecycle (Run):
-//   load data (design.md split) -> seed train.seed, build model -> rendezvous + process
+//   load data (docs/trainer.md's split) -> seed train.seed, build model -> rendezvous + process
 //   group -> broadcast parameters and buffers from rank 0 -> optimizer -> resume from
 //   the newest checkpoint any rank holds (CheckpointKeeper) -> for each epoch:
 //   DistributedSampler order, steps of grad_accum_steps micro-batches (gradients

@@ -5,7 +5,7 @@
 // JSON name, member, and the note docs/trainer.md shows. Everything else is derived
 // from that list by visitors:
 //   - the trainer's serializer (EventSink::Emit: one JSON object per line on the
-//     descriptor named by DDP_EVENTS_FD, or stdout; design.md's format),
+//     descriptor named by DDP_EVENTS_FD, or stdout; the format in docs/trainer.md),
 //   - the agent's parser (worker/agent/trainer_event_parser.h), which checks a line
 //     field by field (unknown and missing fields are reported, not ignored) and maps
 //     it into v1::TrainerEvent by field name, so the proto relays a subset of these

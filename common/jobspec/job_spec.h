@@ -4,7 +4,7 @@
 // time), the coordinator (re-validates what it stores) and ddp-trainer (reads the same
 // file users submit). No LibTorch and no gRPC here.
 //
-// Names are design.md's; fields beyond it are documented in docs/job-spec.md.
+// Names are job.yaml's, all documented in docs/job-spec.md (*ext*: ddp's extensions).
 // Defaults follow PyTorch's where PyTorch has one (DataLoader drop_last=False,
 // Adam lr=1e-3, AdamW weight_decay=1e-2, ...).
 #ifndef DDP_COMMON_JOBSPEC_JOB_SPEC_H_
@@ -83,7 +83,7 @@ struct SyntheticSpec {
 };
 
 struct ValidationSpec {
-  double fraction = 0.0;  // Held out from the training data (design.md split).
+  double fraction = 0.0;  // Held out from the training data (docs/trainer.md, Data split).
   bool has_idx = false;   // Or a separate IDX set (e.g. Fashion-MNIST's t10k files).
   IdxSpec idx;
 };

@@ -14,7 +14,7 @@ using ::ddp::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-// design.md's example, verbatim.
+// The original job.yaml contract's example, verbatim (docs/job-spec.md).
 constexpr char kDesignExample[] = R"(name: cancer-ddp
 rdzv_id: cancer-2026        # optional; default: the job id. A live rdzv_id can't be reused.
 nodes: 2                    # or "1:4" (elastic min:max)
