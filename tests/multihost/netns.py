@@ -12,13 +12,16 @@ machine's own network is touched, and every address is one the test assigned: tr
 goes only between these hosts. Names carry a per-run tag, so runs in parallel do not
 meet. Everything is removed on exit from the `with` block, on SIGTERM/SIGINT, and at
 interpreter exit: the processes started through spawn() (each in a process group of
-its own, killed with it), then the namespaces (which takes their links along).
+its own, killed with it), then the namespaces (which takes their links along). A run
+killed outright (SIGKILL) leaves its namespaces, named with its pid; the next run
+removes those of processes that are gone.
 
 Needs root and iproute2; `Hosts.unavailable()` says why not, for a test to skip on.
 """
 import atexit
 import os
 import random
+import re
 import signal
 import subprocess
 import time
@@ -28,6 +31,19 @@ SKIP = 77  # ctest's SKIP_RETURN_CODE for these tests.
 
 def _ip(*args, check=True):
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+
+
+_NAME = re.compile(r"^ddp(?:sw|h\d+)-(\d+)-[0-9a-f]+$")
+
+
+def _sweep_orphans():
+    """Removes the namespaces of earlier runs whose process is gone."""
+    listing = _ip("netns", "list", check=False).stdout
+    for line in listing.splitlines():
+        name = line.split()[0] if line.split() else ""
+        m = _NAME.match(name)
+        if m and not os.path.exists("/proc/%s" % m.group(1)):
+            _ip("netns", "del", name, check=False)
 
 
 class Host:
@@ -51,7 +67,10 @@ class Hosts:
         return None
 
     def __init__(self, n):
-        self.tag = "%x" % random.getrandbits(24)
+        _sweep_orphans()
+        # The creating process's pid is in every name: a run killed with SIGKILL (which
+        # no handler sees) leaves namespaces that the next run removes (_sweep_orphans).
+        self.tag = "%d-%x" % (os.getpid(), random.getrandbits(16))
         # A /24 per run: 10.<a>.<b>.0/24, hosts .1 .. .n.
         a, b = 100 + random.randrange(100), random.randrange(256)
         self.prefix = "10.%d.%d" % (a, b)
