@@ -23,6 +23,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ddp_on_hosts import Checks, DdpOnHosts  # noqa: E402
 from netns import SKIP, Hosts  # noqa: E402
 
 bindir, source = (os.path.abspath(a) for a in sys.argv[1:3])
@@ -31,44 +32,24 @@ if why:
     print("SKIP: " + why)
     sys.exit(SKIP)
 
-failures = []
-
-
-def check(ok, what):
-    print(("ok: " if ok else "FAIL: ") + what, flush=True)
-    if not ok:
-        failures.append(what)
+check = Checks()
 
 
 def main(tmp):
     with Hosts(4) as hosts:
-        coord, w1, w2, client = hosts[0], hosts[1], hosts[2], hosts[3]
-        port = 7700
-        addr = "%s:%d" % (coord.addr, port)
-        # Plaintext on the test's own bridge (--insecure; command jobs allowed by name).
-        hosts.spawn(0, [os.path.join(bindir, "ddp-coordinator"), "--listen", addr,
-                        "--state-dir", os.path.join(tmp, "state"), "--insecure",
-                        "--command-jobs", "users"],
-                    log=os.path.join(tmp, "coordinator.log"))
-        for h, name in ((w1, "w1"), (w2, "w2")):
-            hosts.spawn(h.index, [os.path.join(bindir, "ddp-worker"), "--coordinator", addr,
-                                  "--name", name, "--advertise-addr", h.addr, "--slots", "1",
-                                  "--allow-exec", "/usr/bin/python3",
-                                  "--work-dir", os.path.join(tmp, "work-" + name)],
-                        log=os.path.join(tmp, name + ".log"))
+        w1, w2, client = hosts[1], hosts[2], hosts[3]
+        # Command jobs are off by default with --insecure on a non-loopback address.
+        ddp = DdpOnHosts(hosts, bindir, tmp, workers={1: "w1", 2: "w2"},
+                         coordinator_args=("--command-jobs", "users"),
+                         worker_args=("--slots", "1", "--allow-exec", "/usr/bin/python3"))
 
         def ctl(*args, timeout=60):
-            r = hosts.run(client.index, [os.path.join(bindir, "ddpctl"), *args,
-                                         "--coordinator", addr], timeout=timeout)
-            if r.returncode != 0:
-                raise RuntimeError("ddpctl %s: %s" % (" ".join(args), r.stderr.strip()))
-            return r.stdout
+            return ddp.ctl(client.index, *args, timeout=timeout)
 
-        hosts.wait_listening(client.index, coord.addr, port)
+        ddp.wait_listening(client.index)
         deadline = time.time() + 60
         while True:
-            workers = json.loads(ctl("workers", "-o", "json"))
-            workers = workers.get("workers", workers) if isinstance(workers, dict) else workers
+            workers = ddp.workers(client.index) or []
             if len([w for w in workers if w.get("alive")]) >= 2:
                 break
             if time.time() > deadline:
@@ -77,7 +58,7 @@ def main(tmp):
         addrs = {w["name"]: w.get("address") for w in workers}
         check(addrs == {"w1": w1.addr, "w2": w2.addr},
               "the workers registered with their hosts' addresses: %s" % addrs)
-        for line in open(os.path.join(tmp, "w1.log")):
+        for line in open(ddp.log_path("w1")):
             if "Gloo binds" in line:
                 check("eth0" in line, "w1 says where ranks' Gloo binds: " + line.strip())
                 break
@@ -128,6 +109,4 @@ try:
     main(tmp)
 finally:
     shutil.rmtree(tmp, ignore_errors=True)
-if failures:
-    sys.exit("FAIL:\n  " + "\n  ".join(failures))
-print("PASS")
+check.exit()

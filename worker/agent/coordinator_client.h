@@ -54,7 +54,8 @@ inline constexpr absl::Duration kMaxConnectDelay = kConnectTimeout;  // >= 1.2 *
 // kKeepaliveTime + kKeepaliveTimeout and the channel starts reconnecting (bounded as
 // above): once the cut heals the worker is back within about kMaxConnectDelay, however
 // long the cut lasted. Without it, the old connection waited on TCP's retransmission
-// back-off (11.6 s back after a 15 s cut, more than 42 s after a 60 s one). The
+// back-off (back 7.6 s after a 20 s cut healed; issue 30 saw 11.6 s after a 15 s cut
+// and more than 42 s after a 60 s one). The
 // coordinator accepts pings this often (coordinator/server.cc).
 inline constexpr absl::Duration kKeepaliveTime = absl::Seconds(5);
 inline constexpr absl::Duration kKeepaliveTimeout = absl::Seconds(3);
