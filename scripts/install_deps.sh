@@ -24,6 +24,7 @@ packages=(
   python3 python3-torch python3-yaml    # reference fixtures and the PyTorch benchmark
   slurmctld slurmd slurm-client munge  # tests: deploy/slurm against a real one-node Slurm
   dataset-fashion-mnist
+  iptables libnetfilter-queue-dev       # tests/multihost: cuts, and slow links (ddp-test-netem)
 )
 
 sudo_cmd=()

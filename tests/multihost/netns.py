@@ -5,6 +5,10 @@
         hosts.run(2, ["ddpctl", "get", ...])
         hosts[1].addr                    # "10.<a>.<b>.2"
     hosts.cut(2); ...; hosts.heal(2)    # host 2 off the network, silently, and back
+    hosts.partition(1, 0, port=7700)    # 1 <-> 0 lost, only what goes to/from port 7700
+    hosts.partition(1, 2, oneway=True)  # what 1 sends to 2 is lost; 2 -> 1 still flows
+    hosts.heal_links()                  # every partition() undone
+    hosts.slow(netem, 20, 0.01, seed)   # every host's egress: +20 ms, 1% lost
 
 Each host is a namespace of its own with loopback and one veth ("eth0"), whose other end
 is a port of a bridge inside a further namespace (the switch), so nothing of the
@@ -16,7 +20,11 @@ its own, killed with it), then the namespaces (which takes their links along). A
 killed outright (SIGKILL) leaves its namespaces, named with its pid; the next run
 removes those of processes that are gone.
 
-Needs root and iproute2; `Hosts.unavailable()` says why not, for a test to skip on.
+Partitions are iptables rules (DROP, silent) in the sending host's namespace; slow
+links hand each host's outgoing packets to NFQUEUE, served by ddp-test-netem
+(tests/multihost/netem_queue.cc) in that namespace. Needs root and iproute2;
+`Hosts.unavailable()` says why not, for a test to skip on, and `Hosts.no_iptables()`
+for the tests that partition or slow links.
 """
 import atexit
 import os
@@ -66,6 +74,13 @@ class Hosts:
         _ip("netns", "del", tag, check=False)
         return None
 
+    @staticmethod
+    def no_iptables():
+        """Why partition() and slow() cannot work here, or None."""
+        if subprocess.run(["which", "iptables"], capture_output=True).returncode != 0:
+            return "iptables is not installed (Debian's iptables package)"
+        return None
+
     def __init__(self, n):
         _sweep_orphans()
         # The creating process's pid is in every name: a run killed with SIGKILL (which
@@ -77,6 +92,8 @@ class Hosts:
         self.switch = "ddpsw-" + self.tag
         self.hosts = []
         self.procs = []
+        self.netems = []
+        self._cut_chains = set()
         self._closed = False
         atexit.register(self.close)
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -164,6 +181,59 @@ class Hosts:
     def heal(self, i):
         """Undoes cut(i)."""
         self._in(self.switch, "ip", "link", "set", "p%d" % i, "master", "br0")
+
+    def drop(self, src, dst, port=None):
+        """Packets from host src to host dst are lost from now on, silently (the sender
+        sees no error, as behind a firewall that drops). With `port`, only TCP to or
+        from that port: between a worker and the coordinator's port, the control plane
+        alone."""
+        ns = self.hosts[src].ns
+        if src not in self._cut_chains:
+            # A chain of their own, first in OUTPUT: heal_links() empties it, and a drop
+            # comes before slow()'s queue.
+            self._in(ns, "iptables", "-N", "ddpcut")
+            self._in(ns, "iptables", "-I", "OUTPUT", "1", "-j", "ddpcut")
+            self._cut_chains.add(src)
+        rule = ["-d", self.hosts[dst].addr]
+        for match in (["-p", "tcp", "--dport", str(port)], ["-p", "tcp", "--sport", str(port)]) \
+                if port else ([],):
+            self._in(ns, "iptables", "-A", "ddpcut", *rule, *match, "-j", "DROP")
+
+    def partition(self, a, b, port=None, oneway=False):
+        """Cuts a from b: both ways, or only a -> b with oneway. `port` as in drop()."""
+        self.drop(a, b, port)
+        if not oneway:
+            self.drop(b, a, port)
+
+    def heal_links(self):
+        """Undoes every drop() and partition()."""
+        for i in self._cut_chains:
+            self._in(self.hosts[i].ns, "iptables", "-F", "ddpcut")
+
+    def slow(self, netem, delay_ms, loss=0.0, seed=1, hosts=None):
+        """Every packet a host sends (to the other hosts) is held `delay_ms` and lost with
+        probability `loss`: so every link, both ways, is that slow and lossy. `netem` is
+        the ddp-test-netem binary; `hosts`: the indexes (default all). Until fast()."""
+        for i in (range(len(self.hosts)) if hosts is None else hosts):
+            h = self.hosts[i]
+            p = self.spawn(i, [netem, "--queue", "0", "--delay-ms", str(delay_ms),
+                               "--loss", str(loss), "--seed", str(seed + i)])
+            self.netems.append((i, p))
+            # Only once the queue is served (bypass would let packets through untouched
+            # until then: a link that is fast for its first moments).
+            time.sleep(0.2)
+            if p.poll() is not None:
+                raise RuntimeError("ddp-test-netem on host %d exited %s" % (i, p.returncode))
+            self._in(h.ns, "iptables", "-A", "OUTPUT", "-o", "eth0", "-j", "NFQUEUE",
+                     "--queue-num", "0", "--queue-bypass")
+
+    def fast(self):
+        """Undoes slow(): the queue rules go, then their servers."""
+        for i, p in self.netems:
+            self._in(self.hosts[i].ns, "iptables", "-D", "OUTPUT", "-o", "eth0", "-j", "NFQUEUE",
+                     "--queue-num", "0", "--queue-bypass")
+            self.stop(p, timeout=5)
+        self.netems = []
 
     def stop(self, p, timeout=30):
         """SIGTERM to p's process group, SIGKILL after `timeout`."""
