@@ -16,6 +16,8 @@ namespace ddp {
 namespace {
 
 constexpr int kDefaultWorkerPage = 1000;
+// Peers a worker asks when it loses the coordinator (HeartbeatResponse.witnesses).
+constexpr int kWitnesses = 4;
 constexpr int kMaxWorkerPage = 5000;
 
 // Longer output lines are cut: the agent cuts at 16 KiB (64 KiB for event lines), so
@@ -248,6 +250,9 @@ v1::HeartbeatResponse Coordinator::DesiredLocked(WorkerRecord& worker,
                                                  StoreWriter::Ticket* commit_first) {
   v1::HeartbeatResponse resp;
   resp.set_desired_version(worker.desired_version);
+  for (std::string& w : registry_.Witnesses(worker.info.name(), kWitnesses)) {
+    resp.add_witnesses(std::move(w));
+  }
   for (const auto& [key, assigned] : worker.assigned) {
     JobRecord* rec = FindLocked(key.first);
     if (rec == nullptr || key.second > rec->job.attempts_size()) continue;

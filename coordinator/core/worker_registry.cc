@@ -5,6 +5,7 @@
 #include <set>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 
@@ -54,6 +55,7 @@ WorkerRegistry::Registration WorkerRegistry::Register(const v1::RegisterRequest&
   w.info.set_gpus(req.gpus());
   *w.info.mutable_gpu_devices() = req.gpu_devices();
   w.info.set_version(req.version());
+  w.info.set_witness_port(req.witness_port());
   w.info.set_last_heartbeat_ms(Millis(now));
   w.last_seen = now;
   w.alive = true;
@@ -468,6 +470,21 @@ v1::WorkerSummary WorkerRegistry::Summary() const {
   s.set_lost_events(lost_events_);
   s.set_cordoned(cordoned_);
   return s;
+}
+
+std::vector<std::string> WorkerRegistry::Witnesses(const std::string& worker, int n) const {
+  std::vector<std::string> out;
+  if (workers_.size() < 2) return out;
+  auto it = workers_.upper_bound(worker);
+  for (size_t seen = 0; seen < workers_.size() && static_cast<int>(out.size()) < n; ++seen, ++it) {
+    if (it == workers_.end()) it = workers_.begin();
+    const WorkerRecord& w = it->second;
+    if (it->first == worker || !w.alive || w.info.witness_port() <= 0) continue;
+    const std::string& host = w.info.address();
+    out.push_back(absl::StrCat(absl::StrContains(host, ':') ? absl::StrCat("[", host, "]") : host,
+                               ":", w.info.witness_port()));
+  }
+  return out;
 }
 
 }  // namespace ddp

@@ -199,6 +199,12 @@ class WorkerRegistry final : public ClusterView {
   v1::WorkerSummary Summary() const;
   const std::map<std::string, WorkerRecord>& workers() const { return workers_; }
 
+  // HOST:PORT of the health services of up to `n` other live workers that serve one
+  // (witness_port), the next ones after `worker` in name order, wrapping around: each
+  // worker asks different peers, and each peer is asked by about n workers, so a
+  // cluster of 10,000 costs none of them more than a few answers.
+  std::vector<std::string> Witnesses(const std::string& worker, int n) const;
+
  private:
   // Recomputes the worker's free slots and its place in the counts; returns whether
   // what the scheduler reads changed (capacity, eligibility, free slots).

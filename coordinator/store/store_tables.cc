@@ -232,6 +232,7 @@ const Table<v1::Worker>& Workers() {
                       }},
           DDP_FIELD(maintenance_since_ms, "INTEGER NOT NULL DEFAULT 0"),
           DDP_FIELD(maintenance_by, "TEXT NOT NULL DEFAULT ''"),
+          DDP_FIELD(witness_port, "INTEGER NOT NULL DEFAULT 0"),
           Column<Row>{{"labels", "TEXT NOT NULL DEFAULT ''"},
                       [](sql::Stmt& s, int i, const Row& w) { s.Bind(i, EncodeLabels(w)); },
                       [](const sql::Stmt& s, int c, Row& w) { DecodeLabels(s.Text(c), &w); }},

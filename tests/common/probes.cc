@@ -1,9 +1,6 @@
 #include "tests/common/probes.h"
 
 #include <arpa/inet.h>
-#include <grpcpp/create_channel.h>
-#include <grpcpp/generic/generic_stub.h>
-#include <grpcpp/security/credentials.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -12,10 +9,9 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
+#include "common/rpc/health_client.h"
 
 namespace ddp::testing {
 
@@ -58,40 +54,7 @@ absl::StatusOr<std::string> HttpGet(int port, const std::string& target,
 }
 
 absl::StatusOr<bool> HealthCheck(int port, const std::string& service) {
-  grpc::GenericStub stub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
-                                             grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  // HealthCheckRequest{service = 1}.
-  std::string body;
-  if (!service.empty()) {
-    body = absl::StrCat(std::string(1, '\x0a'), std::string(1, static_cast<char>(service.size())),
-                        service);
-  }
-  grpc::Slice slice(body);
-  grpc::ByteBuffer request(&slice, 1), response;
-  absl::Notification done;
-  grpc::Status status;
-  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
-                 [&](grpc::Status st) {
-                   status = std::move(st);
-                   done.Notify();
-                 });
-  done.WaitForNotification();
-  if (!status.ok()) {
-    return absl::UnavailableError(absl::StrCat("health check: ", status.error_message()));
-  }
-  std::vector<grpc::Slice> slices;
-  std::string got;
-  if (response.Dump(&slices).ok()) {
-    for (const grpc::Slice& s : slices) {
-      got.append(reinterpret_cast<const char*>(s.begin()), s.size());
-    }
-  }
-  // HealthCheckResponse{status = 1}: 1 SERVING, 2 NOT_SERVING.
-  if (got == std::string("\x08\x01", 2)) return true;
-  if (got == std::string("\x08\x02", 2)) return false;
-  return absl::InternalError(absl::StrCat("unexpected health answer '", absl::CHexEscape(got), "'"));
+  return CheckHealth(absl::StrCat("127.0.0.1:", port), service, absl::Seconds(5));
 }
 
 absl::Status WaitForHealth(int port, const std::string& service, bool serving,

@@ -256,5 +256,29 @@ TEST_F(WorkerRegistryTest, QuarantinesDoubleWithEachFaultInARowUpToTenMinutesAnd
   EXPECT_EQ(registry_.Quarantine(w1, {"j", 8}, "fault", now), absl::Seconds(30));
 }
 
+TEST_F(WorkerRegistryTest, WitnessesAreTheNextLiveWorkersWithAHealthPortAroundTheRing) {
+  for (const char* name : {"w1", "w2", "w3", "w4", "w5", "w6"}) {
+    v1::RegisterRequest r = Req(name);
+    r.set_address(absl::StrCat("10.0.0.", name + 1));
+    r.set_witness_port(std::string(name) == "w4" ? 0 : 7000);  // w4 serves none.
+    registry_.Register(r, kT0);
+  }
+  v1::RegisterRequest v6 = Req("w7");
+  v6.set_address("fd00::7");
+  v6.set_witness_port(7000);
+  registry_.Register(v6, kT0);
+  // w3 falls silent and is lost; the others keep beating.
+  for (const char* name : {"w1", "w2", "w4", "w5", "w6", "w7"}) {
+    registry_.Heartbeat(**registry_.Check(name, "i1"), kT0 + absl::Seconds(8));
+  }
+  EXPECT_THAT(registry_.Expire(kT0 + kTimeout + absl::Seconds(1)), ElementsAre("w3"));
+  EXPECT_THAT(registry_.Witnesses("w2", 4),
+              ElementsAre("10.0.0.5:7000", "10.0.0.6:7000", "[fd00::7]:7000", "10.0.0.1:7000"));
+  // Around the end of the ring, never the asker itself, and no more than there are.
+  EXPECT_THAT(registry_.Witnesses("w7", 2), ElementsAre("10.0.0.1:7000", "10.0.0.2:7000"));
+  EXPECT_THAT(registry_.Witnesses("w1", 10),
+              ElementsAre("10.0.0.2:7000", "10.0.0.5:7000", "10.0.0.6:7000", "[fd00::7]:7000"));
+}
+
 }  // namespace
 }  // namespace ddp

@@ -3,6 +3,8 @@
     ddp = DdpOnHosts(hosts, bindir, tmp, workers={1: "w1", 2: "w2"})
     ddp.ctl(3, "get", job_id, "-o", "json")     # ddpctl from host 3
     ddp.alive(3)                                 # {"w1", "w2"} or None
+    ddp.start_worker(3, "w3"); ddp.kill_coordinator(); ddp.start_coordinator()
+    watch = Watch([job_id], [ckpt_dir]); ...; watch.stop(); watch.doubles()
 
 A coordinator on host `coordinator` and a ddp-worker per entry of `workers` with its
 host's address as --advertise-addr; each one's output in TMP/<name>.log. They stop with
@@ -14,6 +16,7 @@ without, plaintext on the test's own bridge (--insecure).
 import json
 import os
 import subprocess
+import threading
 import time
 
 PORT = 7700
@@ -41,14 +44,39 @@ class DdpOnHosts:
                                       "--tls-key", c(name + ".key")]
                                for name in workers.values()}
             self.client_args = ["--tls-ca", c("ca.pem"), "--token-file", c("admin.token")]
-        hosts.spawn(coordinator, [self.bin("ddp-coordinator"), "--listen", self.addr,
+        self._coordinator_argv = [self.bin("ddp-coordinator"), "--listen", self.addr,
                                   "--state-dir", os.path.join(tmp, "state"), *security,
-                                  *coordinator_args], log=self.log_path("coordinator"))
+                                  *coordinator_args]
+        self._coordinator_index = coordinator
+        self._coordinator_starts = 0
+        self.start_coordinator()
+        self._worker_args = list(worker_args)
+        self._worker_security = worker_security
         for i, name in workers.items():
-            hosts.spawn(i, [self.bin("ddp-worker"), "--coordinator", self.addr, "--name", name,
-                            "--advertise-addr", hosts[i].addr, *worker_security[name],
-                            "--work-dir", os.path.join(tmp, "work-" + name), *worker_args],
-                        log=self.log_path(name))
+            self.start_worker(i, name)
+
+    def start_worker(self, i, name, security=()):
+        """A ddp-worker `name` on host i (one of `workers`, or a new one with `security`)."""
+        return self.hosts.spawn(
+            i, [self.bin("ddp-worker"), "--coordinator", self.addr, "--name", name,
+                "--advertise-addr", self.hosts[i].addr,
+                *self._worker_security.get(name, security),
+                "--work-dir", os.path.join(self.tmp, "work-" + name), *self._worker_args],
+            log=self.log_path(name))
+
+    def start_coordinator(self):
+        """Starts the coordinator (again, after kill_coordinator(): same state dir); its
+        output in TMP/coordinator.log, then coordinator-2.log, ..."""
+        self._coordinator_starts += 1
+        n = self._coordinator_starts
+        self.coordinator_proc = self.hosts.spawn(
+            self._coordinator_index, self._coordinator_argv,
+            log=self.log_path("coordinator" + ("" if n == 1 else "-%d" % n)))
+
+    def kill_coordinator(self):
+        """SIGKILL to the coordinator: a crash."""
+        self.coordinator_proc.kill()
+        self.coordinator_proc.wait()
 
     def bin(self, name):
         return os.path.join(self.bindir, name)
@@ -106,6 +134,85 @@ class DdpOnHosts:
             if j["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") or time.time() > deadline:
                 return j
             time.sleep(0.5)
+
+
+def rank_processes(job_ids):
+    """{(job id, rank): [(pid, attempt, node)]}: the live rank processes (process group
+    leaders, as ddp-worker starts them; zombies not counted) of these jobs, read from
+    /proc. Network namespaces share one process table, so this sees every host's."""
+    out = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % pid) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if fields[0] == "Z" or int(fields[2]) != int(pid):
+                continue
+            with open("/proc/%s/environ" % pid, "rb") as f:
+                env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+        except (OSError, ValueError, IndexError):
+            continue
+        job = env.get(b"DDP_JOB_ID", b"").decode()
+        if job in job_ids and b"RANK" in env:
+            out.setdefault((job, int(env[b"RANK"])), []).append(
+                (int(pid), int(env.get(b"DDP_ATTEMPT", b"0")), env.get(b"DDP_NODE", b"").decode()))
+    return out
+
+
+def newest_checkpoint(directory):
+    """The global step of the newest checkpoint-<step>.pt in `directory` (-1: none)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return -1
+    steps = [int(n[len("checkpoint-"):-len(".pt")]) for n in names
+             if n.startswith("checkpoint-") and n.endswith(".pt")]
+    return max(steps, default=-1)
+
+
+class Watch:
+    """Samples, every 50 ms until stop(), what the invariants are about: every live rank
+    process of `job_ids` (rank_processes), and the newest checkpoint in each of
+    `checkpoint_dirs`. Then: doubles() (two live processes holding one rank of a job,
+    with the time seen), backwards() (a newest checkpoint that went down), and
+    gone_at(pred) (when the processes `pred` picks were last seen, +50 ms)."""
+
+    def __init__(self, job_ids, checkpoint_dirs=()):
+        self.job_ids, self.dirs = set(job_ids), list(checkpoint_dirs)
+        self.samples = []  # (time, rank_processes, {dir: newest step})
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.samples.append((time.time(), rank_processes(self.job_ids),
+                                 {d: newest_checkpoint(d) for d in self.dirs}))
+            self._stop.wait(0.05)
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+
+    def doubles(self):
+        return [(t, key, procs) for t, ranks, _ in self.samples
+                for key, procs in ranks.items() if len(procs) > 1]
+
+    def backwards(self):
+        out, newest = [], {}
+        for t, _, steps in self.samples:
+            for d, step in steps.items():
+                if step < newest.get(d, -1):
+                    out.append((t, d, newest[d], step))
+                newest[d] = max(newest.get(d, -1), step)
+        return out
+
+    def last_seen(self, pred):
+        """When a process that pred(job, rank, attempt, node) picks was last seen."""
+        seen = [t for t, ranks, _ in self.samples for (job, rank), procs in ranks.items()
+                for _, attempt, node in procs if pred(job, rank, attempt, node)]
+        return max(seen, default=None)
 
 
 class Checks:

@@ -53,6 +53,7 @@ class FakeCoordinator final : public CoordinatorClient {
                                                   absl::Duration) override {
     absl::MutexLock lock(&mu_);
     calls_.push_back({next_++, "Heartbeat", req, {}, {}, absl::OkStatus()});
+    if (unreachable_) return absl::DeadlineExceededError("Deadline Exceeded");
     if (!heartbeat_errors_.empty()) {
       absl::Status st = heartbeat_errors_.front();
       heartbeat_errors_.erase(heartbeat_errors_.begin());
@@ -97,6 +98,16 @@ class FakeCoordinator final : public CoordinatorClient {
     absl::MutexLock lock(&mu_);
     desired_.clear_tasks();
     for (const auto& t : tasks) *desired_.add_tasks() = t;
+  }
+  // Every heartbeat fails (DEADLINE_EXCEEDED, as across a cut) while set.
+  void SetUnreachable(bool unreachable) {
+    absl::MutexLock lock(&mu_);
+    unreachable_ = unreachable;
+  }
+  void SetWitnesses(const std::vector<std::string>& witnesses) {
+    absl::MutexLock lock(&mu_);
+    desired_.clear_witnesses();
+    for (const std::string& w : witnesses) desired_.add_witnesses(w);
   }
   void FailNextHeartbeat(absl::Status st) {
     absl::MutexLock lock(&mu_);
@@ -151,6 +162,7 @@ class FakeCoordinator final : public CoordinatorClient {
   int next_ ABSL_GUARDED_BY(mu_) = 0;
   v1::HeartbeatResponse desired_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Status> heartbeat_errors_ ABSL_GUARDED_BY(mu_);
+  bool unreachable_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<absl::Status> report_errors_ ABSL_GUARDED_BY(mu_);
   bool hold_reports_ ABSL_GUARDED_BY(mu_) = false;
   int reports_started_ ABSL_GUARDED_BY(mu_) = 0;
@@ -158,6 +170,16 @@ class FakeCoordinator final : public CoordinatorClient {
   FakeClock* clock_ ABSL_GUARDED_BY(mu_) = nullptr;
   absl::Duration per_report_ ABSL_GUARDED_BY(mu_);
 };
+
+// Polls `pred` until it holds or `timeout` passes; returns whether it held.
+bool WaitUntil(const std::function<bool()>& pred, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!pred()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
 
 // The last status a heartbeat reported for `rank`, if any.
 std::optional<v1::LocalRankStatus> RankStatus(const std::vector<FakeCoordinator::Call>& calls,
@@ -231,6 +253,11 @@ class AgentTest : public ::testing::Test {
     o.work_dir = dir_ + "/work";
     o.stop_grace = absl::Milliseconds(300);
     o.tick = absl::Milliseconds(10);
+    o.ask_witnesses = [this](const std::vector<std::string>& witnesses, absl::Duration deadline) {
+      absl::MutexLock lock(&witness_mu_);
+      asked_.push_back({witnesses, deadline});
+      return witness_answers_;
+    };
     agent_ = std::make_unique<Agent>(o, std::move(client_), clock);
     agent_->set_on_reachable([this](bool up) {
       absl::MutexLock lock(&reachable_mu_);
@@ -313,6 +340,38 @@ class AgentTest : public ::testing::Test {
     return reachable_;
   }
 
+  // The fence (fence.h): what the witnesses answer, and whom the agent asked.
+  struct Asked {
+    std::vector<std::string> witnesses;
+    absl::Duration deadline;
+  };
+  void AnswerWitnesses(std::vector<absl::StatusOr<bool>> answers) {
+    absl::MutexLock lock(&witness_mu_);
+    witness_answers_ = std::move(answers);
+  }
+  std::vector<Asked> Asks() {
+    absl::MutexLock lock(&witness_mu_);
+    return asked_;
+  }
+  // Runs a task of two sleeping ranks, then cuts the agent off from the coordinator
+  // while the two witnesses answer `answers`.
+  void CutOffWhileWitnessesSay(std::vector<absl::StatusOr<bool>> answers) {
+    AnswerWitnesses(std::move(answers));
+    fake_->SetWitnesses({"10.0.0.8:4000", "10.0.0.9:4000"});
+    fake_->SetDesired({Task()});
+    StartAgent(Trainer("echo '{\"type\":\"start\"}' >&3\nwhile :; do sleep 1; done"));
+    ASSERT_TRUE(fake_->WaitFor([](const auto& c) {
+      auto a = RankStatus(c, 2), b = RankStatus(c, 3);
+      return a.has_value() && a->pid() != 0 && b.has_value() && b->pid() != 0;
+    }));
+    cut_at_ = absl::Now();
+    fake_->SetUnreachable(true);
+  }
+  absl::Time cut_at_;
+
+  absl::Mutex witness_mu_;
+  std::vector<absl::StatusOr<bool>> witness_answers_ ABSL_GUARDED_BY(witness_mu_);
+  std::vector<Asked> asked_ ABSL_GUARDED_BY(witness_mu_);
   FakeClock fake_clock_;  // For agents that must not see real time pass.
   absl::Mutex reachable_mu_;
   std::vector<bool> reachable_ ABSL_GUARDED_BY(reachable_mu_);  // on_reachable calls.
@@ -674,6 +733,49 @@ TEST_F(AgentTest, AnExitIsReportedOnlyAfterAllTheOutputBeforeIt) {
   EXPECT_LT(error_seq, exit_seq) << "the error that explains the exit arrives first";
   EXPECT_EQ(RankStatus(calls, 2)->exit_code(), 2);
 }
+
+// The fake coordinator's timing (interval 50 ms, timeout 1 s, deadline 20 ms) plans
+// the witnesses' question for 140 ms after the last good heartbeat, 50 ms for answers.
+TEST_F(AgentTest, ACutOffWorkerKillsItsRanksWhenAWitnessStillReachesTheCoordinator) {
+  CutOffWhileWitnessesSay({false, true});
+  ASSERT_TRUE(WaitUntil([this] { return agent_->stats().fences == 1; }, absl::Seconds(10)));
+  const absl::Duration fenced_after = absl::Now() - cut_at_;
+  EXPECT_LT(fenced_after, absl::Seconds(1)) << "before the coordinator's heartbeat timeout";
+  ASSERT_TRUE(WaitUntil([this] { return agent_->stats().trainers_running == 0; },
+                        absl::Seconds(10)));
+  ASSERT_EQ(Asks().size(), 1u);
+  EXPECT_THAT(Asks()[0].witnesses, ::testing::ElementsAre("10.0.0.8:4000", "10.0.0.9:4000"));
+  EXPECT_EQ(Asks()[0].deadline, absl::Milliseconds(50));
+  // Back: the ranks' exits reach the coordinator, killed at once (no SIGTERM first).
+  fake_->SetUnreachable(false);
+  ASSERT_TRUE(fake_->WaitFor([](const auto& c) { return Exited(c, 2) && Exited(c, 3); }));
+  EXPECT_EQ(RankStatus(fake_->calls(), 2)->signal(), SIGKILL);
+  EXPECT_EQ(RankStatus(fake_->calls(), 3)->signal(), SIGKILL);
+}
+
+TEST_F(AgentTest, AWorkerCutOffFromEveryoneKillsItsRanks) {
+  CutOffWhileWitnessesSay({absl::UnavailableError("no route"), absl::DeadlineExceededError("")});
+  ASSERT_TRUE(WaitUntil([this] { return agent_->stats().fences == 1; }, absl::Seconds(10)));
+  ASSERT_TRUE(WaitUntil([this] { return agent_->stats().trainers_running == 0; },
+                        absl::Seconds(10)));
+}
+
+TEST_F(AgentTest, ACoordinatorOutageTheWitnessesSeeTooLeavesTheRanksRunning) {
+  CutOffWhileWitnessesSay({false, absl::UnavailableError("no route")});
+  ASSERT_TRUE(WaitUntil([this] { return Asks().size() == 1; }, absl::Seconds(10)));
+  // Asked once per outage, however long it lasts; the ranks run on.
+  absl::SleepFor(absl::Milliseconds(500));
+  EXPECT_EQ(Asks().size(), 1u);
+  EXPECT_EQ(agent_->stats().fences, 0);
+  EXPECT_EQ(agent_->stats().trainers_running, 2);
+  // The coordinator back, then away again: a new outage, asked again.
+  fake_->SetUnreachable(false);
+  ASSERT_TRUE(WaitUntil([this]() -> bool { return Reachability().back(); }, absl::Seconds(10)));
+  fake_->SetUnreachable(true);
+  ASSERT_TRUE(WaitUntil([this] { return Asks().size() == 2; }, absl::Seconds(10)));
+  EXPECT_EQ(agent_->stats().trainers_running, 2);
+}
+
 
 }  // namespace
 }  // namespace ddp

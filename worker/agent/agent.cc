@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
 #include "common/net.h"
+#include "common/rpc/health_client.h"
 #include "common/version.h"
 #include "common/status_macros.h"
 #include "worker/agent/proto_utf8.h"
@@ -67,6 +68,7 @@ Agent::Stats Agent::stats() const {
   s.heartbeat_failures = heartbeat_failures_;
   s.events_dropped = buffer_.dropped_total();
   s.malformed_event_lines = pump_->malformed_event_lines();
+  s.fences = fences_;
   return s;
 }
 
@@ -110,6 +112,31 @@ void Agent::SetReachable(bool reachable) {
   if (on_reachable_) on_reachable_(reachable);
 }
 
+bool Agent::FencePending() const {
+  return registered_ && !fence_asked_ && !reachable_.value_or(true);
+}
+
+void Agent::MaybeFence(absl::Time now) {
+  if (!FencePending() || now - last_ok_sent_ < fence_.ask_after) return;
+  fence_asked_ = true;
+  int running = 0;
+  for (const auto& [key, task] : tasks_) running += task->running();
+  if (running == 0) return;
+  const std::vector<absl::StatusOr<bool>> answers =
+      options_.ask_witnesses ? options_.ask_witnesses(witnesses_, fence_.ask_deadline)
+                             : CheckHealthAll(witnesses_, kWitnessService, fence_.ask_deadline);
+  const FenceVerdict verdict = DecideFence(witnesses_, answers);
+  const absl::Duration silent = absl::Trunc(clock_->Now() - last_ok_sent_, absl::Milliseconds(10));
+  if (!verdict.fence) {
+    DDP_LOG(WARNING) << "no heartbeat through for " << silent << ": " << verdict.why;
+    return;
+  }
+  ++fences_;
+  DDP_LOG(WARNING) << "no heartbeat through for " << silent << ": " << verdict.why << " ("
+                   << running << " rank(s) of " << tasks_.size() << " task(s) killed)";
+  for (auto& [key, task] : tasks_) task->Kill();
+}
+
 absl::Status Agent::RegisterOnce() {
   v1::RegisterRequest req;
   req.set_worker(options_.name);
@@ -127,7 +154,9 @@ absl::Status Agent::RegisterOnce() {
   }
   req.set_version(VersionString());
   for (const auto& [key, value] : options_.labels) (*req.mutable_labels())[key] = value;
+  req.set_witness_port(options_.witness_port);
   RepairUtf8(&req);  // The host name or a flag may hold anything.
+  const absl::Time sent = clock_->Now();
   auto resp = client_->Register(req, rpc_deadline_);
   if (!resp.ok()) return resp.status();
   heartbeat_interval_ = absl::Milliseconds(resp->heartbeat_interval_ms());
@@ -138,6 +167,20 @@ absl::Status Agent::RegisterOnce() {
         absl::FormatDuration(rpc_deadline_), " must be shorter than the heartbeat interval ",
         absl::FormatDuration(heartbeat_interval_)));
   }
+  const FencePlan fence = PlanFencing(heartbeat_interval_,
+                                      absl::Milliseconds(resp->heartbeat_timeout_ms()), rpc_deadline_);
+  if (fence.tight && !fence_.tight) {
+    DDP_LOG(WARNING) << "the coordinator's heartbeat timeout of "
+                     << absl::Milliseconds(resp->heartbeat_timeout_ms())
+                     << " leaves too little time for other workers to notice a coordinator "
+                        "outage before this one must decide whether it is cut off: an outage "
+                        "may fence its ranks (a timeout of at least "
+                     << 2 * (heartbeat_interval_ + rpc_deadline_) + rpc_deadline_
+                     << " avoids it)";
+  }
+  fence_ = fence;
+  last_ok_sent_ = sent;
+  fence_asked_ = false;
   registered_ = true;
   backoff_.Reset();
   reporter_->Resume(rpc_deadline_);
@@ -176,8 +219,12 @@ absl::Status Agent::HeartbeatOnce() {
     if (port.ok()) req.add_free_ports(*port);
   }
   RepairUtf8(&req);  // Task errors carry paths and OS messages.
+  const absl::Time sent = clock_->Now();
   auto resp = client_->Heartbeat(req, rpc_deadline_);
   if (!resp.ok()) return resp.status();
+  last_ok_sent_ = sent;
+  fence_asked_ = false;
+  witnesses_.assign(resp->witnesses().begin(), resp->witnesses().end());
   for (const TaskKey& key : sent_finished) reported_finished_[key] = true;
   Reconcile(*resp);
   if (poller_) poller_->Known(resp->desired_version());
@@ -276,8 +323,13 @@ absl::Status Agent::Run() {
     // reporter has delivered that output.
     // News from the long poll: a task for us (or one gone); the reply brings it.
     const bool news = news_.exchange(false);
-    const bool heartbeat_due = changed || heartbeat_now_ || news || now >= next_heartbeat ||
-                               (held_exits_ && !HoldsExits());
+    // Cut off? Asked on time (fence.h): a heartbeat that could still be in flight then
+    // waits until the witnesses have answered.
+    const absl::Time fence_due = last_ok_sent_ + fence_.ask_after;
+    MaybeFence(now);
+    bool heartbeat_due = changed || heartbeat_now_ || news || now >= next_heartbeat ||
+                         (held_exits_ && !HoldsExits());
+    if (FencePending() && now + rpc_deadline_ > fence_due) heartbeat_due = false;
     if (heartbeat_due) {
       heartbeat_now_ = false;
       const absl::Status st = HeartbeatOnce();
@@ -306,9 +358,10 @@ absl::Status Agent::Run() {
         next_heartbeat = now + std::min(backoff_.Next(), heartbeat_interval_);
       }
     }
-    if (heartbeat_now_) continue;
-    WaitForWork(std::max(absl::ZeroDuration(),
-                         std::min(options_.tick, next_heartbeat - clock_->Now())));
+    if (heartbeat_now_ && !FencePending()) continue;
+    absl::Time wake = std::min(clock_->Now() + options_.tick, next_heartbeat);
+    if (FencePending()) wake = std::min(wake, fence_due);
+    WaitForWork(std::max(absl::ZeroDuration(), wake - clock_->Now()));
   }
 
   // Shutting down: stop every trainer and tell the coordinator how they ended. A

@@ -39,6 +39,7 @@
 #include "worker/agent/coordinator_client.h"
 #include "worker/agent/event_buffer.h"
 #include "worker/agent/event_reporter.h"
+#include "worker/agent/fence.h"
 #include "worker/agent/gpu_inventory.h"
 #include "worker/agent/output_pump.h"
 #include "worker/agent/task_poller.h"
@@ -78,6 +79,13 @@ struct AgentOptions {
   // Records the rank processes' groups for the next incarnation (rank_ledger.h);
   // owned by the caller (WorkerServer); null: not recorded.
   RankLedger* ledger = nullptr;
+  // The health service's port at advertise_addr, which answers kWitnessService as
+  // set_on_reachable says (fence.h); 0: other workers cannot ask this one.
+  int witness_port = 0;
+  // Asks the witnesses (fence.h); null: CheckHealthAll over gRPC. Tests give a fake.
+  std::function<std::vector<absl::StatusOr<bool>>(const std::vector<std::string>&,
+                                                  absl::Duration)>
+      ask_witnesses;
 };
 
 class Agent {
@@ -109,6 +117,7 @@ class Agent {
     int64_t events_dropped = 0;    // Output lines and events the outbox had to drop.
     int64_t heartbeat_failures = 0;
     int64_t malformed_event_lines = 0;  // From users' programs (never fatal).
+    int64_t fences = 0;  // Times this worker, cut off, killed its ranks (fence.h).
   };
   Stats stats() const;
 
@@ -123,6 +132,11 @@ class Agent {
   absl::Status HeartbeatOnce();
   void Reconcile(const v1::HeartbeatResponse& desired);
   void SetReachable(bool reachable);
+  // Once per loss of the coordinator, `fence_.ask_after` after the last good
+  // heartbeat was sent: asks the witnesses and fences the ranks if they say so.
+  void MaybeFence(absl::Time now);
+  // Heartbeats have failed since the last good one, and the witnesses are still to ask.
+  bool FencePending() const;
   // Returns after `timeout`, or earlier on Wake() or Stop().
   void WaitForWork(absl::Duration timeout);
   void Wake();
@@ -151,6 +165,12 @@ class Agent {
   std::function<void(bool)> on_reachable_;
   std::optional<bool> reachable_;  // Last value given to on_reachable_.
   absl::Time unreachable_since_;     // When reachable_ last became false.
+
+  FencePlan fence_;
+  absl::Time last_ok_sent_;              // When the last heartbeat that went through was sent.
+  std::vector<std::string> witnesses_;   // From the last heartbeat reply.
+  bool fence_asked_ = false;             // Since the last good heartbeat.
+  std::atomic<int64_t> fences_{0};
 
   bool registered_ = false;
   absl::Duration heartbeat_interval_ = absl::Seconds(1);

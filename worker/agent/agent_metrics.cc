@@ -50,6 +50,10 @@ class AgentMetrics final : public prometheus::Collectable {
         One("ddp_worker_malformed_event_lines_total",
             "Lines on DDP_EVENTS_FD from users' programs that were not events (ignored).",
             MetricType::Counter, s.malformed_event_lines),
+        One("ddp_worker_fences_total",
+            "Times this worker, cut off from the coordinator while other workers reached it "
+            "(or none answered), killed its ranks.",
+            MetricType::Counter, s.fences),
     };
   }
 

@@ -51,7 +51,9 @@ int main(int argc, char** argv) {
   flags.String("work-dir", &opts.work_dir,
                "per-job files (default: a new private directory under $TMPDIR)");
   flags.Duration("stop-grace", &opts.stop_grace, "SIGTERM to SIGKILL grace for trainers");
-  flags.String("health-listen", &options.health_listen, "HOST:PORT of the gRPC health service");
+  flags.String("health-listen", &options.health_listen,
+               "HOST:PORT of the gRPC health service, which other workers ask too (default: a "
+               "free port on --advertise-addr)");
   flags.Bool("long-poll", &opts.long_poll,
              "keep a WaitForTasks call open so new tasks arrive at once (--long-poll=false: "
              "only with heartbeats)");

@@ -225,19 +225,39 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
   EndPreviousIncarnationsRanks(*server->ledger_);
   opts.ledger = server->ledger_.get();
   server->coordinator_ = options.coordinator;
-  server->agent_options_ = opts;
   // The shared plaintext health server (common/rpc/health_server.h), as the
   // coordinator's. "" (what readiness probes ask) is SERVING only while the
   // coordinator hears from us: a node that cannot reach it is not healthy, whatever
   // its trainers do. "liveness" is SERVING while the process runs, so a liveness
   // probe never restarts an agent (and kills its trainers) only because the
   // coordinator is away.
-  auto health = HealthServer::Start(options.health_listen);
+  // Other workers ask it too, whether this one reaches the coordinator (fence.h): by
+  // default it listens where they reach this host.
+  std::string health_listen = options.health_listen;
+  if (health_listen.empty()) {
+    const std::string host = IsLoopbackHost(opts.advertise_addr) ? "127.0.0.1"
+                             : !InterfaceOfAddress(opts.advertise_addr).empty() ? opts.advertise_addr
+                                                                                : "0.0.0.0";
+    health_listen = HostPort{host, 0}.ToString();
+  }
+  auto health = HealthServer::Start(health_listen);
   if (!health.ok()) {
     return absl::UnavailableError(absl::StrCat("--health-listen: ", health.status().message()));
   }
   server->health_ = *std::move(health);
   server->health_->Set("liveness", true);
+  if (auto bound = ParseHostPort(health_listen);
+      bound.ok() && (bound->host == opts.advertise_addr || bound->host == "0.0.0.0" ||
+                     bound->host == "::" || bound->host.empty() ||
+                     (IsLoopbackHost(bound->host) && IsLoopbackHost(opts.advertise_addr)))) {
+    opts.witness_port = server->health_->port();
+  } else {
+    DDP_LOG(WARNING) << "--health-listen " << health_listen << " is not on --advertise-addr "
+                     << opts.advertise_addr
+                     << ": other workers cannot ask this one whether it reaches the "
+                        "coordinator (partitions look like outages to them when it is "
+                        "their only witness)";
+  }
   DDP_LOG(INFO) << "health service on port " << server->health_->port() << "; coordinator "
                 << options.coordinator
                 << (security.ca_file.empty() ? " (plaintext)" : " (TLS)")
@@ -256,6 +276,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
                   << (opts.exec.allowed.empty() ? std::string("nothing (no --allow-exec)")
                                                 : absl::StrJoin(opts.exec.allowed, ", "));
   }
+  server->agent_options_ = opts;
   server->agent_ =
       std::make_unique<Agent>(opts, MakeGrpcCoordinatorClient(*channel), RealClock());
   server->agent_metrics_ = MakeAgentMetrics(server->agent_.get());
@@ -273,6 +294,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
   const std::string coordinator = options.coordinator;
   server->agent_->set_on_reachable([health_server, coordinator](bool ok) {
     health_server->Set("", ok);
+    health_server->Set(kWitnessService, ok);
     // Type=notify: the unit is up once the agent is registered.
     if (ok) {
       daemon::NotifyReady("registered with " + coordinator);

@@ -37,7 +37,10 @@ struct WorkerServerOptions {
   std::vector<std::string> allow_exec;   // --allow-exec
   std::vector<std::string> pass_env;     // --pass-env
   std::string python_path;               // --python-path ("" : beside this binary)
-  std::string health_listen = "127.0.0.1:0";  // --health-listen
+  // --health-listen; empty: a free port on --advertise-addr (127.0.0.1 when that is
+  // loopback, every interface when it is no address of this host), where other
+  // workers can ask it whether this one reaches the coordinator (fence.h).
+  std::string health_listen;
   std::string metrics_listen;                 // --metrics-listen ("" : none)
   // Where this binary is (argv[0]): ddp-trainer and share/ddp/python are found beside it.
   std::string argv0;

@@ -205,6 +205,13 @@ void TrainerTask::Stop(absl::Time now) {
   }
 }
 
+void TrainerTask::Kill() {
+  killed_ = true;
+  for (Rank& r : ranks_) {
+    if (!r.exit.has_value()) r.proc->Signal(SIGKILL);
+  }
+}
+
 void TrainerTask::StampExits(int64_t pushed) {
   for (Rank& r : ranks_) {
     if (r.reported_exit && r.exit_mark < 0) r.exit_mark = pushed;

@@ -77,6 +77,9 @@ class TrainerTask {
   // not run its handler) gets SIGKILL at once. Idempotent.
   void Stop(absl::Time now);
   bool stopping() const { return kill_at_.has_value(); }
+  // SIGKILL now, no grace: fencing (fence.h), where the ranks must be gone before the
+  // coordinator restarts them elsewhere.
+  void Kill();
   // Every rank has exited (and its output is drained), or it never started.
   bool Finished() const;
   // Ranks whose process runs (started, not yet reaped).
