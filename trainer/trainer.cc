@@ -85,7 +85,10 @@ JobSpec WithPlaceholders(JobSpec spec, const Environment& env) {
 class TrainerImpl {
  public:
   TrainerImpl(JobSpec spec, Environment env, EventSink* events)
-      : spec_(WithPlaceholders(std::move(spec), env)), env_(env), events_(*events) {}
+      : checkpoint_template_(spec.checkpoint.dir),
+        spec_(WithPlaceholders(std::move(spec), env)),
+        env_(env),
+        events_(*events) {}
 
   absl::Status Run();
 
@@ -124,7 +127,9 @@ class TrainerImpl {
     return spec_.train.max_steps > 0 && pos_.global_step >= spec_.train.max_steps;
   }
 
-  const JobSpec spec_;
+  // checkpoint.dir as written ({node} and all): the keeper fences every node's.
+  const std::string checkpoint_template_;
+  const JobSpec spec_;  // With checkpoint.dir's placeholders replaced.
   const Environment env_;
   EventSink& events_;
 
@@ -203,8 +208,10 @@ absl::Status TrainerImpl::Setup() {
   sampler_.seed = spec_.train.seed;
   sampler_.drop_last = false;  // The sampler pads (as PyTorch's); train.drop_last drops batches.
   if (!spec_.checkpoint.dir.empty()) {
-    keeper_ = std::make_unique<CheckpointKeeper>(spec_.checkpoint, spec_.checkpoint.dir, env_,
-                                                 &comm(), device_.device);
+    CheckpointSpec as_written = spec_.checkpoint;
+    as_written.dir = checkpoint_template_;
+    keeper_ = std::make_unique<CheckpointKeeper>(as_written, spec_.checkpoint.dir, env_, &comm(),
+                                                 device_.device);
     DDP_RETURN_IF_ERROR(keeper_->Setup());
     DDP_RETURN_IF_ERROR(Resume());
   }

@@ -2,9 +2,12 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <glob.h>
+
 #include <cstring>
 #include <mutex>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -54,7 +57,32 @@ CheckpointKeeper::CheckpointKeeper(const CheckpointSpec& spec, std::string dir,
       comm_(comm),
       device_(device),
       store_(CheckpointStore::Options{std::move(dir), absl::StrCat(env.job_id, ".", env.node),
-                                      spec.keep, env.debug_checkpoint_stall}) {}
+                                      spec.keep, env.debug_checkpoint_stall, env.attempt}) {}
+
+absl::Status CheckpointKeeper::ClaimDirectories() {
+  DDP_RETURN_IF_ERROR(store_.Claim());
+  if (!absl::StrContains(spec_.dir, "{node}")) return absl::OkStatus();
+  // Every node's own directory ({node}): a node this attempt no longer runs on may
+  // still hold a rank of an attempt given up on; its writes there are fenced too.
+  const std::string pattern =
+      absl::StrReplaceAll(spec_.dir, {{"{job_id}", env_.job_id}, {"{node}", "*"}});
+  glob_t found{};
+  if (::glob(pattern.c_str(), GLOB_ONLYDIR | GLOB_NOSORT, nullptr, &found) == 0) {
+    for (size_t i = 0; i < found.gl_pathc; ++i) {
+      const std::string dir = found.gl_pathv[i];
+      if (dir == store_.dir()) continue;
+      CheckpointStore::Options o;
+      o.dir = dir;
+      o.attempt = env_.attempt;
+      if (absl::Status st = CheckpointStore(o).Claim(); !st.ok()) {
+        DDP_LOG(WARNING) << "cannot fence " << dir << " for attempt " << env_.attempt << ": "
+                         << st.message();
+      }
+    }
+  }
+  globfree(&found);
+  return absl::OkStatus();
+}
 
 std::string CheckpointKeeper::MarkerPrefix() const {
   return absl::StrCat(".writer.", FileNameToken(env_.job_id), ".", env_.attempt, ".");
@@ -70,6 +98,7 @@ absl::Status CheckpointKeeper::Setup() {
     }
   }
   writer_ = candidate;
+  if (candidate) DDP_RETURN_IF_ERROR(ClaimDirectories());
   if (env_.world_size == 1) return absl::OkStatus();
   // Whose directory is whose: a candidate that sees a lower node's marker shares its
   // storage and leaves the writing to it.

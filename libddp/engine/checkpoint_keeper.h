@@ -15,6 +15,10 @@
 // storage) still resumes from the newest one any rank has. A checkpoint written by
 // another job (another DDP_JOB_ID) is refused unless checkpoint.resume is `force`.
 //
+// Fencing: each node's writer candidate claims its directory for its attempt at
+// Setup (and every node's, with {node}): a rank of an older attempt still running
+// somewhere, cut off, can no longer put a checkpoint there (checkpoint_store.h).
+//
 // Lifecycle: constructed once the process group is up -> Setup() (collective) ->
 // Restore() (collective) -> Save() at each checkpoint (every rank calls it; writers
 // write).
@@ -44,8 +48,8 @@ void RestoreRngState(const at::Tensor& state);
 
 class CheckpointKeeper {
  public:
-  // `dir`: checkpoint.dir with its placeholders replaced. `comm` and `device` (where
-  // collectives want their tensors) outlive the keeper.
+  // `spec.dir` as written ({job_id}, {node}); `dir`: with its placeholders replaced.
+  // `comm` and `device` (where collectives want their tensors) outlive the keeper.
   CheckpointKeeper(const CheckpointSpec& spec, std::string dir, const Environment& env,
                    Comm* comm, at::Device device);
 
@@ -73,6 +77,9 @@ class CheckpointKeeper {
   // Rank `root`'s bytes on every rank (collective).
   absl::StatusOr<std::vector<char>> BroadcastFrom(int root, const std::vector<char>& bytes);
   std::string MarkerPrefix() const;
+  // Makes this attempt the newest of the directory (and, with {node} in the template,
+  // of every node's directory there is): CheckpointStore::Claim.
+  absl::Status ClaimDirectories();
 
   const CheckpointSpec spec_;
   const Environment env_;

@@ -2,12 +2,14 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <random>
 
 #include "absl/status/status.h"
@@ -15,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/ascii.h"
 #include "common/logging.h"
 
 namespace ddp {
@@ -47,6 +50,64 @@ absl::Status WriteAll(int fd, const char* p, size_t left, const std::string& pat
     left -= static_cast<size_t>(n);
   }
   return absl::OkStatus();
+}
+
+constexpr char kFenceFile[] = ".fence";
+
+// <dir>/.fence, opened and locked (flock, exclusive) for as long as it lives.
+class FenceLock {
+ public:
+  explicit FenceLock(const std::string& dir) : path_((fs::path(dir) / kFenceFile).string()) {
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd_ < 0) {
+      error_ = absl::UnavailableError(absl::StrCat("cannot open ", path_, ": ", std::strerror(errno)));
+      return;
+    }
+    while (::flock(fd_, LOCK_EX) != 0) {
+      if (errno == EINTR) continue;
+      error_ = absl::UnavailableError(absl::StrCat("cannot lock ", path_, ": ", std::strerror(errno)));
+      return;
+    }
+  }
+  ~FenceLock() {
+    if (fd_ >= 0) ::close(fd_);  // Unlocks.
+  }
+  const absl::Status& error() const { return error_; }
+
+  // The newest attempt recorded (0: none yet).
+  absl::StatusOr<int64_t> Newest() const {
+    char buf[32] = {};
+    const ssize_t n = ::pread(fd_, buf, sizeof(buf) - 1, 0);
+    if (n < 0) return absl::UnavailableError(absl::StrCat("cannot read ", path_, ": ", std::strerror(errno)));
+    int64_t attempt = 0;
+    const std::string raw(buf, static_cast<size_t>(n));
+    const std::string text(absl::StripAsciiWhitespace(raw));
+    if (!text.empty() && !absl::SimpleAtoi(text, &attempt)) {
+      return absl::UnavailableError(absl::StrCat(path_, " holds '", text, "', not an attempt number"));
+    }
+    return attempt;
+  }
+  absl::Status Record(int64_t attempt) const {
+    const std::string text = absl::StrCat(attempt, "\n");
+    if (::ftruncate(fd_, 0) != 0 ||
+        ::pwrite(fd_, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()) ||
+        ::fsync(fd_) != 0) {
+      return absl::UnavailableError(absl::StrCat("cannot write ", path_, ": ", std::strerror(errno)));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  absl::Status error_;
+};
+
+absl::Status Fenced(const std::string& dir, int64_t newest, int64_t mine) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "fenced: attempt ", newest, " of this job now owns checkpoint directory ", dir,
+      "; this rank of attempt ", mine,
+      " (given up on by the coordinator) writes no checkpoint there"));
 }
 
 void SyncDir(const std::string& dir) {
@@ -140,11 +201,28 @@ absl::Status CheckpointStore::Write(int64_t step, const std::vector<char>& bytes
     ::unlink(tmp.c_str());
     return absl::UnavailableError(absl::StrCat("cannot flush ", tmp, ": ", std::strerror(e)));
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    ::unlink(tmp.c_str());
-    return absl::UnavailableError(
-        absl::StrCat("cannot rename ", tmp, " to ", path, ": ", std::strerror(e)));
+  {
+    // The fence is checked, and the rename made, under its lock: a newer attempt's
+    // claim comes entirely before (and this save is refused) or after.
+    std::optional<FenceLock> fence;
+    if (options_.attempt > 0) {
+      fence.emplace(options_.dir);
+      if (!fence->error().ok()) {
+        ::unlink(tmp.c_str());
+        return fence->error();
+      }
+      absl::StatusOr<int64_t> newest = fence->Newest();
+      if (!newest.ok() || *newest > options_.attempt) {
+        ::unlink(tmp.c_str());
+        return newest.ok() ? Fenced(options_.dir, *newest, options_.attempt) : newest.status();
+      }
+    }
+    if (::rename(tmp.c_str(), path.c_str()) != 0) {
+      const int e = errno;
+      ::unlink(tmp.c_str());
+      return absl::UnavailableError(
+          absl::StrCat("cannot rename ", tmp, " to ", path, ": ", std::strerror(e)));
+    }
   }
   SyncDir(options_.dir);  // The rename itself must survive a crash.
   // Only now, with the new one complete, do the oldest go.
@@ -157,6 +235,23 @@ absl::Status CheckpointStore::Write(int64_t step, const std::vector<char>& bytes
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckpointStore::Claim() const {
+  if (options_.attempt <= 0) return absl::OkStatus();
+  std::error_code ec;
+  fs::create_directories(options_.dir, ec);
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot create checkpoint directory ", options_.dir, ": ", ec.message()));
+  }
+  FenceLock fence(options_.dir);
+  if (!fence.error().ok()) return fence.error();
+  absl::StatusOr<int64_t> newest = fence.Newest();
+  if (!newest.ok()) return newest.status();
+  if (*newest > options_.attempt) return Fenced(options_.dir, *newest, options_.attempt);
+  if (*newest == options_.attempt) return absl::OkStatus();
+  return fence.Record(options_.attempt);
 }
 
 int CheckpointStore::RemoveOwnTemporaries() const {

@@ -12,6 +12,13 @@
 // checkpoints stay untouched. Once the new one is in place the oldest complete ones
 // beyond `keep` are deleted. A writer's leftover temporaries (a save killed midway)
 // are removed by the next writer with the same identity, never anyone else's.
+//
+// Fenced by attempt: <dir>/.fence holds the newest attempt of the job that claimed
+// the directory (Claim(), at every attempt's start). A save checks it, under an
+// exclusive flock of that file, right before its rename: a writer of an older attempt
+// (a rank the coordinator has given up on, still running behind a partition) finds a
+// newer one there and writes nothing, FAILED_PRECONDITION; a claim waits for a rename
+// in progress. So a stale attempt never puts a checkpoint over a newer attempt's.
 #ifndef DDP_LIBDDP_ENGINE_CHECKPOINT_STORE_H_
 #define DDP_LIBDDP_ENGINE_CHECKPOINT_STORE_H_
 
@@ -34,6 +41,8 @@ class CheckpointStore {
     // DDP_DEBUG_CHECKPOINT_STALL: stop halfway through the save of this global step
     // and wait to be killed (tests stage a kill during a save). -1: never.
     int64_t stall_at_step = -1;
+    // The writer's attempt (1, 2, ...): saves are fenced by it. 0: not fenced.
+    int64_t attempt = 0;
   };
 
   explicit CheckpointStore(Options options);
@@ -50,6 +59,10 @@ class CheckpointStore {
   // Saves `bytes` as the checkpoint of `step` (replacing one of the same step), then
   // deletes the oldest beyond `keep`. UNAVAILABLE on I/O errors, naming the path.
   absl::Status Write(int64_t step, const std::vector<char>& bytes);
+  // Records this writer's attempt as the directory's newest (creating the directory),
+  // unless a newer one did: FAILED_PRECONDITION then, naming it. UNAVAILABLE on I/O
+  // errors. No-op without an attempt.
+  absl::Status Claim() const;
   // Deletes this writer's temporaries (saves killed midway); returns how many.
   int RemoveOwnTemporaries() const;
 

@@ -229,5 +229,35 @@ TEST(TrainerCheckpointTest, NodesSharingADirectoryWriteItOnce) {
   EXPECT_EQ(Held(dir + "/ckpt"), (std::vector<int>{55, 56}));
 }
 
+TEST(TrainerCheckpointTest, AnAttemptGivenUpOnWritesNoCheckpointOverANewerOnes) {
+  const std::string dir = testing::MakeTempDir("ckpt-fenced");
+  // Node c ran an earlier attempt and is gone (cut off): its directory is fenced too.
+  std::filesystem::create_directories(dir + "/ckpt/c");
+  testing::TrainerLaunch newer = TwoNodes(Job(dir), "a", "b");
+  newer.env["DDP_ATTEMPT"] = "2";
+  DDP_ASSERT_OK_AND_ASSIGN(auto done, testing::RunTrainers(newer));
+  ExpectAllSucceeded(done);
+  for (const char* node : {"a", "b", "c"}) {
+    EXPECT_EQ(testing::ReadFile(absl::StrCat(dir, "/ckpt/", node, "/.fence")), "2\n") << node;
+  }
+  const std::vector<int> held = Held(dir + "/ckpt/a");
+
+  // A rank of attempt 1 still running somewhere writes nothing there.
+  testing::TrainerLaunch stale = TwoNodes(Job(dir), "a", "b");
+  stale.env["DDP_ATTEMPT"] = "1";
+  DDP_ASSERT_OK_AND_ASSIGN(auto refused, testing::RunTrainers(stale));
+  bool told = false;
+  for (const RankResult& r : refused) {
+    EXPECT_NE(r.exit.exit_code, 0) << r.exit.ToString();
+    EXPECT_TRUE(r.OfType("step").empty()) << "refused before training";
+    for (const Event& e : r.OfType("error")) {
+      told |= absl::StrContains(e.String("message"),
+                                "fenced: attempt 2 of this job now owns checkpoint directory");
+    }
+  }
+  EXPECT_TRUE(told) << refused[0].stderr_text;
+  EXPECT_EQ(Held(dir + "/ckpt/a"), held);
+}
+
 }  // namespace
 }  // namespace ddp

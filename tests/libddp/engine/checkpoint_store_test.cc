@@ -110,5 +110,50 @@ TEST(CheckpointStoreTest, MarkersTellWritersApart) {
   EXPECT_THAT(store.Markers(".writer.job.1."), ElementsAre(".writer.job.1.2"));
 }
 
+CheckpointStore OfAttempt(const std::string& dir, const std::string& writer, int64_t attempt) {
+  return CheckpointStore(CheckpointStore::Options{dir, writer, 2, -1, attempt});
+}
+
+TEST(CheckpointStoreTest, AStaleAttemptWritesNothingOnceANewerOneClaimedTheDirectory) {
+  const std::string dir = testing::MakeTempDir("fence") + "/ckpt";
+  CheckpointStore old_attempt = OfAttempt(dir, "job.w2", 1);
+  ASSERT_THAT(old_attempt.Claim(), ::ddp::testing::IsOk());
+  ASSERT_THAT(old_attempt.Write(10, {'a'}), ::ddp::testing::IsOk());
+  // The coordinator gave up on attempt 1 (w2 cut off); attempt 2 starts elsewhere.
+  CheckpointStore new_attempt = OfAttempt(dir, "job.w3", 2);
+  ASSERT_THAT(new_attempt.Claim(), ::ddp::testing::IsOk());
+  EXPECT_THAT(old_attempt.Write(20, {'b'}),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("fenced: attempt 2 of this job now owns checkpoint directory")));
+  EXPECT_THAT(old_attempt.Claim(), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                            HasSubstr("this rank of attempt 1")));
+  DDP_ASSERT_OK_AND_ASSIGN(auto steps, new_attempt.Steps());
+  EXPECT_THAT(steps, ElementsAre(10)) << "the refused save left nothing behind";
+  EXPECT_THAT(Names(dir), UnorderedElementsAre("checkpoint-0000000010.pt", ".fence"));
+  ASSERT_THAT(new_attempt.Write(20, {'c'}), ::ddp::testing::IsOk());
+  // Claims are idempotent and never lower the fence.
+  ASSERT_THAT(new_attempt.Claim(), ::ddp::testing::IsOk());
+  ASSERT_THAT(OfAttempt(dir, "job.w1", 3).Claim(), ::ddp::testing::IsOk());
+  EXPECT_THAT(new_attempt.Write(30, {'d'}), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_EQ(testing::ReadFile(dir + "/.fence"), "3\n");
+}
+
+TEST(CheckpointStoreTest, AWriterWithoutAnAttemptIsNotFenced) {
+  const std::string dir = testing::MakeTempDir("unfenced");
+  ASSERT_THAT(OfAttempt(dir, "job.a", 5).Claim(), ::ddp::testing::IsOk());
+  EXPECT_THAT(Store(dir, "job.b").Write(1, {'x'}), ::ddp::testing::IsOk());
+}
+
+TEST(CheckpointStoreTest, AFenceFileThatIsNoNumberIsAnErrorAndKeepsWhatIsThere) {
+  const std::string dir = testing::MakeTempDir("badfence");
+  CheckpointStore store = OfAttempt(dir, "job.a", 1);
+  ASSERT_THAT(store.Write(1, {'x'}), ::ddp::testing::IsOk());
+  testing::WriteFile(dir + "/.fence", "two\n");
+  EXPECT_THAT(store.Write(2, {'y'}), StatusIs(absl::StatusCode::kUnavailable,
+                                               HasSubstr("holds 'two', not an attempt number")));
+  DDP_ASSERT_OK_AND_ASSIGN(auto steps, store.Steps());
+  EXPECT_THAT(steps, ElementsAre(1));
+}
+
 }  // namespace
 }  // namespace ddp
