@@ -5,8 +5,9 @@ nothing. Each case on hosts of its own (tests/multihost/netns.py):
     python3 tests/multihost/multihost_fencing_test.py BIN_DIR SOURCE_DIR [CASE...]
 
 CASE (default all): `control` (w2 cut from the coordinator's port only; the workers
-still reach each other), `isolated` (w2 cut from everyone), `outage` (the coordinator
-killed, back after 6 s).
+still reach each other), `oneway` (what w2 sends the coordinator's host is lost; the
+other way flows), `isolated` (w2 cut from everyone), `outage` (the coordinator killed,
+back after 6 s).
 
 A coordinator (h0) and two workers of two slots (w1, w2) run two 2-node jobs: the
 built-in trainer with checkpoints in one shared directory, and a command job printing
@@ -32,7 +33,7 @@ from ddp_on_hosts import Checks, DdpOnHosts, Watch  # noqa: E402
 from netns import SKIP, Hosts  # noqa: E402
 
 bindir, source = (os.path.abspath(a) for a in sys.argv[1:3])
-cases = sys.argv[3:] or ["control", "isolated", "outage"]
+cases = sys.argv[3:] or ["control", "oneway", "isolated", "outage"]
 why = Hosts.unavailable() or Hosts.no_iptables()
 if why:
     print("SKIP: " + why)
@@ -75,8 +76,8 @@ def write_jobs(tmp):
 
 
 def check_partition(case, ddp, jobs, watch, w2_log, lines, lost_at, fenced, back, first_step):
-    reason = ("still reaches the coordinator" if case == "control"
-              else "answers either: this worker is cut off")
+    reason = ("answers either: this worker is cut off" if case == "isolated"
+              else "still reaches the coordinator")
     check(reason in w2_log, "%s: w2's log says why it fenced: ...%s..." % (case, reason))
     check(lost_at is not None and fenced is not None and fenced < lost_at,
           "%s: w2's ranks gone %.2f s after the cut, before w2 was declared lost at %.2f s"
@@ -126,6 +127,8 @@ def run_case(case, tmp):
         t_cut = time.time()
         if case == "control":
             hosts.partition(2, 0, port=7700)
+        elif case == "oneway":
+            hosts.drop(2, 0)
         elif case == "isolated":
             hosts.cut(2)
         else:
@@ -151,7 +154,10 @@ def run_case(case, tmp):
                     ended[job] = j
             time.sleep(0.2)
         if case != "outage":
-            (hosts.heal_links if case == "control" else lambda: hosts.heal(2))()
+            if case == "isolated":
+                hosts.heal(2)
+            else:
+                hosts.heal_links()
             t_heal = time.time()
             back = None
             while time.time() - t_heal < 30:

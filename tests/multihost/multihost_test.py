@@ -12,6 +12,8 @@ between them, mTLS and tokens with certificates made for the hosts' addresses
   rank 0's worker hosts the rendezvous (MASTER_ADDR), and the ranks' Gloo listens on the
   hosts' own interface (GLOO_SOCKET_IFNAME from --advertise-addr; this machine's host
   name resolves to loopback, where Gloo would listen otherwise);
+- with every link 20 ms slower each way and 1% lossy (ddp-test-netem on NFQUEUE; this
+  kernel has no netem), a 2-node job still SUCCEEDS;
 - nothing is left behind: processes and namespaces.
 Skips (exit 77) where namespaces cannot be made.
 """
@@ -19,6 +21,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ddp_on_hosts import Checks, DdpOnHosts  # noqa: E402
@@ -86,7 +89,37 @@ def main(tmp):
                   where <= {hosts[i].addr for i in names},
                   "%s: each rank on a host of its own: %s" % (
                       what, {r: (v.get("worker"), v.get("address")) for r, v in ranks.items()}))
+        slow_links(hosts, ddp, client, data)
     check(hosts.leftovers() == [], "no namespace left behind")
+
+
+def slow_links(hosts, ddp, client, data):
+    """Every link 20 ms slower each way and 1% lossy (ddp-test-netem): a 2-node job still
+    SUCCEEDS."""
+    netem = os.path.join(bindir, "ddp-test-netem")
+    why = Hosts.no_iptables() or (None if os.path.exists(netem) else
+                                  "no ddp-test-netem (built with libnetfilter-queue-dev)")
+    if why:
+        print("skipped, slow links: " + why)
+        return
+    spec = os.path.join(os.path.dirname(ddp.log_path("x")), "slow.yaml")
+    with open(spec, "w") as f:
+        f.write("name: slow-links\nnodes: 2\nnproc_per_node: 1\n"
+                "model: {mlp: {hidden: [16]}}\n"
+                "data: {csv: {path: %s, skip_rows: 1, label_column: -1, standardize: true}}\n"
+                "train: {epochs: 1, batch_size: 16, optimizer: {name: adam, lr: 0.001}}\n" % data)
+    hosts.slow(netem, 20, 0.01, seed=30)
+    probe = ("import socket, sys, time\nt = time.time()\n"
+             "socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)\n"
+             "print(time.time() - t)")
+    r = hosts.run(client.index, ["python3", "-c", probe, ddp.coordinator.addr, "7700"])
+    rtt = float(r.stdout or "0")
+    check(rtt >= 0.04, "slow links: a TCP connect takes %.0f ms (20 ms each way)" % (rtt * 1000))
+    t0 = time.time()
+    j = ddp.wait_job(client.index, ddp.submit(client.index, spec), timeout=300)
+    check(j["state"] == "SUCCEEDED", "slow links (20 ms, 1%% loss): %s %s in %.1f s" % (
+        j["state"], j.get("reason", ""), time.time() - t0))
+    hosts.fast()
 
 
 tmp = tempfile.mkdtemp(prefix="ddp-multihost-")
