@@ -51,18 +51,27 @@ class DdpOnHosts:
         self._coordinator_starts = 0
         self.start_coordinator()
         self._worker_args = list(worker_args)
+        self.worker_procs = {}
         self._worker_security = worker_security
         for i, name in workers.items():
             self.start_worker(i, name)
 
     def start_worker(self, i, name, security=()):
         """A ddp-worker `name` on host i (one of `workers`, or a new one with `security`)."""
-        return self.hosts.spawn(
+        self.worker_procs[name] = self.hosts.spawn(
             i, [self.bin("ddp-worker"), "--coordinator", self.addr, "--name", name,
                 "--advertise-addr", self.hosts[i].addr,
                 *self._worker_security.get(name, security),
                 "--work-dir", os.path.join(self.tmp, "work-" + name), *self._worker_args],
             log=self.log_path(name))
+        return self.worker_procs[name]
+
+    def kill_worker(self, name):
+        """SIGKILL to worker `name` (a crash: its ranks die with it, PR_SET_PDEATHSIG)."""
+        p = self.worker_procs[name]
+        if p.poll() is None:
+            p.kill()
+            p.wait()
 
     def start_coordinator(self):
         """Starts the coordinator (again, after kill_coordinator(): same state dir); its
@@ -179,7 +188,9 @@ class Watch:
     gone_at(pred) (when the processes `pred` picks were last seen, +50 ms)."""
 
     def __init__(self, job_ids, checkpoint_dirs=()):
-        self.job_ids, self.dirs = set(job_ids), list(checkpoint_dirs)
+        # A set or list passed in is read at every sample: a caller may add to it.
+        self.job_ids = job_ids if isinstance(job_ids, set) else set(job_ids)
+        self.dirs = checkpoint_dirs if isinstance(checkpoint_dirs, list) else list(checkpoint_dirs)
         self.samples = []  # (time, rank_processes, {dir: newest step})
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -187,8 +198,8 @@ class Watch:
 
     def _run(self):
         while not self._stop.is_set():
-            self.samples.append((time.time(), rank_processes(self.job_ids),
-                                 {d: newest_checkpoint(d) for d in self.dirs}))
+            self.samples.append((time.time(), rank_processes(set(self.job_ids)),
+                                 {d: newest_checkpoint(d) for d in list(self.dirs)}))
             self._stop.wait(0.05)
 
     def stop(self):
