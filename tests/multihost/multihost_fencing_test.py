@@ -7,7 +7,7 @@ nothing. Each case on hosts of its own (tests/multihost/netns.py):
 CASE (default all): `control` (w2 cut from the coordinator's port only; the workers
 still reach each other), `oneway` (what w2 sends the coordinator's host is lost; the
 other way flows), `isolated` (w2 cut from everyone), `outage` (the coordinator killed,
-back after 6 s).
+back after 6 s), `data` (w2 cut from w1 only, both still reaching the coordinator).
 
 A coordinator (h0) and two workers of two slots (w1, w2) run two 2-node jobs: the
 built-in trainer with checkpoints in one shared directory, and a command job printing
@@ -18,7 +18,10 @@ a numbered line every 100 ms; then a spare worker (w3) joins and w2 is cut off. 
 - a partition: w2's ranks are gone before the coordinator declares w2 lost, w2's log
   says why, and once healed w2 is back within seconds and its orphan's last line (the
   command job's, numbered in a file as well) reaches `ddpctl logs`;
-- an outage: w2's log says the other workers lost the coordinator too, nothing is fenced.
+- an outage: w2's log says the other workers lost the coordinator too, nothing is fenced;
+- a data-plane cut: nobody fences; the built-in job's ranks, whose collectives hang, are
+  failed by the coordinator's stall watchdog (train.stall_timeout_s 5 there) and the job
+  restarts (healed once it has); the command job, whose ranks never talk, goes on.
 Prints each case's timings: lost declared after N s, ranks fenced after M s, the
 restart's first step after K s. Skips (exit 77) where namespaces cannot be made.
 """
@@ -33,7 +36,7 @@ from ddp_on_hosts import Checks, DdpOnHosts, Watch  # noqa: E402
 from netns import SKIP, Hosts  # noqa: E402
 
 bindir, source = (os.path.abspath(a) for a in sys.argv[1:3])
-cases = sys.argv[3:] or ["control", "oneway", "isolated", "outage"]
+cases = sys.argv[3:] or ["control", "oneway", "isolated", "outage", "data"]
 why = Hosts.unavailable() or Hosts.no_iptables()
 if why:
     print("SKIP: " + why)
@@ -53,7 +56,7 @@ for step in range(int(sys.argv[2])):
 """
 
 
-def write_jobs(tmp):
+def write_jobs(tmp, stall_timeout_s=0):
     data = os.path.join(source, "data", "breast_cancer.csv")
     ckpt = os.path.join(tmp, "ckpt")
     builtin = os.path.join(tmp, "builtin.yaml")
@@ -61,8 +64,9 @@ def write_jobs(tmp):
         f.write("name: fenced\nnodes: 2\nnproc_per_node: 1\nmax_restarts: 2\n"
                 "model: {mlp: {hidden: [256, 256]}}\n"
                 "data: {csv: {path: %s, skip_rows: 1, label_column: -1, standardize: true}}\n"
-                "train: {epochs: 30, batch_size: 8, optimizer: {name: adam, lr: 0.001}}\n"
-                "checkpoint: {dir: \"%s\", every_steps: 10}\n" % (data, ckpt))
+                "train: {epochs: 30, batch_size: 8, optimizer: {name: adam, lr: 0.001},\n"
+                "        stall_timeout_s: %d}\n"
+                "checkpoint: {dir: \"%s\", every_steps: 10}\n" % (data, stall_timeout_s, ckpt))
     lines = os.path.join(tmp, "lines")
     os.makedirs(lines)
     with open(os.path.join(tmp, "ticker.py"), "w") as f:
@@ -104,7 +108,7 @@ def check_partition(case, ddp, jobs, watch, w2_log, lines, lost_at, fenced, back
 
 def run_case(case, tmp):
     print("== %s" % case, flush=True)
-    builtin, command, ckpt, lines = write_jobs(tmp)
+    builtin, command, ckpt, lines = write_jobs(tmp, 5 if case == "data" else 0)
     with Hosts(4) as hosts:
         ddp = DdpOnHosts(hosts, bindir, tmp, workers={1: "w1", 2: "w2"},
                          coordinator_args=("--command-jobs", "users"),
@@ -131,9 +135,11 @@ def run_case(case, tmp):
             hosts.drop(2, 0)
         elif case == "isolated":
             hosts.cut(2)
+        elif case == "data":
+            hosts.partition(2, 1)
         else:
             ddp.kill_coordinator()
-        lost_at = first_step = back = None
+        lost_at = first_step = back = failed_at = None
         ended = {}
         while len(ended) < len(jobs) and time.time() - t_cut < 120:
             if case == "outage" and ddp.coordinator_proc.poll() is not None:
@@ -147,13 +153,17 @@ def run_case(case, tmp):
                 lost_at = time.time() - t_cut
             for job in jobs:
                 j = ddp.job(0, job)
+                if case == "data" and job == jobs[0] and failed_at is None and \
+                        len(j.get("attempts", [])) >= 2:
+                    failed_at = time.time() - t_cut
+                    hosts.heal_links()
                 if first_step is None and job == jobs[0] and any(
                         m.get("attempt", 1) >= 2 for m in j.get("metrics", [])):
                     first_step = time.time() - t_cut
                 if j["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
                     ended[job] = j
             time.sleep(0.2)
-        if case != "outage":
+        if case not in ("outage", "data"):
             if case == "isolated":
                 hosts.heal(2)
             else:
@@ -178,7 +188,18 @@ def run_case(case, tmp):
         w2_log = open(ddp.log_path("w2")).read()
         on_w2 = watch.last_seen(lambda job, rank, attempt, node: node == "w2" and attempt == 1)
         fenced = None if on_w2 is None else on_w2 + 0.05 - t_cut
-        if case == "outage":
+        if case == "data":
+            first = ended.get(jobs[0], {}).get("attempts", [{}])[0]
+            check("stalled: no progress" in first.get("reason", ""),
+                  "data: the built-in job's attempt 1 failed %.1f s after the cut: %s"
+                  % (failed_at or -1, first.get("reason")))
+            check("no heartbeat through" not in w2_log, "data: nobody lost the coordinator")
+            check(len(ended.get(jobs[1], {}).get("attempts", [])) == 1,
+                  "data: the command job went on in its first attempt")
+            print("data: the stall watchdog failed the attempt after %.1f s; the restart's "
+                  "first step after %s s" % (failed_at or -1,
+                                             "%.2f" % first_step if first_step else "?"))
+        elif case == "outage":
             said = [line for line in w2_log.splitlines() if "no heartbeat through" in line]
             check(len(said) == 1 and "lost the coordinator too" in said[0],
                   "outage: w2 asked the others, who lost the coordinator too, and fenced "
