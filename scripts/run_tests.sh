@@ -22,6 +22,10 @@ bash scripts/install_deps.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDDP_FUZZ=ON
 cmake --build build -j "$(nproc)"
 (cd build && ctest --output-on-failure --timeout 1200 "$@")
+# What the multi-host tests measured: the partition timings and the chaos soak's seed and
+# fault count (ctest keeps every test's output in its log).
+grep -hE '^(chaos soak: |[a-z]+: lost declared after|outage: [0-9]|data: the stall)' \
+  build/Testing/Temporary/LastTest.log 2>/dev/null || true
 
 [ "$torch2" = 1 ] || exit 0
 echo "== the PyPI flavour: torch 2.11 (docs/torch.md)"
