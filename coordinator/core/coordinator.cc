@@ -276,6 +276,18 @@ void Coordinator::PreemptForPriorityLocked(JobRecord& rec, const std::string& re
 
 bool Coordinator::FormLocked(JobRecord& rec, const std::vector<NodeOffer>& nodes,
                              TouchList& touched) {
+  // Never two live processes of one rank: a restart waits until every rank of the
+  // attempt before it is gone, on every worker, not only where it would land (a free
+  // slot elsewhere is no reason to start rank 0 while the old rank 0 still stops). A
+  // rank on a lost worker counts as gone: that worker killed it before it could be
+  // declared lost (worker/agent/fence.h). The exits reported free the job again.
+  if (const int live = PreviousAttemptLiveRanksLocked(rec); live > 0) {
+    ApplyLocked(rec,
+                Wait(rec, absl::StrCat("waiting for ", live, " rank(s) of attempt ",
+                                       rec.job.attempts_size(), " to exit before restarting")),
+                touched);
+    return false;
+  }
   WorkerRecord* head = registry_.Find(nodes[0].worker);
   std::vector<int32_t> no_ports;
   const int port = ports_.Pick(nodes[0].worker, nodes[0].address,
@@ -286,6 +298,18 @@ bool Coordinator::FormLocked(JobRecord& rec, const std::vector<NodeOffer>& nodes
   }
   ApplyLocked(rec, FormAttempt(rec, nodes, port, clock_->Now(), StartTimeout(options_)), touched);
   return true;
+}
+
+int Coordinator::PreviousAttemptLiveRanksLocked(const JobRecord& rec) const {
+  if (rec.job.attempts_size() == 0) return 0;
+  const v1::Attempt& previous = rec.job.attempts(rec.job.attempts_size() - 1);
+  const TaskKey key{rec.job.id(), previous.number()};
+  int live = 0;
+  for (const v1::RankAssignment& r : previous.ranks()) {
+    const WorkerRecord* w = registry_.Find(r.worker());
+    if (w != nullptr && w->alive && registry_.RankMayLive(*w, key, r)) ++live;
+  }
+  return live;
 }
 
 absl::Status Coordinator::Recover() {

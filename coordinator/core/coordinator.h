@@ -263,9 +263,12 @@ class Coordinator {
   // `reason`, its row is deleted. Returns the store ticket to wait on.
   StoreWriter::Ticket ForgetWorkerLocked(WorkerRecord& worker, const std::string& reason,
                                          TouchList& touched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Forms the attempt if its rank-0 node has a free port for the store.
+  // Forms the attempt if its rank-0 node has a free port for the store, and no rank of
+  // the attempt before it may still live.
   bool FormLocked(JobRecord& job, const std::vector<NodeOffer>& nodes, TouchList& touched)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ranks of the job's last attempt that may still run on a live worker.
+  int PreviousAttemptLiveRanksLocked(const JobRecord& rec) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A changed report of `worker`: a start error with node_fault, or a rank that
   // exited kExitNodeFault, quarantines the worker; a rank that exited 0 ends its
   // streak of node faults.

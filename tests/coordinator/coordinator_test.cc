@@ -451,6 +451,34 @@ TEST_F(CoordinatorTest, MissedHeartbeatsFailTheAttemptAndTheJobRestarts) {
   EXPECT_FALSE(workers_view->workers(1).alive());
 }
 
+TEST_F(CoordinatorTest, ARestartWaitsUntilEveryRankOfTheAttemptBeforeItIsGone) {
+  // Two slots each: w1 keeps a free slot while its rank of attempt 1 stops, and w3 is
+  // free, so only the rule keeps attempt 2 from starting that rank's number again.
+  Register("w1", 2);
+  Register("w2", 2);
+  Register("w3", 2);
+  const std::string id = Submit(JobYaml("max_restarts: 1\n"));
+  auto [t1, t2] = StartOnTwoWorkers(id);
+  clock_.Advance(absl::Seconds(6));
+  Heartbeat("w1", {Report(t1)});
+  Heartbeat("w3");
+  clock_.Advance(absl::Seconds(5));  // w2 silent for 11s: lost, its rank with it.
+  Heartbeat("w1", {Report(t1)});
+  Heartbeat("w3");
+  coordinator_->Tick();
+  v1::Job job = Get(id);
+  ASSERT_EQ(job.attempts_size(), 1);
+  EXPECT_EQ(job.state(), v1::PENDING);
+  EXPECT_THAT(job.reason(), HasSubstr("waiting for 1 rank(s) of attempt 1 to exit"));
+  EXPECT_TRUE(Heartbeat("w1", {Report(t1)}).empty()) << "w1 stops its rank";
+  EXPECT_TRUE(Heartbeat("w3").empty()) << "nothing starts while it stops";
+  ASSERT_EQ(Get(id).attempts_size(), 1);
+  Heartbeat("w1", {Report(t1, /*exit_code=*/143)});
+  job = Get(id);
+  ASSERT_EQ(job.attempts_size(), 2) << "the exit reported frees the restart";
+  EXPECT_EQ(job.attempts(1).ranks_size(), 2);
+}
+
 TEST_F(CoordinatorTest, APermanentExitFailsTheJobWithoutRestarting) {
   Register("w1");
   Register("w2");

@@ -77,6 +77,15 @@ class MaintenanceTest : public testing::CoordinatorHarness {
     ASSERT_EQ(Get(id).state(), v1::RUNNING);
   }
 
+  // `worker` reports rank 0 of `id`'s attempt `attempt` gone (stopped, as told).
+  void StoppedOn(const std::string& worker, const std::string& id, int attempt) {
+    v1::Task task;
+    task.set_job_id(id);
+    task.set_attempt(attempt);
+    task.add_ranks(0);
+    Heartbeat(worker, {Running(task, /*exited=*/true)});
+  }
+
   // Rank 0 of `id`'s current attempt, on `worker`, reports an event of `type`.
   void Report(const std::string& worker, const std::string& id, const std::string& type,
               int64_t global_step, int64_t epoch = 0) {
@@ -187,6 +196,11 @@ TEST_F(MaintenanceTest, ADrainMovesAJobAfterItsNextCheckpointWithoutSpendingARes
   EXPECT_EQ(Get(id).attempts_size(), 1) << "the final checkpoint moved the job";
 
   Report(from, id, "checkpoint", 5);
+  const v1::Job moving = Get(id);
+  EXPECT_EQ(moving.attempts_size(), 1) << "never two live processes of one rank";
+  EXPECT_THAT(moving.reason(), HasSubstr("waiting for 1 rank(s) of attempt 1 to exit"));
+  EXPECT_EQ(TaskOf(id, Heartbeat(from)), nullptr) << "its trainers are told to stop";
+  StoppedOn(from, id, 1);
   const v1::Job moved = Get(id);
   ASSERT_EQ(moved.attempts_size(), 2) << moved.reason();
   EXPECT_EQ(moved.attempts(0).state(), v1::FAILED);
@@ -197,7 +211,6 @@ TEST_F(MaintenanceTest, ADrainMovesAJobAfterItsNextCheckpointWithoutSpendingARes
   EXPECT_THAT(moved.attempts(0).reason(), HasSubstr("global step 5"));
   EXPECT_EQ(moved.restarts(), 0) << "not counted against max_restarts (0 here)";
   EXPECT_EQ(Host(id), to);
-  EXPECT_EQ(TaskOf(id, Heartbeat(from)), nullptr) << "its trainers are told to stop";
   const v1::Worker* drained = Find(Workers(), from);
   ASSERT_NE(drained, nullptr);
   EXPECT_TRUE(drained->jobs().empty()) << "drained";
@@ -229,12 +242,13 @@ TEST_F(MaintenanceTest, DrainPoliciesNowAndWaitAndAJobWithoutCheckpoints) {
   // --now: at once, however it checkpoints.
   auto view = Set(host, v1::WORKER_DRAINING, v1::DRAIN_NOW);
   ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_TRUE(view->jobs().empty());
+  StoppedOn(host, plain, 1);  // Moved once its trainer is gone.
   const v1::Job moved = Get(plain);
   ASSERT_EQ(moved.attempts_size(), 2);
   EXPECT_THAT(moved.attempts(0).reason(), HasSubstr("is draining now"));
   EXPECT_EQ(moved.restarts(), 0);
   EXPECT_NE(Host(plain), host);
-  EXPECT_TRUE(view->jobs().empty());
 }
 
 TEST_F(MaintenanceTest, OnlyALostWorkerIsRemovedAndItStaysRemoved) {

@@ -299,11 +299,13 @@ TEST_F(SchedulingTest, AWorkerThatSaysItIsLeavingTakesNoRetryAndCostsOneRestart)
   ASSERT_TRUE(coordinator_->Heartbeat(leaving).ok());
   v1::Job job = Get(id);
   EXPECT_THAT(job.attempts(0).reason(), HasSubstr(absl::StrCat("worker ", host, " is leaving (received SIGTERM)")));
-  const std::string retry_host = Host(id);
-  EXPECT_NE(retry_host, host) << "the retry is not placed on the leaving worker";
+  EXPECT_EQ(Get(id).attempts_size(), 1) << "no retry while its trainers still run";
 
   *leaving.mutable_tasks(0) = Report(tasks_.at(id), 143);  // Its trainers stopped.
   ASSERT_TRUE(coordinator_->Heartbeat(leaving).ok());
+  const std::string retry_host = Host(id);
+  EXPECT_FALSE(retry_host.empty());
+  EXPECT_NE(retry_host, host) << "the retry is not placed on the leaving worker";
   v1::LeaveRequest leave;
   leave.set_worker(host);
   leave.set_incarnation(Incarnation(host));

@@ -203,8 +203,16 @@ def main(tmp, check):
                 j["state"] == "FAILED" and FAULT_WORDS.search(j.get("reason", "")))
             check(ok, "%s (%s): %s after %d attempt(s) %s" % (
                 job, j["name"], j["state"], len(j.get("attempts", [])), j.get("reason", "")))
-        check(watch.doubles() == [], "no rank ever had two live processes (%d samples)%s" % (
-            len(watch.samples), "" if not watch.doubles() else ": %s" % watch.doubles()[:3]))
+        def during(t):  # When, and after which fault, for a failure's message.
+            started = [(s, k, WORKERS[w]) for s, k, w, _ in plan if t0 + s <= t]
+            if not started:
+                return "%.1f s" % (t - t0)
+            s, k, w = started[-1]
+            return "%.1f s, %.1f s after %s %s" % (t - t0, t - t0 - s, k, w)
+
+        doubles = ["%s: %s %s" % (during(t), key, procs) for t, key, procs in watch.doubles()]
+        check(doubles == [], "no rank ever had two live processes (%d samples)%s" % (
+            len(watch.samples), "" if not doubles else ": %s" % doubles[:3]))
         check(watch.backwards() == [], "no checkpoint went back (%d directories)%s" % (
             len(soak.ckpt_dirs), "" if not watch.backwards() else ": %s" % watch.backwards()[:3]))
         jobs = set(soak.job_ids)
