@@ -25,6 +25,7 @@
 #include "libddp/engine/checkpoint_keeper.h"
 #include "libddp/engine/comm.h"
 #include "libddp/engine/optimizer.h"
+#include "libddp/engine/recovery.h"
 #include "libddp/engine/reducer.h"
 #include "libddp/engine/sampler.h"
 #include "trainer/dataset.h"
@@ -94,6 +95,22 @@ class TrainerImpl {
 
  private:
   absl::Status Setup();
+  // Forms the process group of env_'s generation, takes a surviving rank's state when
+  // this is a live recovery's generation (TakeLiveState), wraps the model in libddp's
+  // engine and sets up the checkpoint keeper. The same collectives in the same order on
+  // every rank: a replacement's Setup and the survivors' Recover both come here.
+  absl::Status JoinGroup();
+  // Live recovery (docs/recovery.md) after `cause` broke a collective: keeps the model,
+  // optimizer and position, drops the process group, waits for the worker to announce
+  // the next generation, and joins it. `cause` itself when recovery is off or cannot
+  // cure it, or when no generation comes within recovery_timeout_s.
+  absl::Status Recover(const absl::Status& cause);
+  absl::Status TakeLiveState();
+  // Rank 0 tells the coordinator that the generation formed and the state moved.
+  void EmitRecovered(double wait_ms, double sync_ms);
+  // What a checkpoint (or a live recovery's transfer) holds at `pos`.
+  TrainingState StateAt(const Position& pos, const at::Tensor& rng,
+                        const std::vector<double>& loss_totals) const;
   absl::Status Resume();
   absl::Status TrainEpoch(int64_t epoch, int64_t first_step);
   // `complete`: false when train.max_steps stopped the epoch early.
@@ -130,7 +147,7 @@ class TrainerImpl {
   // checkpoint.dir as written ({node} and all): the keeper fences every node's.
   const std::string checkpoint_template_;
   const JobSpec spec_;  // With checkpoint.dir's placeholders replaced.
-  const Environment env_;
+  Environment env_;     // A live recovery moves the store (master_addr, port, generation).
   EventSink& events_;
 
   TrainValData data_;
@@ -162,6 +179,12 @@ class TrainerImpl {
   double last_val_accuracy_ = -1;  // Of the last validation; < 0 when there is none.
   double train_ms_ = 0;           // Time in training steps (no validation, no checkpoints).
   int64_t total_samples_ = 0;     // Samples this rank trained on in this run.
+  // This process holds training state (false for a live recovery's replacement until
+  // it took a survivor's).
+  bool holds_state_ = false;
+  // Of the last live recovery this rank took part in (rank 0 reports them).
+  int recovery_source_ = 0;
+  int64_t recovery_step_ = 0;
 };
 
 absl::Status TrainerImpl::Setup() {
@@ -187,35 +210,17 @@ absl::Status TrainerImpl::Setup() {
   model_->To(device_.device);
   for (auto& [name, p] : model_->Parameters()) params_.push_back(p);
 
-  CommOptions co;
-  co.rdzv_timeout = Seconds(spec_.rdzv.timeout_s);
-  co.collective_timeout = Seconds(spec_.train.collective_timeout_s);
-  co.intra_node = spec_.train.intra_node_comm;
-  DDP_ASSIGN_OR_RETURN(group_, ProcessGroup::Impl::Create(env_, device_, co));
-  // libddp's DistributedDataParallel engine: every rank starts from rank 0's weights;
-  // trainable parameters are reduced in buckets during backward, frozen ones left alone.
-  DdpOptions ddp_options;
-  ddp_options.bucket_cap_mb = spec_.train.bucket_cap_mb;
-  ddp_options.first_bucket_cap_mb = spec_.train.first_bucket_cap_mb;
-  DDP_ASSIGN_OR_RETURN(
-      ddp_, DataParallel::Impl::Create(model_->Parameters(), model_->Buffers(), group_,
-                                       ddp_options, trace_enabled() ? &trace_ : nullptr));
-
   optimizer_ = MakeOptimizer(spec_.train.optimizer, params_);
   sampler_.num_replicas = env_.world_size;
   sampler_.rank = env_.rank;
   sampler_.shuffle = spec_.train.shuffle;
   sampler_.seed = spec_.train.seed;
   sampler_.drop_last = false;  // The sampler pads (as PyTorch's); train.drop_last drops batches.
-  if (!spec_.checkpoint.dir.empty()) {
-    CheckpointSpec as_written = spec_.checkpoint;
-    as_written.dir = checkpoint_template_;
-    keeper_ = std::make_unique<CheckpointKeeper>(as_written, spec_.checkpoint.dir, env_, &comm(),
-                                                 device_.device);
-    DDP_RETURN_IF_ERROR(keeper_->Setup());
-    DDP_RETURN_IF_ERROR(Resume());
-  }
-
+  DDP_RETURN_IF_ERROR(JoinGroup());
+  // A replacement took a survivor's state; the attempt's first ranks resume from the
+  // newest checkpoint, if any.
+  if (keeper_ && env_.generation == 0) DDP_RETURN_IF_ERROR(Resume());
+  holds_state_ = true;
   train_batches_ = std::make_unique<BatchAssembler>(data_.train, spec_.train.batch_size);
   schedule_intervals_ = ScheduleIntervals(spec_.train.lr_schedule, spec_.train.epochs,
                                           StepsPerEpoch(), spec_.train.max_steps);
@@ -227,6 +232,107 @@ absl::Status TrainerImpl::Setup() {
         "only batch"));
   }
   return absl::OkStatus();
+}
+
+absl::Status TrainerImpl::JoinGroup() {
+  CommOptions co;
+  co.rdzv_timeout = Seconds(spec_.rdzv.timeout_s);
+  co.collective_timeout = Seconds(spec_.train.collective_timeout_s);
+  co.intra_node = spec_.train.intra_node_comm;
+  DDP_ASSIGN_OR_RETURN(group_, ProcessGroup::Impl::Create(env_, device_, co));
+  if (env_.generation > 0) DDP_RETURN_IF_ERROR(TakeLiveState());
+  // libddp's DistributedDataParallel engine: every rank starts from rank 0's weights;
+  // trainable parameters are reduced in buckets during backward, frozen ones left alone.
+  DdpOptions ddp_options;
+  ddp_options.bucket_cap_mb = spec_.train.bucket_cap_mb;
+  ddp_options.first_bucket_cap_mb = spec_.train.first_bucket_cap_mb;
+  DDP_ASSIGN_OR_RETURN(
+      ddp_, DataParallel::Impl::Create(model_->Parameters(), model_->Buffers(), group_,
+                                       ddp_options, trace_enabled() ? &trace_ : nullptr));
+  if (!spec_.checkpoint.dir.empty()) {
+    CheckpointSpec as_written = spec_.checkpoint;
+    as_written.dir = checkpoint_template_;
+    keeper_ = std::make_unique<CheckpointKeeper>(as_written, spec_.checkpoint.dir, env_, &comm(),
+                                                 device_.device);
+    DDP_RETURN_IF_ERROR(keeper_->Setup());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TrainerImpl::TakeLiveState() {
+  DDP_ASSIGN_OR_RETURN(const StateSource source,
+                       ChooseSource(comm(), holds_state_ ? pos_.global_step : -1));
+  recovery_source_ = source.rank;
+  recovery_step_ = source.global_step;
+  // Whether a position is saved already must be the same answer on every rank (the
+  // save is collective): after a recovery none is.
+  last_saved_ = {-1, -1, -1};
+  std::vector<char> bytes;
+  if (env_.rank == source.rank) {
+    at::Tensor rng;
+    {
+      at::Generator gen = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      rng = gen.get_state();
+    }
+    bytes = EncodeCheckpoint(StateAt(pos_, rng, {0, 0}));
+  }
+  DDP_ASSIGN_OR_RETURN(bytes, comm().BroadcastBytesFrom(source.rank, bytes,
+                                                        "live recovery: sending the state"));
+  if (env_.rank == source.rank) return absl::OkStatus();
+  const std::string what = absl::StrCat("rank ", source.rank, "'s live state");
+  DDP_ASSIGN_OR_RETURN(const TrainingState state, DecodeCheckpoint(bytes, what));
+  std::vector<NamedTensor> named = model_->Parameters();
+  for (auto& b : model_->Buffers()) named.push_back(b);
+  DDP_RETURN_IF_ERROR(RestoreModel(state, named, what));
+  DDP_RETURN_IF_ERROR(
+      LoadOptimizerStateDict(spec_.train.optimizer, *optimizer_, params_, state.optimizer));
+  pos_ = state.position;
+  if (state.rng_state.defined()) RestoreRngState(state.rng_state);
+  return absl::OkStatus();
+}
+
+absl::Status TrainerImpl::Recover(const absl::Status& cause) {
+  if (spec_.max_recoveries == 0 || env_.generation_file.empty() || !PeerFailure(cause)) {
+    return cause;
+  }
+  const auto t0 = Clock::now();
+  DDP_LOG(WARNING) << "rank " << env_.rank << ": " << cause.message()
+                   << "; keeping this rank's state at step " << pos_.global_step
+                   << " and waiting up to recovery_timeout_s for a replacement";
+  // Gone first, so that ranks still blocked on this one see it fail too.
+  ddp_.reset();
+  keeper_.reset();
+  group_.reset();
+  for (at::Tensor& p : params_) p.mutable_grad().reset();  // The abandoned step's.
+  absl::StatusOr<GenerationNews> news = AwaitGeneration(
+      env_.generation_file, env_.generation, absl::Seconds(spec_.recovery_timeout_s));
+  if (!news.ok()) {
+    return absl::Status(cause.code(), absl::StrCat(cause.message(), "; live recovery: ",
+                                                    news.status().message()));
+  }
+  const double wait_ms = MillisSince(t0);
+  env_.generation = news->generation;
+  env_.master_addr = news->master_addr;
+  env_.master_port = news->master_port;
+  const auto t1 = Clock::now();
+  DDP_RETURN_IF_ERROR(JoinGroup());
+  DDP_LOG(INFO) << "rank " << env_.rank << ": generation " << env_.generation << " formed on "
+                << env_.master_addr << ":" << env_.master_port << "; took rank "
+                << recovery_source_ << "'s state at step " << recovery_step_;
+  EmitRecovered(wait_ms, MillisSince(t1));
+  return absl::OkStatus();
+}
+
+void TrainerImpl::EmitRecovered(double wait_ms, double sync_ms) {
+  if (env_.rank != 0) return;
+  RecoveredEvent e;
+  e.generation = env_.generation;
+  e.source_rank = recovery_source_;
+  e.global_step = recovery_step_;
+  e.wait_ms = wait_ms;
+  e.sync_ms = sync_ms;
+  events_.Emit(e);
 }
 
 absl::Status TrainerImpl::Resume() {
@@ -505,6 +611,24 @@ absl::Status TrainerImpl::Checkpoint(const Position& pos) {
   // Every writer saves rank 0's generator state, as if rank 0 had written them all.
   DDP_ASSIGN_OR_RETURN(at::Tensor rng, RankZeroRngState(comm(), device_.device));
   if (!keeper_->writer()) return absl::OkStatus();
+  TrainingState state = StateAt(pos, rng, loss_totals);
+  DDP_ASSIGN_OR_RETURN(const std::string path, keeper_->Save(std::move(state)));
+  if (env_.rank != 0) {
+    DDP_LOG(INFO) << "checkpoint of step " << pos.global_step << " kept on this node: " << path;
+    return absl::OkStatus();
+  }
+  CheckpointEvent e;
+  e.path = std::filesystem::absolute(path).string();
+  e.epoch = pos.epoch;
+  e.step = pos.step;
+  e.global_step = pos.global_step;
+  e.write_ms = MillisSince(t0);
+  events_.Emit(e);
+  return absl::OkStatus();
+}
+
+TrainingState TrainerImpl::StateAt(const Position& pos, const at::Tensor& rng,
+                                   const std::vector<double>& loss_totals) const {
   TrainingState state;
   state.identity.job = spec_.name;
   state.position = pos;
@@ -528,26 +652,21 @@ absl::Status TrainerImpl::Checkpoint(const Position& pos) {
     state.lr_scheduler = sched;
   }
   state.rng_state = rng;
-  DDP_ASSIGN_OR_RETURN(const std::string path, keeper_->Save(std::move(state)));
-  if (env_.rank != 0) {
-    DDP_LOG(INFO) << "checkpoint of step " << pos.global_step << " kept on this node: " << path;
-    return absl::OkStatus();
-  }
-  CheckpointEvent e;
-  e.path = std::filesystem::absolute(path).string();
-  e.epoch = pos.epoch;
-  e.step = pos.step;
-  e.global_step = pos.global_step;
-  e.write_ms = MillisSince(t0);
-  events_.Emit(e);
-  return absl::OkStatus();
+  return state;
 }
 
 absl::Status TrainerImpl::Run() {
+  const auto t0 = Clock::now();
   DDP_RETURN_IF_ERROR(Setup());
   EmitStart();
+  // A replacement: its whole start (data, model, the group, the state) was the sync.
+  if (env_.generation > 0) EmitRecovered(0, MillisSince(t0));
   while (pos_.epoch < spec_.train.epochs && !IsLastStep()) {
-    DDP_RETURN_IF_ERROR(TrainEpoch(pos_.epoch, pos_.step));
+    // A peer's failure is recovered live when the job allows it; the interrupted step
+    // (or epoch end) is then done again from the state every rank now holds.
+    if (absl::Status st = TrainEpoch(pos_.epoch, pos_.step); !st.ok()) {
+      DDP_RETURN_IF_ERROR(Recover(st));
+    }
   }
   DoneEvent e;
   e.epochs = pos_.epoch;

@@ -44,6 +44,12 @@ struct Environment {
   // DDP_DEBUG_CHECKPOINT_STALL (tests only; -1 when unset): a writer stops halfway
   // through the checkpoint of this global step and waits to be killed.
   int64_t debug_checkpoint_stall = -1;
+  // Live recovery (DDP_GENERATION, DDP_GENERATION_FILE; set by ddp-worker): the
+  // attempt's generation this process was started for (> 0: a replacement, which takes
+  // its state from a surviving rank), and the file where the worker announces later
+  // generations ("" outside ddp-worker: no live recovery).
+  int generation = 0;
+  std::string generation_file;
 };
 
 }  // namespace ddp

@@ -239,9 +239,27 @@ struct ErrorEvent {
   }
 };
 
+struct RecoveredEvent {
+  static constexpr char kType[] = "recovered";
+  static constexpr char kFrom[] = "rank 0";
+  int64_t generation = 0;
+  int64_t source_rank = 0;
+  int64_t global_step = 0;
+  double wait_ms = 0;
+  double sync_ms = 0;
+  template <typename S, typename V>
+  static void Fields(S& s, V&& v) {
+    v("generation", s.generation, "the attempt's live-recovery generation now formed");
+    v("source_rank", s.source_rank, "the rank whose state every rank took");
+    v("global_step", s.global_step, "optimizer steps of that state");
+    v("wait_ms", s.wait_ms, "from the failed collective to the news of the replacement");
+    v("sync_ms", s.sync_ms, "forming the new process group and the state transfer");
+  }
+};
+
 // Every event type, in the order docs/trainer.md lists them.
 using AllEventTypes = std::tuple<StartEvent, BucketsEvent, StepEvent, TraceEvent, EpochEvent,
-                                 CheckpointEvent, DoneEvent, ErrorEvent>;
+                                 CheckpointEvent, DoneEvent, ErrorEvent, RecoveredEvent>;
 
 // Calls fn(E{}) once per event type, in that order.
 template <typename Fn>

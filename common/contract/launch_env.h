@@ -59,6 +59,12 @@ inline constexpr char kEventsFd[] = "DDP_EVENTS_FD";
 inline constexpr char kJobId[] = "DDP_JOB_ID";
 inline constexpr char kAttempt[] = "DDP_ATTEMPT";
 inline constexpr char kNode[] = "DDP_NODE";
+// Live recovery (docs/recovery.md): the attempt's generation this process was started
+// for (0: its first processes), and the file where the worker announces each new
+// generation to running ranks: one line "GENERATION MASTER_ADDR MASTER_PORT",
+// replaced atomically.
+inline constexpr char kGeneration[] = "DDP_GENERATION";
+inline constexpr char kGenerationFile[] = "DDP_GENERATION_FILE";
 
 // torchrun's single role's name.
 inline constexpr char kDefaultRoleName[] = "default";

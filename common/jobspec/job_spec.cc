@@ -162,6 +162,14 @@ void ParseTop(Reader& r, const YAML::Node& root, JobSpec* spec) {
     NonNegative(r, root, "max_restarts", "", spec->max_restarts);
     AtMost(r, root, "max_restarts", "", int64_t{spec->max_restarts}, kMaxRestarts);
   }
+  if (r.Int(root, "max_recoveries", "", &spec->max_recoveries)) {
+    NonNegative(r, root, "max_recoveries", "", spec->max_recoveries);
+    AtMost(r, root, "max_recoveries", "", int64_t{spec->max_recoveries}, kMaxRestarts);
+  }
+  if (r.Double(root, "recovery_timeout_s", "", &spec->recovery_timeout_s)) {
+    Positive(r, root, "recovery_timeout_s", "", spec->recovery_timeout_s);
+    AtMost(r, root, "recovery_timeout_s", "", spec->recovery_timeout_s, kMaxRecoveryTimeoutS);
+  }
   if (r.String(root, "workdir", "", &spec->workdir) && !spec->workdir.empty() &&
       spec->workdir[0] != '/') {
     r.Error(root["workdir"], "workdir", "must be an absolute path");
@@ -738,7 +746,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::st
   try {
     if (r.Map(root, "",
               {"name", "rdzv_id", "nodes", "nproc_per_node", "backend", "max_restarts",
-               "workdir", "env", "command", "stall_timeout_s", "model", "data", "train", "rdzv",
+               "max_recoveries", "recovery_timeout_s", "workdir", "env", "command", "stall_timeout_s", "model", "data", "train", "rdzv",
                "checkpoint", "metrics", "priority", "node_selector", "preemption"})) {
       ParseTop(r, root, &spec);
       if (CheckKind(r, root)) {

@@ -195,6 +195,11 @@ struct JobSpec {
   int nproc_per_node = 1;  // 0 means "auto": one per GPU, 1 on CPU.
   Backend backend = Backend::kAuto;
   int max_restarts = 0;
+  // Live recovery (docs/recovery.md): a failed rank is replaced while the others keep
+  // their processes and state, up to max_recoveries times over the job; a recovery
+  // not done within recovery_timeout_s falls back to a restart (max_restarts).
+  int max_recoveries = 0;
+  double recovery_timeout_s = 60.0;
   std::string workdir;  // Trainers' working directory; relative paths resolve here.
   std::map<std::string, std::string> env;  // Extra environment for the trainers.
   // Non-empty: a command job. argv[0] is an absolute path, a path relative to the
@@ -223,6 +228,7 @@ inline constexpr int64_t kMaxWidth = 65536;        // A hidden layer's or CNN's 
 inline constexpr int64_t kMaxNodes = 4096;
 inline constexpr int64_t kMaxProcPerNode = 1024;
 inline constexpr int64_t kMaxRestarts = 1000;
+inline constexpr double kMaxRecoveryTimeoutS = 3600;
 inline constexpr int64_t kMaxEpochs = 1000000;
 inline constexpr int64_t kMaxBatchSize = 1 << 20;
 inline constexpr int64_t kMaxGradAccumSteps = 65536;

@@ -102,6 +102,7 @@ void Coordinator::ApplyLocked(JobRecord& rec, const JobDelta& delta, TouchList& 
     rec.formed_ticket = writer_.last_staged();  // Covers the attempt's rows.
   }
   NoteMetricsLocked(rec, delta);
+  if (delta.recover) RecoverLocked(rec, touched);
   if (queue_.Sync(rec)) schedule_dirty_ = true;  // The queue changed.
 }
 
@@ -124,6 +125,62 @@ void Coordinator::PlaceAttemptLocked(JobRecord& rec) {
   if (a->ranks_size() > 0) holding_.insert(rec.job.id());
   if (a->state() == v1::RENDEZVOUS) {
     start_deadlines_.Add(rec.start_deadline, rec.job.id(), a->number());
+  }
+}
+
+void Coordinator::RecoverLocked(JobRecord& rec, TouchList& touched) {
+  const v1::Attempt* a = ActiveAttempt(rec);
+  if (a == nullptr || a->ranks_size() == 0) return;
+  const absl::Time now = clock_->Now();
+  for (const v1::RankAssignment& r : a->ranks()) {
+    if (!r.exited()) continue;
+    const WorkerRecord* w = registry_.Find(r.worker());
+    if (w == nullptr || !w->alive || w->leaving) {
+      ApplyLocked(rec,
+                  FailRecovery(rec, absl::StrCat("rank ", r.rank(), "'s worker ", r.worker(),
+                                                 " cannot start its replacement (",
+                                                 w == nullptr || !w->alive ? "lost" : "leaving",
+                                                 ")"),
+                               now),
+                  touched);
+      return;
+    }
+  }
+  StartRecoveryLocked(rec, {}, "", touched);
+}
+
+void Coordinator::StartRecoveryLocked(JobRecord& rec, const std::vector<int>& moved,
+                                      const std::string& cause, TouchList& touched) {
+  const v1::Attempt* a = ActiveAttempt(rec);
+  const absl::Time now = clock_->Now();
+  // A fresh store for the new generation, on rank 0's node: a port it found free.
+  const v1::RankAssignment& head = a->ranks(0);
+  WorkerRecord* w0 = registry_.Find(head.worker());
+  const int port = w0 == nullptr ? 0 : ports_.Pick(head.worker(), head.address(), w0->free_ports);
+  if (port == 0) {
+    ApplyLocked(rec,
+                FailRecovery(rec, absl::StrCat(cause.empty() ? "" : cause + ", and ", "no free port on ",
+                                               head.worker(), " for the new generation's store"),
+                             now),
+                touched);
+    return;
+  }
+  ports_.Release(a->master_addr(), a->master_port());
+  ports_.Hold(head.address(), port);
+  const std::string address = head.address();
+  ApplyLocked(rec, BeginRecovery(rec, address, port, now, moved, cause), touched);
+  a = ActiveAttempt(rec);
+  const TaskKey key{rec.job.id(), a->number()};
+  recovery_deadlines_.Add(rec.recovery_deadline, key.first, key.second);
+  // Every worker of the attempt hears of the new generation now, not a beat later.
+  std::set<std::string> workers;
+  for (const v1::RankAssignment& r : a->ranks()) workers.insert(r.worker());
+  for (const std::string& name : workers) {
+    if (WorkerRecord* w = registry_.Find(name); w != nullptr && w->assigned.count(key)) {
+      AssignedTask same = w->assigned.at(key);
+      registry_.Assign(name, key, std::move(same));  // Bumps its desired version.
+      WakeLongPollsLocked(name);
+    }
   }
 }
 

@@ -242,6 +242,16 @@ class Coordinator {
   void NoteMetricsLocked(const JobRecord& job, const JobDelta& delta)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndAttemptLocked(JobRecord& job, int attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The active attempt's failed ranks are to be replaced live (JobDelta::recover):
+  // starts the recovery (BeginRecovery) with replacements where the failed ranks ran
+  // and a new store port on rank 0's node, or falls back to a restart (FailRecovery)
+  // when their workers cannot take them or no port is free.
+  void RecoverLocked(JobRecord& job, TouchList& touched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // BeginRecovery with a new store port on rank 0's node (FailRecovery when it has
+  // none), its deadline armed and every worker of the attempt woken.
+  void StartRecoveryLocked(JobRecord& job, const std::vector<int>& moved,
+                           const std::string& cause, TouchList& touched)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs scheduling passes if something asked for one (schedule_dirty_), applying
   // their decisions, until no more attempts form.
   void ScheduleLocked(TouchList& touched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -280,7 +290,15 @@ class Coordinator {
   // silent past its timeout. Runs at most once a second.
   void CheckStallsLocked(absl::Time now, TouchList& touched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailAttemptsOnWorkerLocked(const std::string& worker, const std::string& reason,
-                                  TouchList& touched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                  TouchList& touched, bool lost = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `lost` is gone with its trainers: when the job may recover live, its ranks there
+  // move to a spare worker (the first eligible one, by name, with room for all of
+  // them) and the attempt recovers; with no spare the recovery falls back to a
+  // restart, named so. False when live recovery does not apply (the caller fails the
+  // attempt as before).
+  bool ReplaceNodeLocked(JobRecord& job, const std::string& lost, const std::string& reason,
+                         TouchList& touched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The worker as ListWorkers shows it.
   v1::Worker WorkerViewLocked(const WorkerRecord& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Restarts elsewhere the active attempts on draining `worker` that must move now:
@@ -347,6 +365,8 @@ class Coordinator {
   PortBook ports_ ABSL_GUARDED_BY(mu_);
   // Formed attempts whose trainers must be up by a deadline (timers.h).
   StartDeadlines start_deadlines_ ABSL_GUARDED_BY(mu_);
+  // Live recoveries that fall back to a restart unless done by then (same records).
+  StartDeadlines recovery_deadlines_ ABSL_GUARDED_BY(mu_);
   // Per-owner slot quotas: limits_.quotas until SetQuotas.
   Quotas quotas_ ABSL_GUARDED_BY(mu_);
   // Jobs holding nodes: an active attempt with ranks, or a preempted one whose

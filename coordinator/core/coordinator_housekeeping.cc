@@ -1,5 +1,6 @@
 // The facade's time-driven work: heartbeat expiry, quarantines ending, start deadlines,
 // last-call windows and retention. Each costs what is due, not a scan of the cluster.
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
 #include "common/logging.h"
@@ -17,7 +18,7 @@ std::optional<std::vector<std::string>> Coordinator::Housekeep() {
         absl::StrFormat("worker %s lost: no heartbeat for %.1fs", name,
                         absl::ToDoubleSeconds(now - w->last_seen));
     DDP_LOG(WARNING) << reason;
-    FailAttemptsOnWorkerLocked(name, reason, touched);
+    FailAttemptsOnWorkerLocked(name, reason, touched, /*lost=*/true);
     schedule_dirty_ = true;  // The cluster shrank: a queued job may no longer fit.
   }
   for (const std::string& name : registry_.LiftQuarantines(now)) {
@@ -29,6 +30,30 @@ std::optional<std::vector<std::string>> Coordinator::Housekeep() {
     const v1::Attempt* a = rec == nullptr ? nullptr : ActiveAttempt(*rec);
     if (a == nullptr || a->number() != attempt) continue;  // Long since decided.
     ApplyLocked(*rec, TimeOutRendezvous(*rec, now), touched);
+  }
+  for (const auto& [id, attempt] : recovery_deadlines_.Due(now)) {
+    JobRecord* rec = FindLocked(id);
+    const v1::Attempt* a = rec == nullptr ? nullptr : ActiveAttempt(*rec);
+    if (a == nullptr || a->number() != attempt || !Recovering(*a)) continue;
+    if (now < rec->recovery_deadline) {  // A later recovery of the same attempt.
+      recovery_deadlines_.Add(rec->recovery_deadline, id, attempt);
+      continue;
+    }
+    std::vector<std::string> missing;
+    for (const v1::RankAssignment& r : a->ranks()) {
+      if (r.pid() == 0) missing.push_back(absl::StrCat(r.rank()));
+    }
+    ApplyLocked(*rec,
+                FailRecovery(*rec,
+                             absl::StrFormat("not done within recovery_timeout_s (%gs)%s",
+                                             rec->spec.recovery_timeout_s,
+                                             missing.empty()
+                                                 ? ""
+                                                 : absl::StrCat(": rank(s) ",
+                                                                ListSome(missing),
+                                                                " never started")),
+                             now),
+                touched);
   }
   CheckStallsLocked(now, touched);
   for (const auto& [seq, job] : queue_.jobs()) {

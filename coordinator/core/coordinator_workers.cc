@@ -271,6 +271,7 @@ v1::HeartbeatResponse Coordinator::DesiredLocked(WorkerRecord& worker,
     // Ranks are in node order, so the last rank's node index counts the nodes.
     task->set_group_world_size(a.ranks().empty() ? 1 : a.ranks(a.ranks_size() - 1).group_rank() + 1);
     task->set_restart_count(rec->job.restarts());
+    task->set_generation(a.generation());
     task->set_rdzv_id(rec->job.rdzv_id());
     for (const auto& [k, v] : rec->spec.env) (*task->mutable_env())[k] = v;
     *commit_first = std::max<StoreWriter::Ticket>(*commit_first, rec->formed_ticket);
@@ -317,7 +318,7 @@ void Coordinator::NoteNodeFaultsLocked(WorkerRecord& worker, const v1::TaskStatu
 }
 
 void Coordinator::FailAttemptsOnWorkerLocked(const std::string& worker, const std::string& reason,
-                                             TouchList& touched) {
+                                             TouchList& touched, bool lost) {
   const WorkerRecord* w = registry_.Find(worker);
   if (w == nullptr) return;
   std::vector<TaskKey> keys;
@@ -326,8 +327,72 @@ void Coordinator::FailAttemptsOnWorkerLocked(const std::string& worker, const st
     JobRecord* rec = FindLocked(key.first);
     const v1::Attempt* a = rec == nullptr ? nullptr : ActiveAttempt(*rec);
     if (a == nullptr || a->number() != key.second) continue;
+    if (lost && ReplaceNodeLocked(*rec, worker, reason, touched)) continue;
+    if (lost && Recovering(*a)) {
+      ApplyLocked(*rec, FailRecovery(*rec, absl::StrCat("a second fault during it: ", reason),
+                                     clock_->Now()),
+                  touched);
+      continue;
+    }
     ApplyLocked(*rec, FailAttempt(*rec, reason, /*retryable=*/true, clock_->Now()), touched);
   }
+}
+
+bool Coordinator::ReplaceNodeLocked(JobRecord& rec, const std::string& lost,
+                                    const std::string& reason, TouchList& touched) {
+  if (!NodeRecoveryRefusal(rec, lost).empty()) return false;
+  v1::Attempt* a = ActiveAttempt(rec);
+  const TaskKey key{rec.job.id(), a->number()};
+  std::vector<int> moved;
+  bool gpus = false;
+  std::set<std::string> hosts;
+  for (const v1::RankAssignment& r : a->ranks()) {
+    hosts.insert(r.worker());
+    if (r.worker() != lost) continue;
+    moved.push_back(r.rank());
+    gpus = gpus || !r.gpu_uuid().empty();
+  }
+  if (moved.empty()) return false;
+  const absl::Time now = clock_->Now();
+  if (gpus) {
+    ApplyLocked(rec, FailRecovery(rec, absl::StrCat(reason, ": GPU ranks move with a restart"), now),
+                touched);
+    return true;
+  }
+  // A spare: eligible now, room for all of the lost node's ranks, not in the job yet.
+  NodeNeed need = NeedOf(rec.spec);
+  need.nproc_per_node = static_cast<int>(moved.size());
+  std::optional<NodeOffer> spare;
+  for (NodeOffer& o : registry_.Offers(need)) {
+    if (o.worker == lost || hosts.count(o.worker) || o.free_slots < need.nproc_per_node) continue;
+    spare = std::move(o);
+    break;
+  }
+  if (!spare.has_value()) {
+    ApplyLocked(rec,
+                FailRecovery(rec, absl::StrCat(reason, "; no spare worker has room for its ",
+                                               moved.size(), " rank(s)"),
+                             now),
+                touched);
+    return true;
+  }
+  AssignedTask task;
+  for (v1::RankAssignment& r : *a->mutable_ranks()) {
+    if (r.worker() != lost) continue;
+    r.set_worker(spare->worker);
+    r.set_address(spare->address);
+    task.ranks.push_back(r.rank());
+    task.group_rank = r.group_rank();
+  }
+  registry_.Unassign(lost, key);
+  registry_.Assign(spare->worker, key, std::move(task));
+  schedule_dirty_ = true;
+  DDP_LOG(WARNING) << "job " << rec.job.id() << ": " << reason << "; its " << moved.size()
+                   << " rank(s) move to spare worker " << spare->worker;
+  StartRecoveryLocked(rec, moved,
+                      absl::StrCat(reason, "; rank(s) moved to spare worker ", spare->worker),
+                      touched);
+  return true;
 }
 
 absl::Status Coordinator::ReportEvents(const v1::ReportEventsRequest& req) {
@@ -354,6 +419,13 @@ void Coordinator::ApplyEventLocked(JobRecord& rec, const v1::ReportedEvent& ev,
       return;
     case v1::TrainerEvent::kDone:
       if (current) rec.stall.Done(ev.rank());
+      return;
+    case v1::TrainerEvent::kRecovered:
+      ApplyLocked(rec,
+                  FinishRecovery(rec, ev.attempt(), e.recovered().generation(),
+                                 e.recovered().source_rank(), e.recovered().global_step(),
+                                 clock_->Now()),
+                  touched);
       return;
     case v1::TrainerEvent::kStep:
     case v1::TrainerEvent::kStart:

@@ -38,6 +38,13 @@ std::string DescribeEvent(const v1::TrainerEvent& e) {
     case v1::TrainerEvent::kError:
       return absl::StrCat("error (", e.error().retryable() ? "retryable" : "permanent",
                           "): ", e.error().message());
+    case v1::TrainerEvent::kRecovered: {
+      const v1::TrainerEvent::Recovered& r = e.recovered();
+      return absl::StrFormat(
+          "recovered: generation %d formed, every rank took rank %d's state at step %d "
+          "(waited %.0f ms for the replacement, %.0f ms to reconnect and transfer)",
+          r.generation(), r.source_rank(), r.global_step(), r.wait_ms(), r.sync_ms());
+    }
     case v1::TrainerEvent::kStep:  // Metrics, not a log line.
     case v1::TrainerEvent::BODY_NOT_SET:
       break;

@@ -156,6 +156,7 @@ JobRecord NewJob(std::string id, int64_t seq, JobSpec spec, std::string rdzv_id,
   job.set_max_nodes(rec.spec.nodes.max);
   job.set_nproc_per_node(rec.spec.nproc_per_node);
   job.set_max_restarts(rec.spec.max_restarts);
+  job.set_max_recoveries(rec.spec.max_recoveries);
   job.set_epochs(rec.spec.is_command() ? 0 : rec.spec.train.epochs);  // 0: unknown
   job.set_submit_ms(Millis(now));
   ShowScheduling(rec);
@@ -211,6 +212,9 @@ JobDelta RestoreJob(JobRecord& rec, absl::Time now) {
   }
   rec.start_timeout = absl::Seconds(rec.spec.rdzv.timeout_s);
   rec.start_deadline = now + rec.start_timeout;
+  if (const v1::Attempt* a = ActiveAttempt(rec); a != nullptr && Recovering(*a)) {
+    rec.recovery_deadline = now + absl::Seconds(rec.spec.recovery_timeout_s);
+  }
   RecountRanks(rec);
   return delta;
 }
@@ -297,6 +301,12 @@ JobDelta FailAttempt(JobRecord& rec, const std::string& reason, bool retryable, 
   a->set_state(v1::FAILED);
   a->set_reason(reason);
   a->set_end_ms(Millis(now));
+  if (Recovering(*a)) {  // Ended with its attempt.
+    v1::Recovery* recovery = a->mutable_recoveries(a->recoveries_size() - 1);
+    recovery->set_end_ms(Millis(now));
+    recovery->set_outcome(absl::StrCat("failed: ", reason));
+  }
+  rec.recovery_deadline = absl::InfiniteFuture();
   delta.attempt_rows.push_back(a->number());
   delta.ended_attempt = a->number();
   if (retryable && rec.job.restarts() < rec.job.max_restarts()) {
@@ -354,6 +364,9 @@ JobDelta ApplyReport(JobRecord& rec, const std::string& worker, const v1::TaskSt
   for (const v1::LocalRankStatus& s : status.ranks()) {
     v1::RankAssignment* r = RankRow(*a, s.rank());
     if (r == nullptr || r->worker() != worker) continue;
+    // A process of an earlier generation (the one a recovery replaced): its exit
+    // was seen and acted on.
+    if (s.generation() < r->generation()) continue;
     if (r->pid() == s.pid() && r->exited() == s.exited() && r->exit_code() == s.exit_code() &&
         r->signal() == s.signal()) {
       continue;
@@ -398,10 +411,20 @@ JobDelta ApplyReport(JobRecord& rec, const std::string& worker, const v1::TaskSt
     }
     return delta;
   }
-  // A failed rank fails the attempt; a permanent failure decides whether to restart.
+  // A failed rank fails the attempt (unless it can be replaced live); a permanent
+  // failure decides whether to restart.
   if (rec.ranks_failed > 0) {
     const ExitRules rules = RulesOf(rec);
     const v1::RankAssignment* r = DecidingFailure(*a, rules);
+    if (Recovering(*a) && !FailedPermanently(*r, rules)) {
+      delta.Merge(FailRecovery(
+          rec, absl::StrCat("a second fault during it: ", FailureReason(*r, rules)), now));
+      return delta;
+    }
+    if (LiveRecoveryRefusal(rec).empty()) {
+      delta.recover = true;
+      return delta;
+    }
     delta.Merge(FailAttempt(rec, FailureReason(*r, rules),
                             /*retryable=*/!FailedPermanently(*r, rules), now));
     return delta;
@@ -428,6 +451,121 @@ JobDelta ApplyReport(JobRecord& rec, const std::string& worker, const v1::TaskSt
     delta.attempt_rows.push_back(a->number());
   }
   return delta;
+}
+
+bool Recovering(const v1::Attempt& a) {
+  return a.recoveries_size() > 0 && a.recoveries(a.recoveries_size() - 1).end_ms() == 0;
+}
+
+namespace {
+// Why the active attempt cannot recover live when the ranks `lost` says are gone.
+template <typename Lost>
+std::string Refusal(const JobRecord& rec, Lost lost) {
+  const v1::Attempt* a = ActiveAttempt(rec);
+  if (a == nullptr) return "no active attempt";
+  if (rec.job.max_recoveries() == 0) return "max_recoveries is 0";
+  if (rec.job.recoveries() >= rec.job.max_recoveries()) {
+    return absl::StrCat("no recoveries left of max_recoveries ", rec.job.max_recoveries());
+  }
+  if (a->state() != v1::RUNNING) return "the attempt was not running yet";
+  if (Recovering(*a)) return "a recovery is under way";
+  const ExitRules rules = RulesOf(rec);
+  int survivors = 0;
+  for (const v1::RankAssignment& r : a->ranks()) {
+    if (FailedPermanently(r, rules)) return FailureReason(r, rules);
+    if (!r.exited() && !lost(r)) ++survivors;
+  }
+  if (survivors == 0) return "no rank survived to hand its state over";
+  return "";
+}
+}  // namespace
+
+std::string LiveRecoveryRefusal(const JobRecord& rec) {
+  return Refusal(rec, [](const v1::RankAssignment&) { return false; });
+}
+
+std::string NodeRecoveryRefusal(const JobRecord& rec, const std::string& worker) {
+  return Refusal(rec, [&](const v1::RankAssignment& r) { return r.worker() == worker; });
+}
+
+JobDelta BeginRecovery(JobRecord& rec, const std::string& master_addr, int port,
+                       absl::Time now, const std::vector<int>& moved,
+                       const std::string& cause) {
+  JobDelta delta;
+  v1::Attempt* a = ActiveAttempt(rec);
+  if (a == nullptr) return delta;
+  const ExitRules rules = RulesOf(rec);
+  v1::Recovery* recovery = a->add_recoveries();
+  a->set_generation(a->generation() + 1);
+  recovery->set_generation(a->generation());
+  recovery->set_start_ms(Millis(now));
+  recovery->set_outcome("recovering");
+  std::vector<std::string> causes;
+  if (!cause.empty()) causes.push_back(cause);
+  for (v1::RankAssignment& r : *a->mutable_ranks()) {
+    const bool was_moved = std::find(moved.begin(), moved.end(), r.rank()) != moved.end();
+    if (!Failed(r) && !was_moved) continue;
+    if (!was_moved) causes.push_back(absl::StrCat(FailureReason(r, rules), " (pid ", r.pid(), ")"));
+    recovery->add_ranks(r.rank());
+    CountRank(rec, r, -1);
+    r.set_pid(0);
+    r.set_exited(false);
+    r.set_exit_code(0);
+    r.set_signal(0);
+    r.clear_error();
+    r.set_lost(false);
+    r.set_generation(a->generation());
+    CountRank(rec, r, +1);
+    delta.rank_rows.emplace_back(a->number(), r.rank());
+  }
+  recovery->set_cause(absl::StrJoin(causes, "; "));
+  a->set_master_addr(master_addr);
+  a->set_master_port(port);
+  rec.job.set_recoveries(rec.job.recoveries() + 1);
+  rec.recovery_deadline = now + absl::Seconds(rec.spec.recovery_timeout_s);
+  SetState(rec, v1::RUNNING,
+           absl::StrCat("attempt ", a->number(), ": live recovery ", a->generation(), " (",
+                        rec.job.recoveries(), " of ", rec.job.max_recoveries(), "): replacing ",
+                        recovery->cause()));
+  delta.job_row = true;
+  delta.attempt_rows.push_back(a->number());
+  DDP_LOG(WARNING) << "job " << rec.job.id() << ": " << rec.job.reason() << "; store "
+                   << master_addr << ":" << port;
+  return delta;
+}
+
+JobDelta FinishRecovery(JobRecord& rec, int attempt, int generation, int source_rank,
+                        int64_t global_step, absl::Time now) {
+  JobDelta delta;
+  v1::Attempt* a = ActiveAttempt(rec);
+  if (a == nullptr || a->number() != attempt || !Recovering(*a)) return delta;
+  v1::Recovery* recovery = a->mutable_recoveries(a->recoveries_size() - 1);
+  if (recovery->generation() != generation) return delta;
+  recovery->set_end_ms(Millis(now));
+  recovery->set_outcome("recovered");
+  recovery->set_source_rank(source_rank);
+  recovery->set_global_step(global_step);
+  rec.recovery_deadline = absl::InfiniteFuture();
+  SetState(rec, v1::RUNNING,
+           absl::StrCat("attempt ", a->number(), ": ", a->world_size(),
+                        " ranks running (live recovery ", generation, " took ",
+                        recovery->end_ms() - recovery->start_ms(), " ms, from rank ",
+                        source_rank, "'s state at step ", global_step, ")"));
+  delta.job_row = true;
+  delta.attempt_rows.push_back(a->number());
+  DDP_LOG(INFO) << "job " << rec.job.id() << ": " << rec.job.reason();
+  return delta;
+}
+
+JobDelta FailRecovery(JobRecord& rec, const std::string& why, absl::Time now) {
+  v1::Attempt* a = ActiveAttempt(rec);
+  if (a == nullptr) return {};
+  // The one under way (FailAttempt ends it), or the one refused before it began.
+  const int generation = a->generation() + (Recovering(*a) ? 0 : 1);
+  return FailAttempt(rec,
+                     absl::StrCat("live recovery ", generation, " failed: ", why,
+                                  "; falling back to a restart from the last checkpoint"),
+                     /*retryable=*/true, now);
 }
 
 JobDelta RecordRankError(JobRecord& rec, int attempt, int rank, const std::string& message) {

@@ -73,6 +73,8 @@ struct JobRecord {
   // The attempt a priority preemption ended (0: none), until its trainers are gone:
   // the scheduler counts their nodes as coming free.
   int stopping_attempt = 0;
+  // While the active attempt recovers live: when the recovery falls back to a restart.
+  absl::Time recovery_deadline = absl::InfiniteFuture();
 };
 
 // What a transition changed.
@@ -83,6 +85,9 @@ struct JobDelta {
   bool formed = false;    // A new active attempt: its ranks join their workers.
   int ended_attempt = 0;  // The active attempt that ended (its trainers are to stop).
   bool finished = false;  // The job reached a terminal state.
+  // The active attempt's failed ranks can be replaced live (LiveRecoveryRefusal said
+  // ""): the facade places them (BeginRecovery) or fails the attempt.
+  bool recover = false;
 
   bool empty() const { return !job_row && attempt_rows.empty() && rank_rows.empty(); }
   void Merge(const JobDelta& other);
@@ -138,6 +143,30 @@ inline constexpr char kPreemptedPrefix[] = "preempted: ";
 // Whether `attempt` ended by PreemptAttempt (Attempt.preempted; the reason is text for
 // people, never parsed).
 bool Preempted(const v1::Attempt& attempt);
+// Live recovery (docs/recovery.md). The active attempt is recovering: its last
+// Recovery has not ended.
+bool Recovering(const v1::Attempt& attempt);
+// Why the active attempt's failed ranks cannot be replaced live, or "" when they can:
+// the job allows recoveries and has some left, the attempt was RUNNING and is not
+// recovering already, every failure is retryable, and some rank survives.
+std::string LiveRecoveryRefusal(const JobRecord& job);
+// Whether `worker`'s loss can be recovered live: as LiveRecoveryRefusal, with that
+// worker's ranks as the failed ones ("" when it can).
+std::string NodeRecoveryRefusal(const JobRecord& job, const std::string& worker);
+// Starts recovery generation N+1 of the active attempt: the failed ranks' rows (and
+// those of `moved`, the ranks of a lost node already given to a spare) are cleared
+// for their replacements, the process group moves to master_addr:port, and the job
+// counts a recovery; `cause` adds to the failed ranks' exits. The attempt stays
+// RUNNING.
+JobDelta BeginRecovery(JobRecord& job, const std::string& master_addr, int port,
+                       absl::Time now, const std::vector<int>& moved = {},
+                       const std::string& cause = "");
+// Rank 0's `recovered` event for `generation` of `attempt`: the recovery is done.
+JobDelta FinishRecovery(JobRecord& job, int attempt, int generation, int source_rank,
+                        int64_t global_step, absl::Time now);
+// Fails the active attempt (a restart from the checkpoint, within max_restarts), naming
+// the recovery that could not finish and why: "live recovery 2 failed: <why>; ...".
+JobDelta FailRecovery(JobRecord& job, const std::string& why, absl::Time now);
 // Fails a formed attempt whose trainers are not all up by its start deadline.
 JobDelta TimeOutRendezvous(JobRecord& job, absl::Time now);
 // FAILED_PRECONDITION when already finished.

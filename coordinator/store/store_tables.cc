@@ -90,6 +90,44 @@ void DecodeLabels(const std::string& text, v1::Worker* w) {
   }
 }
 
+// An attempt's live recoveries: one line each, tab-separated: generation, start_ms,
+// end_ms, source_rank, global_step, ranks (comma-separated), cause, outcome (tabs and
+// newlines in the texts become spaces).
+std::string EncodeRecoveries(const v1::Attempt& a) {
+  auto flat = [](std::string text) {
+    for (char& c : text) {
+      if (c == '\t' || c == '\n') c = ' ';
+    }
+    return text;
+  };
+  std::string out;
+  for (const v1::Recovery& r : a.recoveries()) {
+    absl::StrAppend(&out, r.generation(), "\t", r.start_ms(), "\t", r.end_ms(), "\t",
+                    r.source_rank(), "\t", r.global_step(), "\t", absl::StrJoin(r.ranks(), ","),
+                    "\t", flat(r.cause()), "\t", flat(r.outcome()), "\n");
+  }
+  return out;
+}
+void DecodeRecoveries(const std::string& text, v1::Attempt* a) {
+  a->clear_recoveries();
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    std::vector<absl::string_view> f = absl::StrSplit(line, '\t');
+    if (f.size() < 8) continue;
+    v1::Recovery* r = a->add_recoveries();
+    int64_t v = 0;
+    if (absl::SimpleAtoi(f[0], &v)) r->set_generation(static_cast<int32_t>(v));
+    if (absl::SimpleAtoi(f[1], &v)) r->set_start_ms(v);
+    if (absl::SimpleAtoi(f[2], &v)) r->set_end_ms(v);
+    if (absl::SimpleAtoi(f[3], &v)) r->set_source_rank(static_cast<int32_t>(v));
+    if (absl::SimpleAtoi(f[4], &v)) r->set_global_step(v);
+    for (absl::string_view rank : absl::StrSplit(f[5], ',', absl::SkipEmpty())) {
+      if (absl::SimpleAtoi(rank, &v)) r->add_ranks(static_cast<int32_t>(v));
+    }
+    r->set_cause(std::string(f[6]));
+    r->set_outcome(std::string(f[7]));
+  }
+}
+
 }  // namespace
 
 std::string TableInfo::CreateSql() const {
@@ -148,6 +186,8 @@ const Table<RowBatch::JobRow>& Jobs() {
           DDP_FIELD(end_ms, kInt),
           DDP_FIELD(owner, "TEXT NOT NULL DEFAULT ''"),
           DDP_FIELD(preemptions, "INTEGER NOT NULL DEFAULT 0"),
+          DDP_FIELD(max_recoveries, "INTEGER NOT NULL DEFAULT 0"),
+          DDP_FIELD(recoveries, "INTEGER NOT NULL DEFAULT 0"),
       });
   return *table;
 }
@@ -170,6 +210,14 @@ const Table<RowBatch::AttemptRow>& Attempts() {
           DDP_FIELD(preempted, "INTEGER NOT NULL DEFAULT 0",
                     "UPDATE attempts SET preempted = 1 WHERE state = 5 AND"
                     " reason LIKE 'preempted: %'"),
+          DDP_FIELD(generation, "INTEGER NOT NULL DEFAULT 0"),
+          Column<Row>{{"recoveries", "TEXT NOT NULL DEFAULT ''"},
+                      [](sql::Stmt& s, int i, const Row& r) {
+                        s.Bind(i, EncodeRecoveries(r.attempt));
+                      },
+                      [](const sql::Stmt& s, int c, Row& r) {
+                        DecodeRecoveries(s.Text(c), &r.attempt);
+                      }},
       });
   return *table;
 }
@@ -192,6 +240,7 @@ const Table<RowBatch::RankRow>& Ranks() {
           DDP_FIELD(signal, kInt),
           DDP_FIELD(error, kText),
           DDP_FIELD(gpu_uuid, "TEXT NOT NULL DEFAULT ''"),
+          DDP_FIELD(generation, "INTEGER NOT NULL DEFAULT 0"),
       });
   return *table;
 }

@@ -17,8 +17,6 @@
 namespace ddp {
 namespace {
 
-std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
-
 // Payload kinds of the holder's broadcast.
 constexpr char kCheckpoint = 'C';
 constexpr char kUnreadable = 'U';
@@ -127,37 +125,6 @@ absl::Status CheckpointKeeper::Setup() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<char>> CheckpointKeeper::BroadcastFrom(int root,
-                                                                 const std::vector<char>& bytes) {
-  const at::TensorOptions opts = at::TensorOptions().device(device_);
-  auto broadcast = [&](at::Tensor& t) -> absl::Status {
-    std::vector<at::Tensor> tensors = {t};
-    c10d::BroadcastOptions o;
-    o.rootRank = root;
-    o.timeout = comm_->timeout();
-    try {
-      comm_->backend().broadcast(tensors, o)->wait(comm_->timeout());
-    } catch (const std::exception& e) {
-      return absl::UnavailableError(absl::StrCat(
-          "sending the checkpoint from rank ", root, " failed (a peer died or hung past "
-          "train.collective_timeout_s): ", FirstLine(e.what())));
-    }
-    return absl::OkStatus();
-  };
-  const bool me = env_.rank == root;
-  at::Tensor size = at::full({1}, me ? static_cast<int64_t>(bytes.size()) : 0,
-                             opts.dtype(at::kLong));
-  DDP_RETURN_IF_ERROR(broadcast(size));
-  const int64_t n = size.cpu().item<int64_t>();
-  if (n == 0) return std::vector<char>();
-  at::Tensor data = at::empty({n}, opts.dtype(at::kByte));
-  if (me) data.copy_(at::from_blob(const_cast<char*>(bytes.data()), {n}, at::kByte));
-  DDP_RETURN_IF_ERROR(broadcast(data));
-  at::Tensor host = data.cpu();
-  const char* p = static_cast<const char*>(host.data_ptr());
-  return std::vector<char>(p, p + n);
-}
-
 absl::StatusOr<std::optional<CheckpointKeeper::Restored>> CheckpointKeeper::Restore() {
   if (spec_.resume == ResumePolicy::kNo) return std::optional<Restored>();
   // What each node's writer candidate holds: [newest step + 1 per rank (0: none),
@@ -219,7 +186,7 @@ absl::StatusOr<std::optional<CheckpointKeeper::Restored>> CheckpointKeeper::Rest
     }
   }
   if (world > 1) {
-    DDP_ASSIGN_OR_RETURN(payload, BroadcastFrom(holder, payload));
+    DDP_ASSIGN_OR_RETURN(payload, comm_->BroadcastBytesFrom(holder, payload, "sending the checkpoint"));
   }
   if (payload.empty() || payload[0] != kCheckpoint) {
     return absl::UnavailableError(payload.empty() ? std::string("empty checkpoint payload")

@@ -74,8 +74,6 @@ class CheckpointKeeper {
   absl::StatusOr<std::string> Save(TrainingState state);
 
  private:
-  // Rank `root`'s bytes on every rank (collective).
-  absl::StatusOr<std::vector<char>> BroadcastFrom(int root, const std::vector<char>& bytes);
   std::string MarkerPrefix() const;
   // Makes this attempt the newest of the directory (and, with {node} in the template,
   // of every node's directory there is): CheckpointStore::Claim.

@@ -268,8 +268,11 @@ absl::StatusOr<Comm> Comm::Connect(const Environment& env, const DeviceChoice& d
     auto tcp = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
     // Every key of this job's attempt, ours and the process group's, lives under one
     // prefix (as torchrun scopes its store per restart).
+    // A live recovery's generation forms on a fresh store, under its own prefix too.
     c.store_ = c10::make_intrusive<c10d::PrefixStore>(
-        absl::StrCat("ddp/", env.job_id, "/", env.attempt), tcp);
+        absl::StrCat("ddp/", env.job_id, "/", env.attempt,
+                     env.generation > 0 ? absl::StrCat("/g", env.generation) : ""),
+        tcp);
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat(
         host_store ? "cannot host" : "cannot reach", " the rendezvous store at ",
@@ -488,6 +491,32 @@ absl::StatusOr<std::vector<char>> Comm::BroadcastBytes(const std::vector<char>& 
   at::Tensor host = data.cpu();
   return std::vector<char>(static_cast<char*>(host.data_ptr()),
                            static_cast<char*>(host.data_ptr()) + n);
+}
+
+absl::StatusOr<std::vector<char>> Comm::BroadcastBytesFrom(int root,
+                                                           const std::vector<char>& bytes,
+                                                           const char* what) {
+  const at::TensorOptions opts = at::TensorOptions().device(device_);
+  const std::string op = absl::StrCat(what, " from rank ", root);
+  auto broadcast = [&](at::Tensor& t) -> absl::Status {
+    std::vector<at::Tensor> tensors = {t};
+    c10d::BroadcastOptions o;
+    o.rootRank = root;
+    o.timeout = timeout_;
+    return Run(op.c_str(), [&] { return backend_->broadcast(tensors, o); });
+  };
+  const bool me = rank_ == root;
+  at::Tensor size = at::full({1}, me ? static_cast<int64_t>(bytes.size()) : 0,
+                             opts.dtype(at::kLong));
+  DDP_RETURN_IF_ERROR(broadcast(size));
+  const int64_t n = size.cpu().item<int64_t>();
+  if (n == 0) return std::vector<char>();
+  at::Tensor data = at::empty({n}, opts.dtype(at::kByte));
+  if (me) data.copy_(at::from_blob(const_cast<char*>(bytes.data()), {n}, at::kByte));
+  DDP_RETURN_IF_ERROR(broadcast(data));
+  at::Tensor host = data.cpu();
+  const char* p = static_cast<const char*>(host.data_ptr());
+  return std::vector<char>(p, p + n);
 }
 
 absl::Status Comm::AllReduceSum(at::Tensor& tensor) {

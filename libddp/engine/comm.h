@@ -79,6 +79,8 @@ class Comm {
   CommBackend& backend() { return *backend_; }
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
+  // Where collectives want their tensors.
+  const at::Device& device() const { return device_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   // What ranks of one node reduce through: "shm", or the backend's name.
   std::string intra_node_comm() const;
@@ -93,6 +95,10 @@ class Comm {
   absl::Status Broadcast(const std::vector<at::Tensor>& tensors);
   // Rank 0's `bytes` (ignored elsewhere) on every rank.
   absl::StatusOr<std::vector<char>> BroadcastBytes(const std::vector<char>& bytes);
+  // Rank `root`'s `bytes` (ignored elsewhere) on every rank, through the backend;
+  // `what` names the transfer in errors ("sending the checkpoint").
+  absl::StatusOr<std::vector<char>> BroadcastBytesFrom(int root, const std::vector<char>& bytes,
+                                                       const char* what);
   // In-place sum over ranks.
   absl::Status AllReduceSum(at::Tensor& tensor);
   absl::Status Barrier();

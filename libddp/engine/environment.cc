@@ -102,6 +102,10 @@ absl::StatusOr<Environment> ReadEnvironment(const Getenv& getenv) {
   auto stall = IntVar(getenv, "DDP_DEBUG_CHECKPOINT_STALL", 0, -1);
   if (!stall.ok()) return stall.status();
   env.debug_checkpoint_stall = *stall;
+  auto generation = IntVar(getenv, env::kGeneration, 0, 0);
+  if (!generation.ok()) return generation.status();
+  env.generation = *generation;
+  env.generation_file = getenv(env::kGenerationFile).value_or("");
   return env;
 }
 

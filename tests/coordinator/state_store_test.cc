@@ -244,6 +244,16 @@ TEST(StateStoreTest, EveryStoredFieldOfJobsAttemptsRanksAndWorkersRoundTrips) {
   attempt->set_number(1);
   attempt->set_state(v1::FAILED);
   FillScalars(attempt->add_ranks(), NotStored(), &n);
+  for (int g : {1, 2}) {  // Live recoveries, one done and one under way, with awkward text.
+    v1::Recovery* r = attempt->add_recoveries();
+    FillScalars(r, NotStored(), &n);
+    r->set_generation(g);
+    r->add_ranks(g);
+    r->add_ranks(g + 3);
+    r->set_cause(absl::StrCat("rank ", g, " was killed by SIGKILL; \u00e9t\u00e9"));
+    r->set_outcome(g == 1 ? "recovered" : "recovering");
+    if (g == 2) r->set_end_ms(0);
+  }
   v1::Worker worker;
   FillScalars(&worker, NotStored(), &n);
   worker.set_maintenance(v1::WORKER_DRAINING);
@@ -289,7 +299,9 @@ TEST(StateStoreTest, TheSchemaIsDerivedFromTheTableDescriptions) {
   const std::string sql = store::Attempts().CreateSql();
   EXPECT_THAT(sql, HasSubstr("CREATE TABLE IF NOT EXISTS attempts(job_id TEXT NOT NULL, "
                              "number INTEGER NOT NULL"));
-  EXPECT_THAT(sql, HasSubstr("preempted INTEGER NOT NULL DEFAULT 0, PRIMARY KEY(job_id, number))"));
+  EXPECT_THAT(sql, HasSubstr("preempted INTEGER NOT NULL DEFAULT 0, generation INTEGER NOT NULL "
+                             "DEFAULT 0, recoveries TEXT NOT NULL DEFAULT '', "
+                             "PRIMARY KEY(job_id, number))"));
   EXPECT_EQ(store::Logs().InsertSql(),
             "INSERT OR REPLACE INTO logs(job_id, seq, attempt, rank, stream, text, time_ms) "
             "VALUES(?,?,?,?,?,?,?)");

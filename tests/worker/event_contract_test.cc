@@ -118,7 +118,7 @@ TEST(EventContractTest, EveryEventGoesFromTheTrainersWriterIntoTheProtoIntact) {
     EXPECT_EQ(EventTypeName(parsed), E::kType);
     E::Fields(event, ProtoChecker(*body));
   });
-  EXPECT_EQ(types, 8);
+  EXPECT_EQ(types, 9);
 }
 
 TEST(EventContractTest, EachRelayedTypeFillsItsOwnTypedBody) {

@@ -237,7 +237,13 @@ void Agent::Reconcile(const v1::HeartbeatResponse& desired) {
   for (const v1::Task& t : desired.tasks()) {
     TaskKey key{t.job_id(), t.attempt()};
     wanted.insert(key);
-    if (tasks_.count(key) || stop_.HasBeenNotified()) continue;
+    if (auto it = tasks_.find(key); it != tasks_.end()) {
+      if (t.generation() > it->second->generation() && !stop_.HasBeenNotified()) {
+        if (it->second->Recover(t)) heartbeat_now_ = true;  // The new pids, at once.
+      }
+      continue;
+    }
+    if (stop_.HasBeenNotified()) continue;
     TrainerTaskOptions o;
     o.trainer_path = options_.trainer_path;
     o.work_dir = options_.work_dir;

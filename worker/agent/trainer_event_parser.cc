@@ -289,10 +289,10 @@ ProgramLine ParseProgramEvent(const std::string& line, int rank, double now,
                       : now);
   if (name == "trace" || name == "buckets") return ProgramLine::kDropped;
   static const auto* kProgramTypes =
-      new std::set<std::string>{"step", "epoch", "checkpoint", "error", "done"};
+      new std::set<std::string>{"step", "epoch", "checkpoint", "error", "done", "recovered"};
   if (!kProgramTypes->count(name)) {
     return malformed(absl::StrCat("unknown type '", name,
-                                  "' (step, epoch, checkpoint, error or done)"));
+                                  "' (step, epoch, checkpoint, error, done or recovered)"));
   }
   std::vector<std::string> problems;
   ForEachEventType([&](auto definition) {

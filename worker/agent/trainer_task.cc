@@ -107,43 +107,109 @@ std::unique_ptr<TrainerTask> TrainerTask::Start(const v1::Task& task,
   eo.node_has_gpus = options.node_has_gpus;
   eo.python_path = options.python_path;
   eo.gloo_socket_ifname = options.gloo_socket_ifname;
+  t->plan_ = *std::move(plan);
+  t->spec_ = *std::move(spec);
+  t->env_options_ = std::move(eo);
+  t->cwd_ = cwd;
+  t->generation_file_ = (dir / "generation").string();
+  if (absl::Status st = t->AnnounceGeneration(); !st.ok()) {
+    t->error_ = std::string(st.message());
+    return t;
+  }
   for (int local = 0; local < local_world; ++local) {
-    SpawnOptions o;
-    o.argv = plan->argv;
-    o.program = plan->executable;
-    o.cwd = cwd;
-    o.inherit_env = false;  // An explicit environment: see job_sandbox.h.
-    o.env = RankEnvironment(task, local, *spec, plan->command, eo);
-    o.events_fd = env::kEventsFdNumber;
-    o.capture_stdout = true;
-    o.capture_stderr = true;
-    auto proc = Subprocess::Spawn(o);
-    if (!proc.ok()) {
+    if (absl::Status st = t->SpawnRank(local); !st.ok()) {
       // A user's program that cannot be executed (a bad #! line) is the job's fault;
       // fork and pipe failures (INTERNAL) and a missing ddp-trainer are this node's.
-      if (plan->command && proc.status().code() != absl::StatusCode::kInternal) {
-        t->node_fault_ = false;
-      }
-      t->error_ = std::string(proc.status().message());
+      if (t->plan_.command && st.code() != absl::StatusCode::kInternal) t->node_fault_ = false;
+      t->error_ = std::string(st.message());
       t->Stop(absl::Now());
       return t;
     }
-    Rank r;
-    r.rank = task.ranks(local);
-    r.pid = (*proc)->pid();
-    if (options.ledger != nullptr) {
-      options.ledger->Add({r.pid, ProcessStartTicks(r.pid), task.job_id(), task.attempt(), r.rank});
-    }
-    pump->Add(t->SourceOf(r), (*proc)->ReleaseEvents(), (*proc)->ReleaseStdout(),
-              (*proc)->ReleaseStderr(), plan->command ? EventCheck::kLenient : EventCheck::kStrict);
-    r.proc = std::move(*proc);
-    t->ranks_.push_back(std::move(r));
   }
-  DDP_LOG(INFO) << "started " << local_world << (plan->command ? " process(es) of " : " trainer(s) for ")
+  DDP_LOG(INFO) << "started " << local_world << (t->plan_.command ? " process(es) of " : " trainer(s) for ")
                 << task.job_id()
                 << " attempt " << task.attempt() << " (ranks " << task.ranks(0) << ".."
                 << task.ranks(local_world - 1) << " of " << task.world_size() << ")";
   return t;
+}
+
+absl::Status TrainerTask::AnnounceGeneration() {
+  const std::string tmp = generation_file_ + ".tmp";
+  std::ofstream file(tmp, std::ios::trunc);
+  file << task_.generation() << " " << task_.master_addr() << " " << task_.master_port() << "\n";
+  file.close();
+  std::error_code ec;
+  if (file) std::filesystem::rename(tmp, generation_file_, ec);
+  if (!file || ec) {
+    return absl::InternalError(absl::StrCat("cannot write ", generation_file_,
+                                            ec ? ": " + ec.message() : " (disk full?)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TrainerTask::SpawnRank(int local) {
+  SpawnOptions o;
+  o.argv = plan_.argv;
+  o.program = plan_.executable;
+  o.cwd = cwd_;
+  o.inherit_env = false;  // An explicit environment: see job_sandbox.h.
+  o.env = RankEnvironment(task_, local, spec_, plan_.command, env_options_);
+  o.env[env::kGeneration] = std::to_string(task_.generation());
+  o.env[env::kGenerationFile] = generation_file_;
+  o.events_fd = env::kEventsFdNumber;
+  o.capture_stdout = true;
+  o.capture_stderr = true;
+  auto proc = Subprocess::Spawn(o);
+  if (!proc.ok()) return proc.status();
+  Rank r;
+  r.rank = task_.ranks(local);
+  r.pid = (*proc)->pid();
+  r.generation = task_.generation();
+  if (options_.ledger != nullptr) {
+    options_.ledger->Add({r.pid, ProcessStartTicks(r.pid), task_.job_id(), task_.attempt(), r.rank});
+  }
+  pump_->Add(SourceOf(r), (*proc)->ReleaseEvents(), (*proc)->ReleaseStdout(),
+             (*proc)->ReleaseStderr(), plan_.command ? EventCheck::kLenient : EventCheck::kStrict);
+  r.proc = std::move(*proc);
+  if (static_cast<size_t>(local) < ranks_.size()) {
+    Rank& old = ranks_[local];
+    old.proc.reset();  // Reaped already: releases what is left of its group.
+    if (options_.ledger != nullptr) options_.ledger->Remove(old.pid);
+    old = std::move(r);
+  } else {
+    ranks_.push_back(std::move(r));
+  }
+  return absl::OkStatus();
+}
+
+bool TrainerTask::Recover(const v1::Task& task) {
+  if (task.generation() <= task_.generation() || stopping() || !error_.empty()) return false;
+  if (task.ranks_size() != task_.ranks_size()) {
+    DDP_LOG(ERROR) << task_.job_id() << " attempt " << task_.attempt()
+                   << ": a recovery that changes this node's ranks is not supported";
+    return false;
+  }
+  task_ = task;
+  if (absl::Status st = AnnounceGeneration(); !st.ok()) {
+    DDP_LOG(ERROR) << task_.job_id() << ": " << st.message();
+  }
+  bool changed = false;
+  for (size_t local = 0; local < ranks_.size(); ++local) {
+    const Rank& r = ranks_[local];
+    if (!r.reported_exit || r.generation >= task_.generation()) continue;
+    const int pid = r.pid;
+    if (absl::Status st = SpawnRank(static_cast<int>(local)); !st.ok()) {
+      DDP_LOG(ERROR) << task_.job_id() << " rank " << r.rank << ": cannot start its "
+                     << "replacement: " << st.message();
+      continue;
+    }
+    changed = true;
+    DDP_LOG(INFO) << task_.job_id() << " attempt " << task_.attempt() << " generation "
+                  << task_.generation() << ": rank " << ranks_[local].rank << " replaced (pid "
+                  << pid << " -> " << ranks_[local].pid << "), store " << task_.master_addr()
+                  << ":" << task_.master_port();
+  }
+  return changed;
 }
 
 TrainerTask::~TrainerTask() {
@@ -248,6 +314,7 @@ v1::TaskStatus TrainerTask::Status(int64_t delivered) const {
     v1::LocalRankStatus* rs = s.add_ranks();
     rs->set_rank(r.rank);
     rs->set_pid(r.pid);
+    rs->set_generation(r.generation);
     if (!r.exit.has_value() && ProcessStopped(r.pid)) rs->set_stopped(true);
     if (r.reported_exit && r.exit_mark <= delivered) {
       rs->set_exited(true);

@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "common/process.h"
 #include "ddp/v1/worker_service.pb.h"
+#include "common/jobspec/job_spec.h"
 #include "worker/agent/launch_plan.h"
 #include "worker/agent/output_pump.h"
 #include "worker/agent/rank_ledger.h"
@@ -97,6 +98,13 @@ class TrainerTask {
   // Every rank's pid and, where it may be reported, its exit.
   v1::TaskStatus Status(int64_t delivered) const;
 
+  // Live recovery: `task` is this task at a later generation (its store may have
+  // moved). Announces the generation to the running ranks (the generation file) and
+  // starts a replacement for every rank whose exit was reported. Returns whether a
+  // rank's state changed (a replacement started, or one could not be).
+  bool Recover(const v1::Task& task);
+  int generation() const { return task_.generation(); }
+
  private:
   struct Rank {
     int rank = 0;
@@ -106,7 +114,12 @@ class TrainerTask {
     bool reported_exit = false;      // Reaped and drained (or drain timed out).
     absl::Time reaped_at;
     int64_t exit_mark = -1;          // StampExits() count; -1 until stamped.
+    int generation = 0;              // Task::generation it was started for.
   };
+  // Starts local rank `local` (replacing its exited predecessor, if any).
+  absl::Status SpawnRank(int local);
+  // Writes the generation file (task_'s generation and store) atomically.
+  absl::Status AnnounceGeneration();
   TrainerTask(v1::Task task, OutputPump* pump) : task_(std::move(task)), pump_(pump) {}
   OutputSource SourceOf(const Rank& r) const { return {task_.job_id(), task_.attempt(), r.rank}; }
 
@@ -114,6 +127,12 @@ class TrainerTask {
   OutputPump* pump_;
   TrainerTaskOptions options_;
   std::vector<Rank> ranks_;
+  // How ranks are started, kept for replacements.
+  LaunchPlan plan_;
+  JobSpec spec_;
+  RankEnvOptions env_options_;
+  std::string cwd_;
+  std::string generation_file_;
   std::string error_;
   bool node_fault_ = false;
   bool command_ = false;

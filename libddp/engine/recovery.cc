@@ -1,0 +1,80 @@
+#include "libddp/engine/recovery.h"
+
+#include <fstream>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/status_macros.h"
+#include "libddp/engine/comm.h"
+
+namespace ddp {
+
+absl::StatusOr<GenerationNews> ParseGenerationNews(const std::string& text) {
+  std::vector<std::string> f =
+      absl::StrSplit(absl::StripAsciiWhitespace(text), ' ', absl::SkipEmpty());
+  GenerationNews news;
+  if (f.size() != 3 || !absl::SimpleAtoi(f[0], &news.generation) || news.generation < 0 ||
+      !absl::SimpleAtoi(f[2], &news.master_port) || news.master_port < 1 ||
+      news.master_port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "generation file: expected 'GENERATION MASTER_ADDR MASTER_PORT', got '",
+        absl::StripAsciiWhitespace(text), "'"));
+  }
+  news.master_addr = f[1];
+  return news;
+}
+
+absl::StatusOr<GenerationNews> AwaitGeneration(const std::string& path, int current,
+                                               absl::Duration timeout) {
+  if (path.empty()) {
+    return absl::FailedPreconditionError(
+        "no generation file (DDP_GENERATION_FILE): live recovery needs ddp-worker");
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  std::string last;
+  while (true) {
+    std::ifstream file(path);
+    std::stringstream text;
+    text << file.rdbuf();
+    last = text.str();
+    // The worker replaces the file atomically: a partial line is never seen.
+    absl::StatusOr<GenerationNews> news = ParseGenerationNews(last);
+    if (news.ok() && news->generation > current) return news;
+    if (absl::Now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "no replacement within recovery_timeout_s (", absl::FormatDuration(timeout),
+      "): generation ", current, " is still the newest in ", path));
+}
+
+bool PeerFailure(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kUnavailable;
+}
+
+absl::StatusOr<StateSource> ChooseSource(Comm& comm, int64_t steps) {
+  // Every rank's count, shifted by one (0: none), summed into a vector of all of them.
+  at::Tensor counts = at::zeros({comm.world_size()}, at::kDouble);
+  counts[comm.rank()] = static_cast<double>(steps + 1);
+  at::Tensor on_device = counts.to(comm.device());
+  DDP_RETURN_IF_ERROR(comm.AllReduceSum(on_device));
+  counts = on_device.cpu();
+  const double* c = counts.data_ptr<double>();
+  StateSource source{-1, -1};
+  for (int r = 0; r < comm.world_size(); ++r) {
+    const int64_t held = static_cast<int64_t>(c[r]) - 1;
+    if (held > source.global_step) source = {r, held};
+  }
+  if (source.rank < 0) {
+    return absl::FailedPreconditionError(
+        "live recovery: no rank of the new generation holds training state");
+  }
+  return source;
+}
+
+}  // namespace ddp

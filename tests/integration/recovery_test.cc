@@ -1,0 +1,210 @@
+// Live recovery on a real cluster (docs/recovery.md): a coordinator, ddp-worker
+// processes and the real ddp-trainer on Gloo over loopback. A rank killed with
+// SIGKILL is replaced while the other ranks keep their processes and their state, and
+// the job ends exactly where an uninterrupted run of the same job ends: the same
+// number of optimizer steps and bit-identical parameters (every rank's `done` line
+// carries an FNV-1a hash of its parameters).
+#include <signal.h>
+
+#include <map>
+#include <regex>
+#include <string>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/common/test_util.h"
+#include "tests/integration/local_cluster.h"
+
+namespace ddp {
+namespace {
+
+using testing::CtlResult;
+using testing::LocalCluster;
+using ::testing::HasSubstr;
+
+bool Ended(const v1::Job& j) {
+  return j.state() == v1::SUCCEEDED || j.state() == v1::FAILED || j.state() == v1::CANCELLED;
+}
+
+// Three ranks, no checkpoint: whatever a failure costs, no file gives it back.
+std::string Spec(const std::string& dir, const std::string& name, int max_recoveries,
+                 int max_restarts = 0) {
+  const std::string path = absl::StrCat(dir, "/", name, ".yaml");
+  testing::WriteFile(path, absl::StrCat("name: ", name, R"(
+nodes: 3
+max_restarts: )", max_restarts, R"(
+max_recoveries: )", max_recoveries, R"(
+recovery_timeout_s: 60
+model: {mlp: {hidden: [64, 64]}}
+data: {synthetic: {samples: 12000, features: 32, classes: 10}}
+train: {epochs: 2, batch_size: 32, threads: 1, seed: 7}
+metrics: {every_steps: 5}
+)"));
+  return path;
+}
+
+std::string Submit(LocalCluster& c, const std::string& spec) {
+  CtlResult r = c.Ctl({"submit", spec});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return std::string(absl::StripAsciiWhitespace(r.out));
+}
+
+struct Done {
+  int64_t steps = -1;
+  std::string fingerprint;
+};
+
+// Each rank's last `done` line in the job's output: "[rank R] * done after N steps
+// (parameters FP)".
+std::map<int, Done> DoneLines(LocalCluster& c, const std::string& id) {
+  CtlResult logs = c.Ctl({"logs", id});
+  EXPECT_EQ(logs.exit_code, 0) << logs.err;
+  std::map<int, Done> out;
+  static const std::regex kDone(
+      R"(\[rank (\d+)\] \* done after (\d+) steps \(parameters ([0-9a-f]+)\))");
+  for (auto it = std::sregex_iterator(logs.out.begin(), logs.out.end(), kDone);
+       it != std::sregex_iterator(); ++it) {
+    Done d;
+    d.steps = std::stoll((*it)[2]);
+    d.fingerprint = (*it)[3];
+    out[std::stoi((*it)[1])] = d;
+  }
+  return out;
+}
+
+// Training is under way past `step` on every rank, and no recovery runs.
+std::function<bool(const v1::Job&)> SteppedPast(int64_t step) {
+  return [step](const v1::Job& j) {
+    if (j.state() != v1::RUNNING || j.metrics_size() != 3 || j.attempts_size() == 0) return false;
+    const v1::Attempt& a = j.attempts(j.attempts_size() - 1);
+    if (a.recoveries_size() > 0 && a.recoveries(a.recoveries_size() - 1).end_ms() == 0) {
+      return false;
+    }
+    for (const auto& m : j.metrics()) {
+      if (m.global_step() <= step) return false;
+    }
+    for (const auto& r : a.ranks()) {
+      if (r.pid() == 0) return false;
+    }
+    return true;
+  };
+}
+
+// The reference: the same job, never interrupted.
+Done Uninterrupted(LocalCluster& c) {
+  const std::string id = Submit(c, Spec(c.dir(), "reference", 0));
+  auto done = c.WaitFor(id, Ended, absl::Minutes(5));
+  EXPECT_TRUE(done.ok()) << done.status();
+  if (!done.ok()) return {};
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  std::map<int, Done> lines = DoneLines(c, id);
+  EXPECT_EQ(lines.size(), 3u);
+  return lines[0];
+}
+
+TEST(LiveRecoveryTest, KilledRanksAreReplacedLiveAndTheJobEndsBitIdenticalToAnUninterruptedRun) {
+  auto cluster = LocalCluster::Start({.workers = 3});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  ASSERT_TRUE(c.WaitForWorkers(3).ok());
+  const Done reference = Uninterrupted(c);
+  ASSERT_GT(reference.steps, 100);
+
+  const std::string id = Submit(c, Spec(c.dir(), "live", 2));
+  auto running = c.WaitFor(id, SteppedPast(40));
+  ASSERT_TRUE(running.ok()) << running.status();
+  const v1::Attempt first = running->attempts(0);
+  std::map<int, int> pids;
+  for (const auto& r : first.ranks()) pids[r.rank()] = r.pid();
+
+  // Rank 1 dies mid-epoch; then rank 0, whose process hosts the store.
+  ASSERT_EQ(::kill(pids[1], SIGKILL), 0);
+  auto recovered = c.WaitFor(id, [&](const v1::Job& j) {
+    return j.recoveries() == 1 && SteppedPast(running->metrics(0).global_step() + 10)(j);
+  });
+  ASSERT_TRUE(recovered.ok()) << recovered.status();
+  const v1::Attempt& once = recovered->attempts(0);
+  ASSERT_EQ(once.recoveries_size(), 1);
+  EXPECT_EQ(once.recoveries(0).outcome(), "recovered") << once.ShortDebugString();
+  EXPECT_EQ(once.recoveries(0).ranks_size(), 1);
+  EXPECT_EQ(once.recoveries(0).ranks(0), 1);
+  EXPECT_THAT(once.recoveries(0).cause(), HasSubstr("killed by SIGKILL"));
+  EXPECT_EQ(once.generation(), 1);
+  const int replacement1 = once.ranks(1).pid();
+  EXPECT_NE(replacement1, pids[1]);
+  EXPECT_EQ(once.ranks(1).generation(), 1);
+  EXPECT_EQ(once.ranks(0).pid(), pids[0]);
+  EXPECT_EQ(once.ranks(2).pid(), pids[2]);
+  EXPECT_EQ(once.ranks(1).worker(), first.ranks(1).worker());
+
+  ASSERT_EQ(::kill(pids[0], SIGKILL), 0);
+  auto done = c.WaitFor(id, Ended, absl::Minutes(5));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  EXPECT_EQ(done->restarts(), 0);
+  EXPECT_EQ(done->recoveries(), 2);
+  ASSERT_EQ(done->attempts_size(), 1) << "a live recovery never starts a new attempt";
+  const v1::Attempt& a = done->attempts(0);
+  ASSERT_EQ(a.recoveries_size(), 2) << a.ShortDebugString();
+  EXPECT_EQ(a.recoveries(1).outcome(), "recovered");
+  EXPECT_EQ(a.recoveries(1).ranks(0), 0);
+  // The store moved to a fresh port for each generation.
+  EXPECT_NE(a.master_port(), first.master_port());
+  // Rank 2 kept its process from the first step to the last; rank 1's replacement
+  // kept its own through the second recovery.
+  EXPECT_EQ(a.ranks(2).pid(), pids[2]);
+  EXPECT_EQ(a.ranks(1).pid(), replacement1);
+  EXPECT_NE(a.ranks(0).pid(), pids[0]);
+  EXPECT_EQ(a.ranks(0).generation(), 2);
+
+  // Exactly the steps of the uninterrupted run, and bit-identical parameters on
+  // every rank, replacements included.
+  std::map<int, Done> lines = DoneLines(c, id);
+  ASSERT_EQ(lines.size(), 3u);
+  for (const auto& [rank, d] : lines) {
+    EXPECT_EQ(d.steps, reference.steps) << "rank " << rank;
+    EXPECT_EQ(d.fingerprint, reference.fingerprint) << "rank " << rank;
+  }
+  CtlResult logs = c.Ctl({"logs", id});
+  EXPECT_THAT(logs.out, HasSubstr("[rank 0] * recovered: generation 1 formed"));
+  EXPECT_THAT(logs.out, HasSubstr("[rank 0] * recovered: generation 2 formed"));
+}
+
+TEST(LiveRecoveryTest, ASecondFaultDuringARecoveryFallsBackToARestartNamedInTheReason) {
+  auto cluster = LocalCluster::Start({.workers = 3});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  ASSERT_TRUE(c.WaitForWorkers(3).ok());
+  const std::string id = Submit(c, Spec(c.dir(), "twice", 3, /*max_restarts=*/1));
+  auto running = c.WaitFor(id, SteppedPast(20));
+  ASSERT_TRUE(running.ok()) << running.status();
+  const v1::Attempt first = running->attempts(0);
+  ASSERT_EQ(::kill(first.ranks(1).pid(), SIGKILL), 0);
+  // The replacement is up (its pid reported) but cannot have taken the state yet
+  // when it dies too: the recovery has a second fault.
+  auto replacing = c.WaitFor(id, [&](const v1::Job& j) {
+    const v1::Attempt& a = j.attempts(0);
+    return a.recoveries_size() == 1 && a.ranks(1).pid() != 0 &&
+           a.ranks(1).pid() != first.ranks(1).pid();
+  });
+  ASSERT_TRUE(replacing.ok()) << replacing.status();
+  ASSERT_EQ(::kill(replacing->attempts(0).ranks(1).pid(), SIGKILL), 0);
+  auto done = c.WaitFor(id, Ended, absl::Minutes(5));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  ASSERT_EQ(done->attempts_size(), 2) << done->ShortDebugString();
+  EXPECT_EQ(done->restarts(), 1);
+  const v1::Attempt& failed = done->attempts(0);
+  EXPECT_EQ(failed.state(), v1::FAILED);
+  EXPECT_THAT(failed.reason(), HasSubstr("live recovery 1 failed: a second fault during it: "
+                                         "rank 1 on "));
+  EXPECT_THAT(failed.reason(), HasSubstr("falling back to a restart from the last checkpoint"));
+  ASSERT_EQ(failed.recoveries_size(), 1);
+  EXPECT_THAT(failed.recoveries(0).outcome(), HasSubstr("failed: live recovery 1 failed"));
+}
+
+}  // namespace
+}  // namespace ddp
