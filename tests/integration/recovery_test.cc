@@ -7,6 +7,7 @@
 #include <signal.h>
 
 #include <map>
+#include <set>
 #include <regex>
 #include <string>
 
@@ -204,6 +205,77 @@ TEST(LiveRecoveryTest, ASecondFaultDuringARecoveryFallsBackToARestartNamedInTheR
   EXPECT_THAT(failed.reason(), HasSubstr("falling back to a restart from the last checkpoint"));
   ASSERT_EQ(failed.recoveries_size(), 1);
   EXPECT_THAT(failed.recoveries(0).outcome(), HasSubstr("failed: live recovery 1 failed"));
+}
+
+// The worker that ran the job's ranks on one node, with each trainer's pid.
+std::string Spare(const v1::Attempt& a, const std::set<std::string>& workers) {
+  std::set<std::string> left = workers;
+  for (const auto& r : a.ranks()) left.erase(r.worker());
+  return left.size() == 1 ? *left.begin() : "";
+}
+
+TEST(LiveRecoveryTest, ALostNodesRanksMoveToASpareWorkerAndTheJobEndsBitIdentical) {
+  auto cluster = LocalCluster::Start({.workers = 4});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  ASSERT_TRUE(c.WaitForWorkers(4).ok());
+  const Done reference = Uninterrupted(c);
+  const std::string id = Submit(c, Spec(c.dir(), "node", 1));
+  auto running = c.WaitFor(id, SteppedPast(40));
+  ASSERT_TRUE(running.ok()) << running.status();
+  const v1::Attempt first = running->attempts(0);
+  const std::string spare = Spare(first, {"w1", "w2", "w3", "w4"});
+  ASSERT_FALSE(spare.empty()) << first.ShortDebugString();
+  // Rank 1's node goes: its agent killed, its trainer dies with it (PDEATHSIG), and
+  // the coordinator hears nothing more from it.
+  const std::string lost = first.ranks(1).worker();
+  const int lost_index = lost[1] - '1';
+  c.worker(lost_index).Signal(SIGKILL);
+  auto done = c.WaitFor(id, Ended, absl::Minutes(5));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  EXPECT_EQ(done->restarts(), 0);
+  EXPECT_EQ(done->recoveries(), 1);
+  ASSERT_EQ(done->attempts_size(), 1);
+  const v1::Attempt& a = done->attempts(0);
+  ASSERT_EQ(a.recoveries_size(), 1);
+  EXPECT_EQ(a.recoveries(0).outcome(), "recovered");
+  EXPECT_THAT(a.recoveries(0).cause(), HasSubstr(absl::StrCat("worker ", lost, " lost")));
+  EXPECT_THAT(a.recoveries(0).cause(), HasSubstr("moved to spare worker " + spare));
+  EXPECT_EQ(a.ranks(1).worker(), spare);
+  EXPECT_EQ(a.ranks(0).pid(), first.ranks(0).pid());
+  EXPECT_EQ(a.ranks(2).pid(), first.ranks(2).pid());
+  std::map<int, Done> lines = DoneLines(c, id);
+  ASSERT_EQ(lines.size(), 3u);
+  for (const auto& [rank, d] : lines) {
+    EXPECT_EQ(d.steps, reference.steps) << "rank " << rank;
+    EXPECT_EQ(d.fingerprint, reference.fingerprint) << "rank " << rank;
+  }
+}
+
+TEST(LiveRecoveryTest, ALostNodeWithNoSpareFallsBackToARestartNamedInTheReason) {
+  auto cluster = LocalCluster::Start({.workers = 3});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  ASSERT_TRUE(c.WaitForWorkers(3).ok());
+  const std::string id = Submit(c, Spec(c.dir(), "nospare", 2, /*max_restarts=*/1));
+  auto running = c.WaitFor(id, SteppedPast(20));
+  ASSERT_TRUE(running.ok()) << running.status();
+  c.worker(2).Signal(SIGKILL);  // w3
+  auto failed = c.WaitFor(id, [](const v1::Job& j) {
+    return j.attempts_size() > 0 && j.attempts(0).state() == v1::FAILED;
+  });
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  EXPECT_THAT(failed->attempts(0).reason(),
+              HasSubstr("live recovery 1 failed: worker w3 lost: no heartbeat for "));
+  EXPECT_THAT(failed->attempts(0).reason(), HasSubstr("no spare worker has room for its 1 rank(s)"));
+  EXPECT_EQ(failed->recoveries(), 0) << "a recovery that never began is not counted";
+  // The restart runs once a third node is back.
+  ASSERT_TRUE(c.AddWorker("w4").ok());
+  auto done = c.WaitFor(id, Ended, absl::Minutes(5));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  EXPECT_EQ(done->restarts(), 1);
 }
 
 }  // namespace
