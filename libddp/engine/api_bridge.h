@@ -36,7 +36,12 @@ absl::Status StatusFromError(const Error& error);
 struct ProcessGroup::Impl {
   Environment env;
   DeviceChoice device;
+  CommOptions options;
   std::optional<Comm> comm;
+
+  // Live recovery: the old group is torn down (its peers see it go), then `next`'s
+  // (a new generation's store) is formed in its place.
+  absl::Status Reconnect(const Environment& next);
 
   // ProcessGroup::sum in statuses: `values` summed over all ranks (one double
   // all-reduce on the group's device).
@@ -53,6 +58,10 @@ struct DataParallel::Impl {
   DdpOptions options;
   std::vector<at::Tensor> buffers;
   std::unique_ptr<GradientReducer> reducer;
+  std::vector<at::Tensor> state;      // Parameters and buffers, broadcast at the start.
+  std::vector<at::Tensor> trainable;  // What the reducer reduces.
+  GradientReducer::Options reducer_options;
+  ReducerTrace* trace = nullptr;
   bool sync_buffers = true;      // Broadcast buffers before the next forward.
   bool grad_sync = true;         // false inside no_sync().
 
@@ -65,6 +74,11 @@ struct DataParallel::Impl {
                                                               ReducerTrace* trace);
   // prepare_forward in statuses.
   absl::Status PrepareForward();
+  // Live recovery: the reducer is dropped (its hooks with it) before the group
+  // reconnects (DropReducer), then made again on the new group, after the same
+  // broadcast of rank 0's state as the constructor's (Rebuild).
+  void DropReducer() { reducer.reset(); }
+  absl::Status Rebuild();
   // After backward() threw: the engine's status of the all-reduce that failed inside
   // it (and clears it), or nullopt when backward failed for another reason.
   std::optional<absl::Status> TakeBackwardError() { return reducer->TakeCallbackError(); }

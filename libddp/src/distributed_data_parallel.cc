@@ -53,19 +53,29 @@ absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Impl::Create(
     impl->buffers.push_back(b);
     state.push_back(b);
   }
-  Comm& comm = *group->impl().comm;
-  // Every rank starts from rank 0's weights, as DDP's constructor does.
-  DDP_RETURN_IF_ERROR(comm.Broadcast(state));
-  GradientReducer::Options ro;
+  GradientReducer::Options& ro = impl->reducer_options;
   ro.bucket_cap_bytes = static_cast<int64_t>(options.bucket_cap_mb * 1024 * 1024);
   ro.first_bucket_cap_bytes = static_cast<int64_t>(options.first_bucket_cap_mb * 1024 * 1024);
   ro.finish_in_backward = true;
   // A failed all-reduce leaves backward() as the ddp::Error its status maps to.
   ro.throw_failure = [](const absl::Status& status) { ThrowIfError(status); };
-  impl->reducer = std::make_unique<GradientReducer>(std::move(trainable), &comm, ro, trace);
+  impl->state = std::move(state);
+  impl->trainable = std::move(trainable);
+  impl->trace = trace;
   impl->group = std::move(group);
   impl->options = options;
+  DDP_RETURN_IF_ERROR(impl->Rebuild());
   return std::unique_ptr<DataParallel>(new DataParallel(std::move(impl)));
+}
+
+absl::Status DataParallel::Impl::Rebuild() {
+  reducer.reset();
+  Comm& comm = *group->impl().comm;
+  // Every rank starts from rank 0's weights, as DDP's constructor does.
+  DDP_RETURN_IF_ERROR(comm.Broadcast(state));
+  reducer = std::make_unique<GradientReducer>(trainable, &comm, reducer_options, trace);
+  sync_buffers = true;
+  return absl::OkStatus();
 }
 
 absl::Status DataParallel::Impl::PrepareForward() {

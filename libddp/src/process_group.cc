@@ -14,9 +14,18 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> ProcessGroup::Impl::Create(
   auto impl = std::make_unique<Impl>();
   impl->env = env;
   impl->device = device;
+  impl->options = options;
   DDP_ASSIGN_OR_RETURN(Comm comm, Comm::Connect(env, device, options));
   impl->comm.emplace(std::move(comm));
   return std::shared_ptr<ProcessGroup>(new ProcessGroup(std::move(impl)));
+}
+
+absl::Status ProcessGroup::Impl::Reconnect(const Environment& next) {
+  comm.reset();
+  DDP_ASSIGN_OR_RETURN(Comm c, Comm::Connect(next, device, options));
+  comm.emplace(std::move(c));
+  env = next;
+  return absl::OkStatus();
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::create(const Environment& env,

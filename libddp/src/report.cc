@@ -136,4 +136,18 @@ void Reporter::done(int64_t epochs, int64_t global_step) {
   Write(o.Line());
 }
 
+void Reporter::recovered(int64_t generation, int64_t source_rank, int64_t global_step,
+                         double wait_ms, double sync_ms) {
+  if (!enabled()) return;
+  JsonObject o;
+  o.Add("type", RecoveredEvent::kType)
+      .Add("generation", generation)
+      .Add("source_rank", source_rank)
+      .Add("global_step", global_step)
+      .Add("wait_ms", wait_ms)
+      .Add("sync_ms", sync_ms);
+  o.Add("time", Now());
+  Write(o.Line());
+}
+
 }  // namespace ddp

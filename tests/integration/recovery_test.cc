@@ -278,5 +278,70 @@ TEST(LiveRecoveryTest, ALostNodeWithNoSpareFallsBackToARestartNamedInTheReason) 
   EXPECT_EQ(done->restarts(), 1);
 }
 
+// Each rank's "LIVE-RESULT rank R steps N params HASH" line (recovery_program).
+std::map<int, Done> ProgramResults(LocalCluster& c, const std::string& id) {
+  CtlResult logs = c.Ctl({"logs", id});
+  EXPECT_EQ(logs.exit_code, 0) << logs.err;
+  std::map<int, Done> out;
+  static const std::regex kLine(R"(LIVE-RESULT rank (\d+) steps (\d+) params ([0-9a-f]+))");
+  for (auto it = std::sregex_iterator(logs.out.begin(), logs.out.end(), kLine);
+       it != std::sregex_iterator(); ++it) {
+    out[std::stoi((*it)[1])] = {std::stoll((*it)[2]), (*it)[3]};
+  }
+  return out;
+}
+
+std::string ProgramSpec(const std::string& dir, const std::string& name, int max_recoveries) {
+  const std::string path = absl::StrCat(dir, "/", name, ".yaml");
+  testing::WriteFile(path, absl::StrCat("name: ", name, "\nnodes: 3\nmax_recoveries: ",
+                                        max_recoveries, "\ncommand: [", DDP_RECOVERY_PROGRAM,
+                                        ", \"4000\"]\n"));
+  return path;
+}
+
+TEST(LiveRecoveryTest, ALibddpProgramLosesARankAndEndsBitIdenticalToAnUninterruptedRun) {
+  auto cluster = LocalCluster::Start({.workers = 3});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  ASSERT_TRUE(c.WaitForWorkers(3).ok());
+  const std::string ref_id = Submit(c, ProgramSpec(c.dir(), "program-reference", 0));
+  auto ref = c.WaitFor(ref_id, Ended, absl::Minutes(5));
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  ASSERT_EQ(ref->state(), v1::SUCCEEDED) << ref->reason();
+  std::map<int, Done> reference = ProgramResults(c, ref_id);
+  ASSERT_EQ(reference.size(), 3u);
+  ASSERT_EQ(reference[0].steps, 4000);
+
+  const std::string id = Submit(c, ProgramSpec(c.dir(), "program-live", 1));
+  auto running = c.WaitFor(id, [](const v1::Job& j) {
+    if (j.state() != v1::RUNNING || j.metrics_size() != 3) return false;
+    for (const auto& m : j.metrics()) {
+      if (m.global_step() < 400) return false;
+    }
+    return true;
+  });
+  ASSERT_TRUE(running.ok()) << running.status();
+  const v1::Attempt first = running->attempts(0);
+  ASSERT_EQ(::kill(first.ranks(2).pid(), SIGKILL), 0);
+  auto done = c.WaitFor(id, Ended, absl::Minutes(5));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  EXPECT_EQ(done->restarts(), 0);
+  EXPECT_EQ(done->recoveries(), 1);
+  ASSERT_EQ(done->attempts_size(), 1);
+  const v1::Attempt& a = done->attempts(0);
+  ASSERT_EQ(a.recoveries_size(), 1);
+  EXPECT_EQ(a.recoveries(0).outcome(), "recovered") << a.ShortDebugString();
+  EXPECT_EQ(a.ranks(0).pid(), first.ranks(0).pid());
+  EXPECT_EQ(a.ranks(1).pid(), first.ranks(1).pid());
+  EXPECT_NE(a.ranks(2).pid(), first.ranks(2).pid());
+  std::map<int, Done> results = ProgramResults(c, id);
+  ASSERT_EQ(results.size(), 3u);
+  for (const auto& [rank, d] : results) {
+    EXPECT_EQ(d.steps, 4000) << "rank " << rank;
+    EXPECT_EQ(d.fingerprint, reference[0].fingerprint) << "rank " << rank;
+  }
+}
+
 }  // namespace
 }  // namespace ddp

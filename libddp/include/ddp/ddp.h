@@ -15,6 +15,7 @@
 #include "ddp/lr_scheduler.h"
 #include "ddp/position.h"
 #include "ddp/process_group.h"
+#include "ddp/recovery.h"
 #include "ddp/report.h"
 #include "ddp/sampler.h"
 #include "ddp/version.h"

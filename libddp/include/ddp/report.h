@@ -52,6 +52,10 @@ class Reporter {
   // is shown with it.
   void error(const std::string& message, bool retryable = true);
   void done(int64_t epochs, int64_t global_step);
+  // Rank 0, once a live recovery's new generation formed and the state moved (the
+  // coordinator counts the recovery done); LiveRecovery calls it.
+  void recovered(int64_t generation, int64_t source_rank, int64_t global_step, double wait_ms,
+                 double sync_ms);
 
  private:
   void Write(const std::string& line);
