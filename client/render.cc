@@ -277,6 +277,9 @@ std::string RenderJob(const v1::Job& job, absl::Time now) {
                      : absl::StrCat(job.min_nodes(), ":", job.max_nodes())},
       {"Procs per node:", job.nproc_per_node() ? absl::StrCat(job.nproc_per_node()) : "auto"},
       {"Restarts:", absl::StrCat(job.restarts(), " of ", job.max_restarts())},
+      {"Live recoveries:", job.max_recoveries() == 0
+                               ? "off (max_recoveries 0)"
+                               : absl::StrCat(job.recoveries(), " of ", job.max_recoveries())},
       {"Workdir:", job.workdir().empty() ? "-" : job.workdir()},
       {"Submitted:", Ago(job.submit_ms(), now)},
       {"Owner:", job.owner().empty() ? "- (submitted without authentication)" : job.owner()},
@@ -294,7 +297,18 @@ std::string RenderJob(const v1::Job& job, absl::Time now) {
   for (const v1::Attempt& a : job.attempts()) {
     absl::StrAppend(&out, "\nAttempt ", a.number(), ": ", StateName(a.state()),
                     a.reason().empty() ? "" : " - " + a.reason(), "\n  rendezvous store ",
-                    a.master_addr(), ":", a.master_port(), ", world size ", a.world_size(), "\n");
+                    a.master_addr(), ":", a.master_port(), ", world size ", a.world_size(),
+                    a.generation() > 0 ? absl::StrCat(", generation ", a.generation()) : "",
+                    "\n");
+    for (const v1::Recovery& r : a.recoveries()) {
+      absl::StrAppend(&out, "  live recovery ", r.generation(), ": ", r.outcome(),
+                      r.end_ms() > 0 ? absl::StrCat(" in ", r.end_ms() - r.start_ms(), " ms") : "",
+                      r.outcome() == "recovered"
+                          ? absl::StrCat(" (state of rank ", r.source_rank(), " at step ",
+                                         r.global_step(), ")")
+                          : "",
+                      " - ", r.cause(), "\n");
+    }
     std::vector<std::vector<std::string>> rows = {
         {"  RANK", "LOCAL", "NODE", "WORKER", "ADDRESS", "PID", "STATE", "ERROR"}};
     for (const v1::RankAssignment& r : a.ranks()) {

@@ -30,6 +30,12 @@ void AddGauge(MetricFamily& f, std::vector<ClientMetric::Label> labels, double v
   m.gauge.value = value;
 }
 
+void AddCounter(MetricFamily& f, std::vector<ClientMetric::Label> labels, double value) {
+  ClientMetric& m = f.metric.emplace_back();
+  m.label = std::move(labels);
+  m.counter.value = value;
+}
+
 MetricFamily Histogram(std::string name, std::string help, const BucketHistogram& h) {
   MetricFamily f = Family(std::move(name), std::move(help), MetricType::Histogram);
   ClientMetric& m = f.metric.emplace_back();
@@ -92,6 +98,17 @@ class ScrapeView final : public prometheus::Collectable {
                                    "started.", MetricType::Counter);
     restarts.metric.emplace_back().counter.value = static_cast<double>(c.job_restarts);
     out.push_back(std::move(restarts));
+    MetricFamily recoveries = Family("ddp_live_recoveries_total",
+                                     "Live recoveries (a failed rank replaced while the others "
+                                     "kept their state), since the coordinator started: begun, "
+                                     "and ended by outcome.", MetricType::Counter);
+    AddCounter(recoveries, {{"outcome", "begun"}}, static_cast<double>(c.recoveries_started));
+    for (const char* outcome : {"recovered", "failed"}) {
+      auto it = c.recoveries_ended.find(outcome);
+      AddCounter(recoveries, {{"outcome", outcome}},
+                 it == c.recoveries_ended.end() ? 0.0 : static_cast<double>(it->second));
+    }
+    out.push_back(std::move(recoveries));
     out.push_back(Histogram("ddp_heartbeat_lag_seconds",
                             "Time between two heartbeats of a worker (the heartbeat interval "
                             "when all is well).",

@@ -391,6 +391,9 @@ class Coordinator {
   BucketHistogram heartbeat_lag_ ABSL_GUARDED_BY(mu_){HeartbeatLagBounds()};
   BucketHistogram rendezvous_times_ ABSL_GUARDED_BY(mu_){RendezvousBounds()};
   int64_t restarts_total_ ABSL_GUARDED_BY(mu_) = 0;
+  // Live recoveries begun, and ended by outcome ("recovered", "failed").
+  int64_t recoveries_started_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, int64_t> recoveries_ended_ ABSL_GUARDED_BY(mu_);
   // Attempts formed by this coordinator and not yet RUNNING or ended: when formed.
   std::map<TaskKey, absl::Time> rendezvous_started_ ABSL_GUARDED_BY(mu_);
 };

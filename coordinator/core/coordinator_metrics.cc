@@ -30,6 +30,18 @@ void Coordinator::NoteMetricsLocked(const JobRecord& rec, const JobDelta& delta)
   if (delta.attempt_rows.empty()) return;  // No attempt changed state.
   const std::string& id = rec.job.id();
   const v1::Attempt* active = ActiveAttempt(rec);
+  // Live recoveries: the attempts this delta wrote whose last recovery began or ended
+  // just now (its start or end is the delta's time).
+  const int64_t now_ms = absl::ToUnixMillis(clock_->Now());
+  for (int n : delta.attempt_rows) {
+    const v1::Attempt& a = rec.job.attempts(n - 1);
+    if (a.recoveries_size() == 0) continue;
+    const v1::Recovery& r = a.recoveries(a.recoveries_size() - 1);
+    if (r.start_ms() == now_ms && r.end_ms() == 0) ++recoveries_started_;
+    if (r.end_ms() == now_ms) {
+      ++recoveries_ended_[r.outcome() == "recovered" ? "recovered" : "failed"];
+    }
+  }
   if (delta.formed && active != nullptr) {
     if (active->number() > 1) ++restarts_total_;
     rendezvous_started_[{id, active->number()}] = clock_->Now();
@@ -57,6 +69,8 @@ CoordinatorMetrics Coordinator::Metrics() {
     out.heartbeat_lag = heartbeat_lag_;
     out.rendezvous = rendezvous_times_;
     out.job_restarts = restarts_total_;
+    out.recoveries_started = recoveries_started_;
+    out.recoveries_ended = recoveries_ended_;
     for (const auto& [name, w] : registry_.workers()) {
       if (w.info.labels().empty()) continue;
       out.worker_labels[name] = {w.info.labels().begin(), w.info.labels().end()};

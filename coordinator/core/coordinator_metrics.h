@@ -50,6 +50,8 @@ struct CoordinatorMetrics {
   BucketHistogram heartbeat_lag{HeartbeatLagBounds()};
   BucketHistogram rendezvous{RendezvousBounds()};
   int64_t job_restarts = 0;  // Attempts formed after a job's first, since start.
+  int64_t recoveries_started = 0;                      // Live recoveries begun.
+  std::map<std::string, int64_t> recoveries_ended;  // By outcome: recovered, failed.
   // Each rank of each RUNNING job, with its latest metrics of the running attempt
   // (has_metrics false until its first step event).
   struct Rank {
