@@ -6,6 +6,7 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/optimizer.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -15,6 +16,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "ddp/distributed_data_parallel.h"
@@ -108,6 +111,12 @@ class TrainerImpl {
   absl::Status TakeLiveState();
   // Rank 0 tells the coordinator that the generation formed and the state moved.
   void EmitRecovered(double wait_ms, double sync_ms);
+  // The checkpoint-now notice (docs/recovery.md): every notice_every_ steps (about
+  // 100 ms of training) the ranks agree whether any of them saw a new notice (one
+  // small all-reduce); if so they checkpoint at once, at the same step, and then
+  // hold their step until they are stopped (or the hold ends, and training goes on).
+  // `step_ms`: the step just taken.
+  absl::Status CheckNotice(double step_ms);
   // What a checkpoint (or a live recovery's transfer) holds at `pos`.
   TrainingState StateAt(const Position& pos, const at::Tensor& rng,
                         const std::vector<double>& loss_totals) const;
@@ -182,6 +191,11 @@ class TrainerImpl {
   // This process holds training state (false for a live recovery's replacement until
   // it took a survivor's).
   bool holds_state_ = false;
+  // The checkpoint-now notice: the newest acted on, and when the ranks next check.
+  int64_t notice_handled_ = 0;
+  int64_t notice_every_ = 1;
+  int64_t steps_since_notice_ = 0;
+  double notice_window_ms_ = 0;
   // Of the last live recovery this rank took part in (rank 0 reports them).
   int recovery_source_ = 0;
   int64_t recovery_step_ = 0;
@@ -240,6 +254,10 @@ absl::Status TrainerImpl::JoinGroup() {
   co.collective_timeout = Seconds(spec_.train.collective_timeout_s);
   co.intra_node = spec_.train.intra_node_comm;
   DDP_ASSIGN_OR_RETURN(group_, ProcessGroup::Impl::Create(env_, device_, co));
+  // The notice check is collective: every rank of the new group counts from here.
+  notice_every_ = 1;
+  steps_since_notice_ = 0;
+  notice_window_ms_ = 0;
   if (env_.generation > 0) DDP_RETURN_IF_ERROR(TakeLiveState());
   // libddp's DistributedDataParallel engine: every rank starts from rank 0's weights;
   // trainable parameters are reduced in buckets during backward, frozen ones left alone.
@@ -256,6 +274,45 @@ absl::Status TrainerImpl::JoinGroup() {
                                                  device_.device);
     DDP_RETURN_IF_ERROR(keeper_->Setup());
   }
+  return absl::OkStatus();
+}
+
+absl::Status TrainerImpl::CheckNotice(double step_ms) {
+  if (env_.notice_file.empty() || !keeper_) return absl::OkStatus();
+  notice_window_ms_ += step_ms;
+  if (++steps_since_notice_ < notice_every_) return absl::OkStatus();
+  const Notice seen = ReadNotice(env_.notice_file);
+  // [the newest notice any rank saw, the slowest rank's mean step time, the newest any
+  // rank acted on (a replacement knows none)]: maxima, so every rank decides alike.
+  at::Tensor v = at::tensor({static_cast<double>(seen.seq),
+                             notice_window_ms_ / static_cast<double>(steps_since_notice_),
+                             static_cast<double>(notice_handled_)},
+                            at::kDouble)
+                     .to(device_.device);
+  DDP_RETURN_IF_ERROR(comm().AllReduceMax(v));
+  v = v.cpu();
+  const int64_t newest = static_cast<int64_t>(v[0].item<double>());
+  const double step = std::max(v[1].item<double>(), 1e-3);
+  notice_handled_ = static_cast<int64_t>(v[2].item<double>());
+  notice_every_ = std::clamp<int64_t>(static_cast<int64_t>(100.0 / step), 1, 1000);
+  steps_since_notice_ = 0;
+  notice_window_ms_ = 0;
+  if (newest <= notice_handled_) return absl::OkStatus();
+  notice_handled_ = newest;
+  DDP_LOG(WARNING) << "rank " << env_.rank << ": checkpoint-now notice " << newest
+                   << (seen.seq == newest ? " (" + seen.reason + ")" : "")
+                   << ": checkpointing at step " << pos_.global_step;
+  DDP_RETURN_IF_ERROR(Checkpoint(pos_));
+  // Every step from here would be lost when the attempt moves: wait to be stopped.
+  // Training goes on if that does not come (the move was called off).
+  const absl::Duration hold =
+      seen.deadline_ms > 0
+          ? std::clamp(absl::FromUnixMillis(seen.deadline_ms) - absl::Now() + absl::Seconds(5),
+                       absl::Seconds(5), absl::Seconds(30))
+          : absl::Seconds(30);
+  DDP_LOG(INFO) << "rank " << env_.rank << ": holding for up to " << hold
+                << " while the job moves";
+  absl::SleepFor(hold);
   return absl::OkStatus();
 }
 
@@ -525,6 +582,7 @@ absl::Status TrainerImpl::TrainEpoch(int64_t epoch, int64_t first_step) {
       window_start_ = Clock::now();
     }
     if (spec_.metrics.trace_buckets) EmitTrace();
+    DDP_RETURN_IF_ERROR(CheckNotice(step_ms));
     const bool step_ckpt = spec_.checkpoint.every_steps > 0 &&
                            pos_.global_step % spec_.checkpoint.every_steps == 0;
     if (last_in_epoch) {

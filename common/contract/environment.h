@@ -50,6 +50,9 @@ struct Environment {
   // generations ("" outside ddp-worker: no live recovery).
   int generation = 0;
   std::string generation_file;
+  // DDP_NOTICE_FILE (set by ddp-worker): where the checkpoint-now notice appears
+  // ("" outside ddp-worker: none ever does).
+  std::string notice_file;
 };
 
 }  // namespace ddp

@@ -65,6 +65,10 @@ inline constexpr char kNode[] = "DDP_NODE";
 // replaced atomically.
 inline constexpr char kGeneration[] = "DDP_GENERATION";
 inline constexpr char kGenerationFile[] = "DDP_GENERATION_FILE";
+// The checkpoint-now notice: a file with one line "SEQ DEADLINE_MS REASON" (SEQ 0: no
+// notice yet; DEADLINE_MS the Unix time in ms when the ranks will be stopped, 0 if
+// unknown), replaced atomically whenever the coordinator raises a new notice.
+inline constexpr char kNoticeFile[] = "DDP_NOTICE_FILE";
 
 // torchrun's single role's name.
 inline constexpr char kDefaultRoleName[] = "default";

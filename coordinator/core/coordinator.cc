@@ -2,6 +2,7 @@
 // on what transitions changed. Worker-facing methods are in coordinator_workers.cc,
 // time-driven work in coordinator_housekeeping.cc.
 #include "coordinator/core/coordinator.h"
+#include "coordinator/core/drain_policy.h"
 
 #include <algorithm>
 
@@ -172,7 +173,13 @@ void Coordinator::StartRecoveryLocked(JobRecord& rec, const std::vector<int>& mo
   a = ActiveAttempt(rec);
   const TaskKey key{rec.job.id(), a->number()};
   recovery_deadlines_.Add(rec.recovery_deadline, key.first, key.second);
-  // Every worker of the attempt hears of the new generation now, not a beat later.
+  TouchAttemptWorkersLocked(rec);  // They hear of the new generation now, not a beat later.
+}
+
+void Coordinator::TouchAttemptWorkersLocked(const JobRecord& rec) {
+  const v1::Attempt* a = ActiveAttempt(rec);
+  if (a == nullptr) return;
+  const TaskKey key{rec.job.id(), a->number()};
   std::set<std::string> workers;
   for (const v1::RankAssignment& r : a->ranks()) workers.insert(r.worker());
   for (const std::string& name : workers) {
@@ -184,6 +191,20 @@ void Coordinator::StartRecoveryLocked(JobRecord& rec, const std::vector<int>& mo
   }
 }
 
+bool Coordinator::RaiseNoticeLocked(JobRecord& rec, const std::string& reason,
+                                    absl::Time deadline) {
+  const v1::Attempt* a = ActiveAttempt(rec);
+  if (a == nullptr || !ResumesFromPeriodicCheckpoints(rec.spec)) return false;
+  ++rec.notice_seq;
+  rec.notice_attempt = a->number();
+  rec.notice = reason;
+  rec.notice_deadline = deadline;
+  DDP_LOG(INFO) << "job " << rec.job.id() << " attempt " << a->number()
+                << ": checkpoint-now notice " << rec.notice_seq << " (" << reason << ")";
+  TouchAttemptWorkersLocked(rec);
+  return true;
+}
+
 void Coordinator::WakeLongPollsLocked(const std::string& worker) {
   if (const WorkerRecord* w = registry_.Find(worker)) {
     task_waiters_.Changed(worker, w->desired_version);
@@ -192,6 +213,7 @@ void Coordinator::WakeLongPollsLocked(const std::string& worker) {
 
 void Coordinator::EndAttemptLocked(JobRecord& rec, int attempt) {
   rec.preempt_for.clear();  // The next attempt starts unmarked.
+  rec.stopping_worker.clear();
   // Holds nothing once its trainers are gone; only a preempted attempt's are counted
   // as coming free (RunningJobsLocked), since only for them does a job wait.
   if (rec.stopping_attempt != attempt) holding_.erase(rec.job.id());
@@ -298,6 +320,12 @@ void Coordinator::PreemptLocked(const std::vector<Decision>& decisions, TouchLis
     }
     rec.preempt_for = d.for_job->job.id();
     preempting_.insert(rec.job.id());
+    const bool at_once =
+        rec.spec.preemption == PreemptionPolicy::kKill || rec.job.state() != v1::RUNNING;
+    if (!at_once) {
+      RaiseNoticeLocked(rec, absl::StrCat("job ", rec.preempt_for, " (higher priority) needs its nodes"),
+                        absl::InfinitePast());
+    }
     // Moves at once when it says it may be killed, or has not started training (nothing
     // to lose); else after its next checkpoint (MoveAfterCheckpointLocked).
     if (rec.spec.preemption == PreemptionPolicy::kKill || rec.job.state() != v1::RUNNING) {

@@ -247,6 +247,20 @@ class Coordinator {
   // and a new store port on rank 0's node, or falls back to a restart (FailRecovery)
   // when their workers cannot take them or no port is free.
   void RecoverLocked(JobRecord& job, TouchList& touched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The checkpoint-now notice for the active attempt of a job that resumes from
+  // periodic checkpoints (docs/recovery.md): every worker of the attempt hears it with
+  // its next heartbeat (long polls woken). `deadline`: when the ranks will be stopped
+  // (InfinitePast: not known). False when the job does not take such checkpoints.
+  bool RaiseNoticeLocked(JobRecord& job, const std::string& reason, absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Wakes every worker of the active attempt to fetch its desired state again.
+  void TouchAttemptWorkersLocked(const JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `worker` got SIGTERM and will stop its ranks within `grace`: attempts there that
+  // can move at a checkpoint get the notice and move after it (MoveAfterCheckpointLocked);
+  // the others end at once, as when a worker leaves.
+  void StoppingWorkerLocked(const std::string& worker, const std::string& why,
+                            absl::Duration grace, TouchList& touched)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // BeginRecovery with a new store port on rank 0's node (FailRecovery when it has
   // none), its deadline armed and every worker of the attempt woken.
   void StartRecoveryLocked(JobRecord& job, const std::vector<int>& moved,

@@ -154,7 +154,10 @@ void Coordinator::DrainNowLocked(WorkerRecord& w, TouchList& touched) {
                       << " takes no periodic checkpoints to resume from, so it runs to its "
                          "end there";
       }
-      continue;  // Moves after its next checkpoint (MoveAfterCheckpointLocked).
+      // Moves after its next checkpoint (MoveAfterCheckpointLocked), asked for now.
+      RaiseNoticeLocked(*rec, absl::StrCat("worker ", w.info.name(), " is draining"),
+                        absl::InfinitePast());
+      continue;
     }
     ApplyLocked(*rec, PreemptAttempt(*rec, *reason, clock_->Now()), touched);
   }
@@ -175,6 +178,17 @@ void Coordinator::MoveAfterCheckpointLocked(JobRecord& rec,
     return;
   }
   const TaskKey key{rec.job.id(), a->number()};
+  if (!rec.stopping_worker.empty()) {
+    ApplyLocked(rec,
+                PreemptAttempt(rec,
+                               absl::StrCat("worker ", rec.stopping_worker, " is stopping: ",
+                                            "moving to other workers from the checkpoint of "
+                                            "global step ", checkpoint.global_step()),
+                               clock_->Now()),
+                touched);
+    ScheduleLocked(touched);
+    return;
+  }
   for (const std::string& name : registry_.draining_at_checkpoint()) {
     const WorkerRecord* w = registry_.Find(name);
     if (w == nullptr || !w->assigned.count(key)) continue;
@@ -182,6 +196,26 @@ void Coordinator::MoveAfterCheckpointLocked(JobRecord& rec,
                 touched);
     ScheduleLocked(touched);
     return;
+  }
+}
+
+void Coordinator::StoppingWorkerLocked(const std::string& worker, const std::string& why,
+                                       absl::Duration grace, TouchList& touched) {
+  const WorkerRecord* w = registry_.Find(worker);
+  if (w == nullptr) return;
+  const absl::Time now = clock_->Now();
+  std::vector<TaskKey> keys;
+  for (const auto& [key, task] : w->assigned) keys.push_back(key);
+  for (const TaskKey& key : keys) {
+    JobRecord* rec = FindLocked(key.first);
+    const v1::Attempt* a = rec == nullptr ? nullptr : ActiveAttempt(*rec);
+    if (a == nullptr || a->number() != key.second) continue;
+    const std::string reason = absl::StrCat("worker ", worker, " is stopping (", why, ")");
+    if (a->state() == v1::RUNNING && RaiseNoticeLocked(*rec, reason, now + grace)) {
+      rec->stopping_worker = worker;
+      continue;
+    }
+    ApplyLocked(*rec, FailAttempt(*rec, reason, /*retryable=*/true, now), touched);
   }
 }
 

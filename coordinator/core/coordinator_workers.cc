@@ -158,6 +158,19 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::HeartbeatLocked(
     worker.free_ports.assign(req.free_ports().begin(), req.free_ports().end());
     if (ports_.WaitsOn(req.worker()) && !worker.free_ports.empty()) schedule_dirty_ = true;
   }
+  if (req.stopping_grace_ms() > 0 && !worker.stopping) {
+    // Before `leaving` below: the attempts that can move at a checkpoint wait for it.
+    worker.stopping = true;
+    const std::string why =
+        req.leaving().empty() ? std::string("SIGTERM")
+                              : req.leaving().substr(0, Utf8SafeCut(req.leaving(), 256));
+    DDP_LOG(INFO) << "worker " << req.worker() << " is stopping (" << why << "): its ranks stop "
+                  << "within " << req.stopping_grace_ms() << " ms";
+    // No new ranks here while it goes (a new incarnation is schedulable again).
+    if (registry_.SetLeaving(worker)) schedule_dirty_ = true;
+    StoppingWorkerLocked(req.worker(), why, absl::Milliseconds(req.stopping_grace_ms()),
+                         touched);
+  }
   if (!req.leaving().empty() && !worker.leaving) {
     // Before its exits are applied: the attempts end once, as "leaving", and their
     // retries are not placed here.
@@ -272,6 +285,13 @@ v1::HeartbeatResponse Coordinator::DesiredLocked(WorkerRecord& worker,
     task->set_group_world_size(a.ranks().empty() ? 1 : a.ranks(a.ranks_size() - 1).group_rank() + 1);
     task->set_restart_count(rec->job.restarts());
     task->set_generation(a.generation());
+    if (rec->notice_attempt == key.second) {
+      task->set_notice_seq(rec->notice_seq);
+      task->set_notice(rec->notice);
+      if (rec->notice_deadline != absl::InfinitePast()) {
+        task->set_notice_deadline_ms(absl::ToUnixMillis(rec->notice_deadline));
+      }
+    }
     task->set_rdzv_id(rec->job.rdzv_id());
     for (const auto& [k, v] : rec->spec.env) (*task->mutable_env())[k] = v;
     *commit_first = std::max<StoreWriter::Ticket>(*commit_first, rec->formed_ticket);
@@ -327,6 +347,9 @@ void Coordinator::FailAttemptsOnWorkerLocked(const std::string& worker, const st
     JobRecord* rec = FindLocked(key.first);
     const v1::Attempt* a = rec == nullptr ? nullptr : ActiveAttempt(*rec);
     if (a == nullptr || a->number() != key.second) continue;
+    // Leaving after SIGTERM: it moves after the checkpoint its notice asked for (or
+    // fails when the worker's grace runs out and its ranks exit).
+    if (!lost && rec->stopping_worker == worker) continue;
     if (lost && ReplaceNodeLocked(*rec, worker, reason, touched)) continue;
     if (lost && Recovering(*a)) {
       ApplyLocked(*rec, FailRecovery(*rec, absl::StrCat("a second fault during it: ", reason),
@@ -435,7 +458,8 @@ void Coordinator::ApplyEventLocked(JobRecord& rec, const v1::ReportedEvent& ev,
       rec.stall.Progress(ev.rank(), active->world_size(), e.has_step(), clock_->Now());
       if (rec.stall.armed()) stall_checks_.Watch(rec.job.id());
       if (e.has_checkpoint() &&
-          (!registry_.draining_at_checkpoint().empty() || !rec.preempt_for.empty())) {
+          (!registry_.draining_at_checkpoint().empty() || !rec.preempt_for.empty() ||
+           !rec.stopping_worker.empty())) {
         MoveAfterCheckpointLocked(rec, e.checkpoint(), touched);
       }
       return;

@@ -75,6 +75,15 @@ struct JobRecord {
   int stopping_attempt = 0;
   // While the active attempt recovers live: when the recovery falls back to a restart.
   absl::Time recovery_deadline = absl::InfiniteFuture();
+  // The checkpoint-now notice (Task.notice_seq): the newest, raised for attempt
+  // `notice_attempt` (a later attempt starts without one).
+  int notice_seq = 0;
+  int notice_attempt = 0;
+  std::string notice;
+  absl::Time notice_deadline = absl::InfinitePast();  // InfinitePast: none given.
+  // A worker with ranks of the active attempt is stopping (SIGTERM): the attempt moves
+  // after the checkpoint its notice asked for.
+  std::string stopping_worker;
 };
 
 // What a transition changed.

@@ -38,6 +38,7 @@ WorkerRegistry::Registration WorkerRegistry::Register(const v1::RegisterRequest&
   if (!inserted && w.info.incarnation() != req.incarnation()) {
     out.restarted = true;
     w.leaving = false;
+    w.stopping = false;
     w.reported.clear();
     w.dispatched.clear();
     w.last_batch_seq = 0;

@@ -72,6 +72,8 @@ struct WorkerRecord {
   // The agent said it is leaving (HeartbeatRequest.leaving): no capacity any more,
   // until it leaves (or a new incarnation registers).
   bool leaving = false;
+  // It got SIGTERM (HeartbeatRequest.stopping_grace_ms): its attempts were told.
+  bool stopping = false;
   std::vector<int32_t> free_ports;  // From its last heartbeat.
   std::map<TaskKey, v1::TaskStatus> reported;  // Its last heartbeat's tasks.
   // Tasks handed to it in its last heartbeat reply that it had not reported (with

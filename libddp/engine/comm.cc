@@ -530,6 +530,14 @@ absl::Status Comm::AllReduceSum(at::Tensor& tensor) {
   return Run("all-reduce", [&] { return backend_->allreduce(tensors, opts); });
 }
 
+absl::Status Comm::AllReduceMax(at::Tensor& tensor) {
+  std::vector<at::Tensor> tensors = {tensor};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp::MAX;
+  opts.timeout = timeout_;
+  return Run("all-reduce (max)", [&] { return backend_->allreduce(tensors, opts); });
+}
+
 absl::Status Comm::Barrier() {
   c10d::BarrierOptions opts;
   opts.timeout = timeout_;

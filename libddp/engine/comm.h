@@ -101,6 +101,8 @@ class Comm {
                                                        const char* what);
   // In-place sum over ranks.
   absl::Status AllReduceSum(at::Tensor& tensor);
+  // In-place maximum over ranks, through the backend (small tensors: flags, counts).
+  absl::Status AllReduceMax(at::Tensor& tensor);
   absl::Status Barrier();
 
  private:

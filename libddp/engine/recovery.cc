@@ -53,6 +53,20 @@ absl::StatusOr<GenerationNews> AwaitGeneration(const std::string& path, int curr
       "): generation ", current, " is still the newest in ", path));
 }
 
+Notice ReadNotice(const std::string& path) {
+  Notice n;
+  if (path.empty()) return n;
+  std::ifstream file(path);
+  std::string line;
+  if (!std::getline(file, line)) return n;
+  std::vector<std::string> f = absl::StrSplit(line, absl::MaxSplits(' ', 2));
+  if (f.size() < 2 || !absl::SimpleAtoi(f[0], &n.seq) || !absl::SimpleAtoi(f[1], &n.deadline_ms)) {
+    return Notice{};
+  }
+  if (f.size() == 3) n.reason = f[2];
+  return n;
+}
+
 bool PeerFailure(const absl::Status& status) {
   return status.code() == absl::StatusCode::kUnavailable;
 }

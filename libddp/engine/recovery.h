@@ -34,6 +34,14 @@ absl::StatusOr<GenerationNews> ParseGenerationNews(const std::string& text);
 absl::StatusOr<GenerationNews> AwaitGeneration(const std::string& path, int current,
                                                absl::Duration timeout);
 
+// The checkpoint-now notice (DDP_NOTICE_FILE: "SEQ DEADLINE_MS REASON"), as read.
+struct Notice {
+  int64_t seq = 0;          // 0: none (or the file is absent or unreadable).
+  int64_t deadline_ms = 0;  // Unix ms when the ranks will be stopped; 0: unknown.
+  std::string reason;
+};
+Notice ReadNotice(const std::string& path);
+
 // Whether `status`, from a collective, says a peer died or hung (UNAVAILABLE), which
 // live recovery can cure; anything else (a bad spec, a full disk) it cannot.
 bool PeerFailure(const absl::Status& status);

@@ -343,5 +343,102 @@ TEST(LiveRecoveryTest, ALibddpProgramLosesARankAndEndsBitIdenticalToAnUninterrup
   }
 }
 
+// The preemption notice: a job whose periodic checkpoint is an epoch away, on 2 of 3
+// workers. Once it has stepped well into its first epoch, `fault` takes one of its
+// workers away with notice (a drain, a SIGTERM); the job checkpoints at once, moves to
+// the spare worker, resumes there and SUCCEEDS. Returns the job's record.
+std::string NoticeSpec(const std::string& dir) {
+  const std::string path = dir + "/notice.yaml";
+  testing::WriteFile(path, R"(name: notice
+nodes: 2
+max_restarts: 0
+model: {mlp: {hidden: [256, 256]}}
+data: {synthetic: {samples: 40000, features: 64, classes: 10}}
+train: {epochs: 2, batch_size: 32, threads: 1}
+metrics: {every_steps: 1}
+checkpoint: {dir: "ckpt-{node}", every_epochs: 1}
+)");
+  return path;
+}
+
+struct Moved {
+  v1::Job job;
+  int64_t lost = -1;  // Steps trained in attempt 1 after the checkpoint attempt 2 resumed from.
+};
+
+Moved MoveWithNotice(LocalCluster& c, const std::function<void(const std::string& worker)>& fault) {
+  Moved out;
+  const std::string id = Submit(c, NoticeSpec(c.dir()));
+  auto running = c.WaitFor(id, [](const v1::Job& j) {
+    if (j.state() != v1::RUNNING || j.metrics_size() != 2) return false;
+    for (const auto& m : j.metrics()) {
+      if (m.global_step() < 100) return false;
+    }
+    return true;
+  });
+  EXPECT_TRUE(running.ok()) << running.status();
+  if (!running.ok()) return out;
+  EXPECT_LT(running->metrics(0).global_step(), running->metrics(0).steps() - 100)
+      << "the epoch's checkpoint must be far away";
+  fault(running->attempts(0).ranks(1).worker());
+  auto done = c.WaitFor(id, Ended, absl::Minutes(5));
+  EXPECT_TRUE(done.ok()) << done.status();
+  if (!done.ok()) return out;
+  auto full = c.GetJob(id, /*history=*/true);
+  EXPECT_TRUE(full.ok()) << full.status();
+  if (!full.ok()) return out;
+  out.job = *full;
+  int64_t last_before = -1, first_after = -1;
+  for (const v1::RankMetrics& m : full->history()) {
+    if (m.attempt() == 1) last_before = std::max(last_before, m.global_step());
+    if (m.attempt() == 2 && (first_after < 0 || m.global_step() < first_after)) {
+      first_after = m.global_step();
+    }
+  }
+  if (last_before >= 0 && first_after >= 0) out.lost = last_before + 1 - first_after;
+  return out;
+}
+
+void ExpectMovedLosingAtMostOneStep(const Moved& m, const std::string& why) {
+  const v1::Job& j = m.job;
+  EXPECT_EQ(j.state(), v1::SUCCEEDED) << j.reason();
+  ASSERT_EQ(j.attempts_size(), 2) << j.ShortDebugString();
+  EXPECT_EQ(j.restarts(), 0) << "a move with notice is not a failure";
+  EXPECT_TRUE(j.attempts(0).preempted()) << j.attempts(0).reason();
+  EXPECT_THAT(j.attempts(0).reason(), HasSubstr(why));
+  EXPECT_THAT(j.attempts(0).reason(), HasSubstr("from the checkpoint of global step"));
+  EXPECT_GE(m.lost, 0);
+  EXPECT_LE(m.lost, 1) << "steps trained after the checkpoint the job resumed from";
+}
+
+TEST(PreemptionNoticeTest, ADrainCheckpointsAtOnceAndTheJobResumesElsewhereLosingAtMostOneStep) {
+  auto cluster = LocalCluster::Start({.workers = 3});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  ASSERT_TRUE(c.WaitForWorkers(3).ok());
+  std::string drained;
+  const Moved m = MoveWithNotice(c, [&](const std::string& worker) {
+    drained = worker;
+    CtlResult r = c.Ctl({"workers", "drain", worker});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+  });
+  ExpectMovedLosingAtMostOneStep(m, absl::StrCat("worker ", drained, " is draining"));
+  for (const auto& r : m.job.attempts(1).ranks()) EXPECT_NE(r.worker(), drained);
+}
+
+TEST(PreemptionNoticeTest, ASigtermedWorkerCheckpointsItsJobAtOnceAndItResumesElsewhere) {
+  auto cluster = LocalCluster::Start({.workers = 3});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  ASSERT_TRUE(c.WaitForWorkers(3).ok());
+  std::string stopped;
+  const Moved m = MoveWithNotice(c, [&](const std::string& worker) {
+    stopped = worker;
+    c.worker(worker[1] - '1').Signal(SIGTERM);
+  });
+  ExpectMovedLosingAtMostOneStep(m, absl::StrCat("worker ", stopped, " is stopping"));
+  for (const auto& r : m.job.attempts(1).ranks()) EXPECT_NE(r.worker(), stopped);
+}
+
 }  // namespace
 }  // namespace ddp

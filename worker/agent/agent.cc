@@ -82,6 +82,42 @@ void Agent::Stop(const std::string& reason) {
   Wake();
 }
 
+absl::Duration Agent::AwaitMoves() {
+  int running = 0;
+  for (auto& [key, task] : tasks_) running += task->running();
+  if (running == 0) {
+    (void)HeartbeatOnce();  // `leaving`, if it leaves.
+    return options_.stop_grace;
+  }
+  // The coordinator gives the jobs here the checkpoint-now notice and moves them after
+  // that checkpoint (or ends them at once when they take none); their tasks then drop
+  // out of the desired state and Reconcile stops them. Whatever still runs when the
+  // grace is over is stopped below, with what is left of it.
+  stopping_grace_ = options_.stop_grace;
+  const absl::Time until = clock_->Now() + options_.stop_grace;
+  DDP_LOG(INFO) << "stopping: " << running << " rank(s) still run; their jobs are told to "
+                << "checkpoint now and move (up to " << options_.stop_grace << ")";
+  absl::Time next_heartbeat = clock_->Now();
+  while (clock_->Now() < until) {
+    bool changed = false;
+    bool busy = false;
+    for (auto& [key, task] : tasks_) {
+      changed |= task->Poll(clock_->Now());
+      busy = busy || !task->Finished();
+    }
+    const int64_t pushed = buffer_.pushed();
+    for (auto& [key, task] : tasks_) task->StampExits(pushed);
+    if (!busy) break;
+    if (changed || news_.exchange(false) || clock_->Now() >= next_heartbeat) {
+      if (!HeartbeatOnce().ok()) break;  // Nobody to move them: stop them now.
+      next_heartbeat = clock_->Now() + std::min(heartbeat_interval_, absl::Milliseconds(200));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  // The ranks had their notice: what is left of the grace, at least a second.
+  return std::max(until - clock_->Now(), absl::Seconds(1));
+}
+
 std::string Agent::LeaveReason() {
   absl::MutexLock lock(&stop_mu_);
   return stop_reason_.empty() ? std::string("the agent stopped") : stop_reason_;
@@ -205,6 +241,9 @@ absl::Status Agent::HeartbeatOnce() {
   req.set_worker(options_.name);
   req.set_incarnation(incarnation_);
   if (!leaving_.empty()) req.set_leaving(leaving_);
+  if (stopping_grace_ > absl::ZeroDuration()) {
+    req.set_stopping_grace_ms(absl::ToInt64Milliseconds(stopping_grace_));
+  }
   std::set<TaskKey> sent_finished;
   const int64_t delivered = Delivered();
   held_exits_ = false;
@@ -241,6 +280,7 @@ void Agent::Reconcile(const v1::HeartbeatResponse& desired) {
       if (t.generation() > it->second->generation() && !stop_.HasBeenNotified()) {
         if (it->second->Recover(t)) heartbeat_now_ = true;  // The new pids, at once.
       }
+      it->second->Notice(t);
       continue;
     }
     if (stop_.HasBeenNotified()) continue;
@@ -373,13 +413,14 @@ absl::Status Agent::Run() {
   // Shutting down: stop every trainer and tell the coordinator how they ended. A
   // worker leaving for good says so first, so their jobs restart elsewhere once, and
   // not on this node (HeartbeatRequest.leaving).
-  if (options_.leave_on_exit && registered_ && fatal.ok()) {
-    leaving_ = LeaveReason();
-    (void)HeartbeatOnce();
+  absl::Duration final_grace = options_.stop_grace;
+  if (registered_ && fatal.ok()) {
+    if (options_.leave_on_exit) leaving_ = LeaveReason();
+    final_grace = AwaitMoves();
   }
   if (!tasks_.empty()) DDP_LOG(INFO) << "stopping " << tasks_.size() << " task(s)";
   const absl::Time begin = clock_->Now();
-  for (auto& [key, task] : tasks_) task->Stop(begin);
+  for (auto& [key, task] : tasks_) task->Stop(begin, final_grace);
   while (true) {
     bool all = true;
     for (auto& [key, task] : tasks_) {

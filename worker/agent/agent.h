@@ -131,6 +131,11 @@ class Agent {
   bool HoldsExits() const;
   absl::Status HeartbeatOnce();
   void Reconcile(const v1::HeartbeatResponse& desired);
+  // Shutting down with ranks running: tells the coordinator (stopping_grace_ms) and
+  // keeps heartbeating until they are stopped through the desired state (their jobs
+  // moved after the notice's checkpoint) or --stop-grace is over. Returns the grace
+  // left for stopping what still runs.
+  absl::Duration AwaitMoves();
   void SetReachable(bool reachable);
   // Once per loss of the coordinator, `fence_.ask_after` after the last good
   // heartbeat was sent: asks the witnesses and fences the ranks if they say so.
@@ -157,6 +162,9 @@ class Agent {
   bool heartbeat_now_ = false;  // Something must be told at once (a task failed to start).
   absl::Notification stop_;
   std::string leaving_;  // Loop thread: HeartbeatRequest.leaving once shutting down.
+  // Loop thread: shutting down after SIGTERM, its ranks stop within this (sent as
+  // HeartbeatRequest.stopping_grace_ms; zero before).
+  absl::Duration stopping_grace_;
   absl::Mutex stop_mu_;
   std::string stop_reason_ ABSL_GUARDED_BY(stop_mu_);
   std::string LeaveReason() ABSL_LOCKS_EXCLUDED(stop_mu_);

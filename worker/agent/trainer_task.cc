@@ -112,7 +112,10 @@ std::unique_ptr<TrainerTask> TrainerTask::Start(const v1::Task& task,
   t->env_options_ = std::move(eo);
   t->cwd_ = cwd;
   t->generation_file_ = (dir / "generation").string();
-  if (absl::Status st = t->AnnounceGeneration(); !st.ok()) {
+  t->notice_file_ = (dir / "notice").string();
+  absl::Status written = t->AnnounceGeneration();
+  if (written.ok()) written = t->WriteNotice();
+  if (absl::Status st = written; !st.ok()) {
     t->error_ = std::string(st.message());
     return t;
   }
@@ -133,18 +136,50 @@ std::unique_ptr<TrainerTask> TrainerTask::Start(const v1::Task& task,
   return t;
 }
 
-absl::Status TrainerTask::AnnounceGeneration() {
-  const std::string tmp = generation_file_ + ".tmp";
+namespace {
+
+// Replaces `path` with `line` atomically (a reader never sees half of it).
+absl::Status ReplaceFile(const std::string& path, const std::string& line) {
+  const std::string tmp = path + ".tmp";
   std::ofstream file(tmp, std::ios::trunc);
-  file << task_.generation() << " " << task_.master_addr() << " " << task_.master_port() << "\n";
+  file << line << "\n";
   file.close();
   std::error_code ec;
-  if (file) std::filesystem::rename(tmp, generation_file_, ec);
+  if (file) std::filesystem::rename(tmp, path, ec);
   if (!file || ec) {
-    return absl::InternalError(absl::StrCat("cannot write ", generation_file_,
-                                            ec ? ": " + ec.message() : " (disk full?)"));
+    return absl::InternalError(
+        absl::StrCat("cannot write ", path, ec ? ": " + ec.message() : " (disk full?)"));
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status TrainerTask::AnnounceGeneration() {
+  return ReplaceFile(generation_file_, absl::StrCat(task_.generation(), " ", task_.master_addr(),
+                                                    " ", task_.master_port()));
+}
+
+absl::Status TrainerTask::WriteNotice() {
+  std::string why = task_.notice();
+  for (char& c : why) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  return ReplaceFile(notice_file_, absl::StrCat(task_.notice_seq(), " ",
+                                                task_.notice_deadline_ms(), " ", why));
+}
+
+void TrainerTask::Notice(const v1::Task& task) {
+  if (task.notice_seq() <= task_.notice_seq() || notice_file_.empty()) return;
+  task_.set_notice_seq(task.notice_seq());
+  task_.set_notice(task.notice());
+  task_.set_notice_deadline_ms(task.notice_deadline_ms());
+  if (absl::Status st = WriteNotice(); !st.ok()) {
+    DDP_LOG(ERROR) << task_.job_id() << ": " << st.message();
+    return;
+  }
+  DDP_LOG(INFO) << task_.job_id() << " attempt " << task_.attempt() << ": checkpoint-now notice "
+                << task_.notice_seq() << " (" << task_.notice() << ")";
 }
 
 absl::Status TrainerTask::SpawnRank(int local) {
@@ -156,6 +191,7 @@ absl::Status TrainerTask::SpawnRank(int local) {
   o.env = RankEnvironment(task_, local, spec_, plan_.command, env_options_);
   o.env[env::kGeneration] = std::to_string(task_.generation());
   o.env[env::kGenerationFile] = generation_file_;
+  o.env[env::kNoticeFile] = notice_file_;
   o.events_fd = env::kEventsFdNumber;
   o.capture_stdout = true;
   o.capture_stderr = true;
@@ -189,7 +225,12 @@ bool TrainerTask::Recover(const v1::Task& task) {
                    << ": a recovery that changes this node's ranks is not supported";
     return false;
   }
+  const v1::Task before = task_;
   task_ = task;
+  // Its notice is Notice()'s to write (and log).
+  task_.set_notice_seq(before.notice_seq());
+  task_.set_notice(before.notice());
+  task_.set_notice_deadline_ms(before.notice_deadline_ms());
   if (absl::Status st = AnnounceGeneration(); !st.ok()) {
     DDP_LOG(ERROR) << task_.job_id() << ": " << st.message();
   }
@@ -254,9 +295,11 @@ bool TrainerTask::Poll(absl::Time now) {
   return changed;
 }
 
-void TrainerTask::Stop(absl::Time now) {
+void TrainerTask::Stop(absl::Time now) { Stop(now, options_.stop_grace); }
+
+void TrainerTask::Stop(absl::Time now, absl::Duration grace) {
   if (kill_at_.has_value()) return;
-  kill_at_ = now + options_.stop_grace;
+  kill_at_ = now + grace;
   for (Rank& r : ranks_) {
     if (r.exit.has_value()) continue;
     // A stopped process cannot run its SIGTERM handler: the grace would only delay

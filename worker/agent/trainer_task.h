@@ -77,6 +77,8 @@ class TrainerTask {
   // SIGTERM now, SIGKILL at now + grace; a rank whose process is stopped (it could
   // not run its handler) gets SIGKILL at once. Idempotent.
   void Stop(absl::Time now);
+  // The same with another grace than the task's.
+  void Stop(absl::Time now, absl::Duration grace);
   bool stopping() const { return kill_at_.has_value(); }
   // SIGKILL now, no grace: fencing (fence.h), where the ranks must be gone before the
   // coordinator restarts them elsewhere.
@@ -104,6 +106,9 @@ class TrainerTask {
   // rank's state changed (a replacement started, or one could not be).
   bool Recover(const v1::Task& task);
   int generation() const { return task_.generation(); }
+  // The checkpoint-now notice of `task` (a later notice_seq): written to the notice
+  // file for the ranks.
+  void Notice(const v1::Task& task);
 
  private:
   struct Rank {
@@ -120,6 +125,8 @@ class TrainerTask {
   absl::Status SpawnRank(int local);
   // Writes the generation file (task_'s generation and store) atomically.
   absl::Status AnnounceGeneration();
+  // Writes the notice file (task_'s notice) atomically.
+  absl::Status WriteNotice();
   TrainerTask(v1::Task task, OutputPump* pump) : task_(std::move(task)), pump_(pump) {}
   OutputSource SourceOf(const Rank& r) const { return {task_.job_id(), task_.attempt(), r.rank}; }
 
@@ -133,6 +140,7 @@ class TrainerTask {
   RankEnvOptions env_options_;
   std::string cwd_;
   std::string generation_file_;
+  std::string notice_file_;
   std::string error_;
   bool node_fault_ = false;
   bool command_ = false;
