@@ -277,9 +277,9 @@ std::string RenderJob(const v1::Job& job, absl::Time now) {
                      : absl::StrCat(job.min_nodes(), ":", job.max_nodes())},
       {"Procs per node:", job.nproc_per_node() ? absl::StrCat(job.nproc_per_node()) : "auto"},
       {"Restarts:", absl::StrCat(job.restarts(), " of ", job.max_restarts())},
-      {"Live recoveries:", job.max_recoveries() == 0
-                               ? "off (max_recoveries 0)"
-                               : absl::StrCat(job.recoveries(), " of ", job.max_recoveries())},
+      {"Recoveries:", job.max_recoveries() == 0
+                          ? "off (max_recoveries 0)"
+                          : absl::StrCat(job.recoveries(), " of ", job.max_recoveries(), " (live)")},
       {"Workdir:", job.workdir().empty() ? "-" : job.workdir()},
       {"Submitted:", Ago(job.submit_ms(), now)},
       {"Owner:", job.owner().empty() ? "- (submitted without authentication)" : job.owner()},

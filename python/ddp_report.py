@@ -27,6 +27,17 @@ gone (EPIPE, a closed descriptor) reporting turns itself off and training carrie
 
 Without DDP_EVENTS_FD (plain python, torchrun) every call is a silent no-op, so the same
 script runs anywhere; with DDP_REPORT_STDOUT=1 the lines go to stdout instead.
+
+The checkpoint-now notice: when the job is about to move (a drain, a higher-priority
+job, its worker stopping on SIGTERM), ddp-worker writes it to the file named by
+DDP_NOTICE_FILE. notice() returns it (or None); should_checkpoint() is True once per new
+notice, so a program checkpoints at once instead of at its next periodic boundary and
+then reports it with checkpoint(), after which ddp moves the job:
+
+    if report.should_checkpoint():      # every rank must agree: see docs/command-jobs.md
+        save(...); report.checkpoint(path=..., global_step=step)
+
+DDP_STOP_GRACE_S is how long a stopping worker gives its ranks after the notice.
 """
 
 import json
@@ -36,7 +47,7 @@ import sys
 import threading
 import time
 
-__all__ = ["enabled", "step", "epoch", "checkpoint"]
+__all__ = ["enabled", "step", "epoch", "checkpoint", "notice", "should_checkpoint"]
 
 _INT_FIELDS = frozenset(("epoch", "step", "steps", "global_step"))
 _NUM_FIELDS = frozenset(("loss", "samples_per_s", "step_ms", "comm_ms", "lr",
@@ -148,3 +159,33 @@ def epoch(epoch=None, **fields):
 def checkpoint(path=None, **fields):
     """A checkpoint was written (path, epoch, step, global_step)."""
     _emit("checkpoint", dict(path=path, **fields))
+
+
+_notice_seen = 0  # The newest notice should_checkpoint() returned True for.
+
+
+def notice():
+    """The newest checkpoint-now notice as (seq, deadline_unix_s or None, reason), or None."""
+    path = os.environ.get("DDP_NOTICE_FILE")
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            parts = f.readline().rstrip("\n").split(" ", 2)
+        seq, deadline_ms = int(parts[0]), int(parts[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    if seq <= 0:
+        return None
+    return (seq, deadline_ms / 1000.0 if deadline_ms > 0 else None,
+            parts[2] if len(parts) > 2 else "")
+
+
+def should_checkpoint():
+    """True once for each new notice: checkpoint now (then report it with checkpoint())."""
+    global _notice_seen
+    n = notice()
+    if n is None or n[0] <= _notice_seen:
+        return False
+    _notice_seen = n[0]
+    return True

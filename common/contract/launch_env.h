@@ -69,6 +69,9 @@ inline constexpr char kGenerationFile[] = "DDP_GENERATION_FILE";
 // notice yet; DEADLINE_MS the Unix time in ms when the ranks will be stopped, 0 if
 // unknown), replaced atomically whenever the coordinator raises a new notice.
 inline constexpr char kNoticeFile[] = "DDP_NOTICE_FILE";
+// Seconds between SIGTERM to a rank and its SIGKILL when its worker stops it (the
+// job's stop_grace_s within the worker's --stop-grace).
+inline constexpr char kStopGrace[] = "DDP_STOP_GRACE_S";
 
 // torchrun's single role's name.
 inline constexpr char kDefaultRoleName[] = "default";

@@ -1,5 +1,7 @@
 #include "common/jobspec/command_spec.h"
 
+#include <signal.h>
+
 #include "absl/strings/str_cat.h"
 
 namespace ddp::jobspec_internal {
@@ -51,6 +53,20 @@ void ParseCommand(Reader& r, const YAML::Node& root, JobSpec* spec) {
            kCommandCollectiveTimeoutS - 1);
   }
   spec->train.collective_timeout_s = kCommandCollectiveTimeoutS;
+  std::string sig;
+  if (r.String(root, "notice_signal", "", &sig)) {
+    static const std::pair<const char*, int> kSignals[] = {
+        {"SIGUSR1", SIGUSR1}, {"SIGUSR2", SIGUSR2}, {"SIGINT", SIGINT}, {"SIGHUP", SIGHUP},
+        {"SIGTERM", SIGTERM}};
+    for (const auto& [name, number] : kSignals) {
+      if (sig == name) spec->notice_signal = number;
+    }
+    if (spec->notice_signal == 0) {
+      r.Error(root["notice_signal"], "notice_signal",
+              absl::StrCat("must be SIGUSR1, SIGUSR2, SIGINT, SIGHUP or SIGTERM (got '", sig,
+                           "')"));
+    }
+  }
 }
 
 // Exactly one kind: the user's program or the built-in trainer's sections.
@@ -75,6 +91,10 @@ bool CheckKind(Reader& r, const YAML::Node& root) {
   if (root["stall_timeout_s"]) {
     r.Error(root["stall_timeout_s"], "stall_timeout_s",
             "is a command job's field; the built-in trainer's is train.stall_timeout_s");
+  }
+  if (root["notice_signal"]) {
+    r.Error(root["notice_signal"], "notice_signal",
+            "is a command job's field: the built-in trainer reads the notice itself");
   }
   if (!root["model"] && !root["data"] && !root["train"]) {
     r.Error(root, "command",

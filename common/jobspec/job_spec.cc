@@ -166,6 +166,10 @@ void ParseTop(Reader& r, const YAML::Node& root, JobSpec* spec) {
     NonNegative(r, root, "max_recoveries", "", spec->max_recoveries);
     AtMost(r, root, "max_recoveries", "", int64_t{spec->max_recoveries}, kMaxRestarts);
   }
+  if (r.Double(root, "stop_grace_s", "", &spec->stop_grace_s)) {
+    NonNegative(r, root, "stop_grace_s", "", spec->stop_grace_s);
+    AtMost(r, root, "stop_grace_s", "", spec->stop_grace_s, kMaxRecoveryTimeoutS);
+  }
   if (r.Double(root, "recovery_timeout_s", "", &spec->recovery_timeout_s)) {
     Positive(r, root, "recovery_timeout_s", "", spec->recovery_timeout_s);
     AtMost(r, root, "recovery_timeout_s", "", spec->recovery_timeout_s, kMaxRecoveryTimeoutS);
@@ -746,7 +750,8 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::st
   try {
     if (r.Map(root, "",
               {"name", "rdzv_id", "nodes", "nproc_per_node", "backend", "max_restarts",
-               "max_recoveries", "recovery_timeout_s", "workdir", "env", "command", "stall_timeout_s", "model", "data", "train", "rdzv",
+               "max_recoveries", "recovery_timeout_s", "stop_grace_s", "notice_signal",
+               "workdir", "env", "command", "stall_timeout_s", "model", "data", "train", "rdzv",
                "checkpoint", "metrics", "priority", "node_selector", "preemption"})) {
       ParseTop(r, root, &spec);
       if (CheckKind(r, root)) {

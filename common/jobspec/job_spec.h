@@ -200,6 +200,12 @@ struct JobSpec {
   // not done within recovery_timeout_s falls back to a restart (max_restarts).
   int max_recoveries = 0;
   double recovery_timeout_s = 60.0;
+  // SIGTERM to SIGKILL for this job's ranks when they are stopped; 0: the worker's
+  // --stop-grace, which also bounds it (it is set within the platform's grace).
+  double stop_grace_s = 0.0;
+  // Command jobs: a signal sent to each rank's process with every checkpoint-now notice
+  // (0: none; the notice file and DDP_NOTICE_FILE always are).
+  int notice_signal = 0;
   std::string workdir;  // Trainers' working directory; relative paths resolve here.
   std::map<std::string, std::string> env;  // Extra environment for the trainers.
   // Non-empty: a command job. argv[0] is an absolute path, a path relative to the

@@ -218,6 +218,25 @@ bool LiveRecovery::run(const std::function<void()>& step) {
   return false;
 }
 
+bool checkpoint_requested(ProcessGroup& group) {
+  static int64_t handled = 0;  // The newest notice acted on, by this process.
+  ProcessGroup::Impl& g = group.impl();
+  if (g.env.notice_file.empty()) return false;
+  const Notice seen = ReadNotice(g.env.notice_file);
+  // Maxima over the ranks, so that every rank answers alike (a replacement has acted
+  // on none).
+  at::Tensor v = at::tensor({static_cast<double>(seen.seq), static_cast<double>(handled)},
+                            at::kDouble)
+                     .to(g.device.device);
+  ThrowIfError(g.comm->AllReduceMax(v));
+  v = v.cpu();
+  const auto newest = static_cast<int64_t>(v[0].item<double>());
+  handled = static_cast<int64_t>(v[1].item<double>());
+  if (newest <= handled) return false;
+  handled = newest;
+  return true;
+}
+
 int LiveRecovery::generation() const { return impl_->env().generation; }
 int LiveRecovery::recoveries() const { return impl_->recoveries; }
 

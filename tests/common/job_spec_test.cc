@@ -1,5 +1,7 @@
 #include "common/jobspec/job_spec.h"
 
+#include <signal.h>
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -391,6 +393,42 @@ TEST(JobSpecTest, BadCommandsNameTheEntry) {
                            "train: {batch_size: 4}\nstall_timeout_s: 5\n"),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("stall_timeout_s: is a command job's field")));
+}
+
+TEST(JobSpecTest, RecoveryAndNoticeFieldsAreCheckedAndNamed) {
+  auto spec = ParseJobSpec(
+      "name: d\nmax_recoveries: 3\nrecovery_timeout_s: 20\nstop_grace_s: 4\n"
+      "notice_signal: SIGUSR1\ncommand: [a]\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->max_recoveries, 3);
+  EXPECT_EQ(spec->recovery_timeout_s, 20);
+  EXPECT_EQ(spec->stop_grace_s, 4);
+  EXPECT_EQ(spec->notice_signal, SIGUSR1);
+  auto defaults = ParseJobSpec("name: d\ncommand: [a]\n");
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_EQ(defaults->max_recoveries, 0);
+  EXPECT_EQ(defaults->recovery_timeout_s, 60);
+  EXPECT_EQ(defaults->notice_signal, 0);
+  EXPECT_THAT(ParseJobSpec("name: d\nmax_recoveries: -1\ncommand: [a]\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("max_recoveries: must be >= 0 (got -1)")));
+  EXPECT_THAT(ParseJobSpec("name: d\nmax_recoveries: 1001\ncommand: [a]\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("max_recoveries: must be <= 1000")));
+  EXPECT_THAT(ParseJobSpec("name: d\nrecovery_timeout_s: 0\ncommand: [a]\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("recovery_timeout_s: must be > 0 (got 0)")));
+  EXPECT_THAT(ParseJobSpec("name: d\nstop_grace_s: -2\ncommand: [a]\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("stop_grace_s: must be >= 0 (got -2)")));
+  EXPECT_THAT(ParseJobSpec("name: d\nnotice_signal: SIGKILL\ncommand: [a]\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("notice_signal: must be SIGUSR1, SIGUSR2, SIGINT, SIGHUP or "
+                                 "SIGTERM (got 'SIGKILL')")));
+  EXPECT_THAT(ParseJobSpec("name: d\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n"
+                           "train: {batch_size: 4}\nnotice_signal: SIGUSR1\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("notice_signal: is a command job's field")));
 }
 
 TEST(JobSpecTest, TorchElasticVariablesCannotBeOverriddenEither) {

@@ -2,7 +2,9 @@
 // recovery_test: an MLP on data made from the position alone (batch `step` of rank r
 // is drawn from a generator seeded by both), its loop written over one tracked
 // counter. At the end each rank prints its step count and an FNV-1a hash of its
-// parameters: "LIVE-RESULT rank R steps N params HASH".
+// parameters: "LIVE-RESULT rank R steps N params HASH". Every 50 steps it asks whether
+// ddp wants a checkpoint now (ddp::checkpoint_requested), and if so prints "NOTICE
+// rank R at step N" and reports one.
 //
 //   recovery_program [TOTAL_STEPS]   (default 3000)
 #include <ATen/CPUGeneratorImpl.h>
@@ -71,6 +73,12 @@ int main(int argc, char** argv) {
         }
       });
       if (done) ++step;
+      // The checkpoint-now notice, checked every 50 steps (collective): this program
+      // keeps its "checkpoint" in memory, and reports it so that ddp moves the job.
+      if (done && step % 50 == 0 && ddp::checkpoint_requested(*group)) {
+        std::cout << "NOTICE rank " << rank << " at step " << step << std::endl;
+        if (rank == 0) report.checkpoint("in-memory", 0, step, step);
+      }
     }
     std::cout << "LIVE-RESULT rank " << rank << " steps " << step << " params "
               << Fingerprint(model.module()->parameters()) << " recoveries "

@@ -48,7 +48,7 @@ class DdpReportTest(unittest.TestCase):
     def report(self, **env):
         """ddp_report, freshly loaded under exactly these DDP_* variables."""
         clean = {k: v for k, v in os.environ.items()
-                 if k not in ("DDP_EVENTS_FD", "DDP_REPORT_STDOUT")}
+                 if k not in ("DDP_EVENTS_FD", "DDP_REPORT_STDOUT", "DDP_NOTICE_FILE")}
         clean.update(env)
         patcher = mock.patch.dict(os.environ, clean, clear=True)
         patcher.start()
@@ -192,6 +192,30 @@ class DdpReportTest(unittest.TestCase):
         (line,) = self.lines()
         self.assertEqual(line["loss"], 0.2)
         self.assertTrue(r.enabled())
+
+    def test_the_checkpoint_now_notice_is_read_and_asked_for_once_per_notice(self):
+        import tempfile
+        d = tempfile.mkdtemp(prefix="ddp-notice-")
+        self.addCleanup(lambda: __import__("shutil").rmtree(d, ignore_errors=True))
+        path = os.path.join(d, "notice")
+        with open(path, "w") as f:
+            f.write("0 0 \n")  # What ddp-worker writes before any notice.
+        r = self.report(DDP_NOTICE_FILE=path)
+        self.assertIsNone(r.notice())
+        self.assertFalse(r.should_checkpoint())
+        with open(path, "w") as f:
+            f.write("1 1764000000500 worker w2 is draining\n")
+        self.assertEqual(r.notice(), (1, 1764000000.5, "worker w2 is draining"))
+        self.assertTrue(r.should_checkpoint())
+        self.assertFalse(r.should_checkpoint(), "once per notice")
+        with open(path, "w") as f:
+            f.write("2 0 job big (higher priority) needs its nodes\n")
+        self.assertEqual(r.notice(), (2, None, "job big (higher priority) needs its nodes"))
+        self.assertTrue(r.should_checkpoint())
+        with open(path, "w") as f:
+            f.write("garbage\n")
+        self.assertIsNone(r.notice())
+        self.assertIsNone(self.report().notice(), "no DDP_NOTICE_FILE: no notice, ever")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -109,6 +110,11 @@ std::unique_ptr<TrainerTask> TrainerTask::Start(const v1::Task& task,
   eo.gloo_socket_ifname = options.gloo_socket_ifname;
   t->plan_ = *std::move(plan);
   t->spec_ = *std::move(spec);
+  // The job may ask for less than the worker's grace, never more.
+  if (t->spec_.stop_grace_s > 0) {
+    t->options_.stop_grace =
+        std::min(options.stop_grace, absl::Seconds(t->spec_.stop_grace_s));
+  }
   t->env_options_ = std::move(eo);
   t->cwd_ = cwd;
   t->generation_file_ = (dir / "generation").string();
@@ -180,6 +186,10 @@ void TrainerTask::Notice(const v1::Task& task) {
   }
   DDP_LOG(INFO) << task_.job_id() << " attempt " << task_.attempt() << ": checkpoint-now notice "
                 << task_.notice_seq() << " (" << task_.notice() << ")";
+  if (spec_.notice_signal == 0) return;
+  for (Rank& r : ranks_) {  // The program's own process; what it started is its own.
+    if (!r.exit.has_value() && r.pid > 0) ::kill(r.pid, spec_.notice_signal);
+  }
 }
 
 absl::Status TrainerTask::SpawnRank(int local) {
@@ -192,6 +202,7 @@ absl::Status TrainerTask::SpawnRank(int local) {
   o.env[env::kGeneration] = std::to_string(task_.generation());
   o.env[env::kGenerationFile] = generation_file_;
   o.env[env::kNoticeFile] = notice_file_;
+  o.env[env::kStopGrace] = absl::StrCat(absl::ToDoubleSeconds(options_.stop_grace));
   o.events_fd = env::kEventsFdNumber;
   o.capture_stdout = true;
   o.capture_stderr = true;

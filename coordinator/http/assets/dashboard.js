@@ -310,6 +310,8 @@
             'elapsed ' + (start ? duration((end || now) - start) : '-'));
     setText('job-meta', 'owner ' + (job.owner || '-') + '  priority ' + num(job.priority) +
             '  restarts ' + num(job.restarts) + '/' + num(job.max_restarts) +
+            (num(job.max_recoveries) ? '  live recoveries ' + num(job.recoveries) + '/' +
+                                       num(job.max_recoveries) : '') +
             '  preemptions ' + num(job.preemptions) + '  submitted ' + stamp(num(job.submit_ms)) +
             (Object.keys(job.node_selector || {}).length ? '  node_selector ' + labels(job.node_selector) : ''));
     setText('job-reason', job.reason || '');
@@ -363,7 +365,10 @@
       [...new Set((a.ranks || []).map((r) => r.worker))].join(' ') || '-',
       stamp(num(a.start_ms)),
       num(a.start_ms) ? duration((num(a.end_ms) || now) - num(a.start_ms)) : '-',
-      { text: a.reason || '', cls: 'wrap' },
+      { text: [a.reason || ''].concat((a.recoveries || []).map((r) =>
+          'live recovery ' + num(r.generation) + ': ' + (r.outcome || '') +
+          (num(r.end_ms) ? ' in ' + duration(num(r.end_ms) - num(r.start_ms)) : '') +
+          ' - ' + (r.cause || ''))).filter((t) => t).join('; '), cls: 'wrap' },
     ]));
     fillTable(document.querySelector('#epochs tbody'), history.slice(-10).reverse().map((e) => [
       String(num(e.attempt)), String(num(e.epoch)), fixed(e.train_loss, 4), fixed(e.val_loss, 4),

@@ -90,6 +90,15 @@ class LiveRecovery {
   std::unique_ptr<Impl> impl_;
 };
 
+// The checkpoint-now notice (docs/recovery.md): whether ddp asked this job to
+// checkpoint now, because it is about to move (a drain, a higher-priority job, its
+// worker stopping on SIGTERM). Collective: every rank calls it at the same step (every
+// step, or every few), and all get the same answer, true once per notice. Checkpoint
+// then, report it (Reporter::checkpoint) and ddp moves the job from that checkpoint;
+// the ranks are stopped soon after (DDP_STOP_GRACE_S: SIGTERM to SIGKILL). Costs one
+// small all-reduce; false at once, without one, outside ddp-worker.
+bool checkpoint_requested(ProcessGroup& group);
+
 }  // namespace ddp
 
 #endif  // DDP_RECOVERY_H_
