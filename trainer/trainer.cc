@@ -117,6 +117,8 @@ class TrainerImpl {
   // hold their step until they are stopped (or the hold ends, and training goes on).
   // `step_ms`: the step just taken.
   absl::Status CheckNotice(double step_ms);
+  // `state`'s model, optimizer and position into this rank's (`what` names it in errors).
+  absl::Status LoadState(const TrainingState& state, const std::string& what);
   // What a checkpoint (or a live recovery's transfer) holds at `pos`.
   TrainingState StateAt(const Position& pos, const at::Tensor& rng,
                         const std::vector<double>& loss_totals) const;
@@ -339,13 +341,18 @@ absl::Status TrainerImpl::TakeLiveState() {
   if (env_.rank == source.rank) return absl::OkStatus();
   const std::string what = absl::StrCat("rank ", source.rank, "'s live state");
   DDP_ASSIGN_OR_RETURN(const TrainingState state, DecodeCheckpoint(bytes, what));
+  DDP_RETURN_IF_ERROR(LoadState(state, what));
+  if (state.rng_state.defined()) RestoreRngState(state.rng_state);
+  return absl::OkStatus();
+}
+
+absl::Status TrainerImpl::LoadState(const TrainingState& state, const std::string& what) {
   std::vector<NamedTensor> named = model_->Parameters();
   for (auto& b : model_->Buffers()) named.push_back(b);
   DDP_RETURN_IF_ERROR(RestoreModel(state, named, what));
   DDP_RETURN_IF_ERROR(
       LoadOptimizerStateDict(spec_.train.optimizer, *optimizer_, params_, state.optimizer));
   pos_ = state.position;
-  if (state.rng_state.defined()) RestoreRngState(state.rng_state);
   return absl::OkStatus();
 }
 
@@ -399,12 +406,7 @@ absl::Status TrainerImpl::Resume() {
   if (!restored.has_value()) return absl::OkStatus();
   const TrainingState& ckpt = restored->state;
   const std::string& path = restored->path;
-  std::vector<NamedTensor> named = model_->Parameters();
-  for (auto& b : model_->Buffers()) named.push_back(b);
-  DDP_RETURN_IF_ERROR(RestoreModel(ckpt, named, path));
-  DDP_RETURN_IF_ERROR(
-      LoadOptimizerStateDict(spec_.train.optimizer, *optimizer_, params_, ckpt.optimizer));
-  pos_ = ckpt.position;
+  DDP_RETURN_IF_ERROR(LoadState(ckpt, path));
   if (!SameDataOrder(ckpt.sampler, CurrentSampler()) && pos_.step != 0) {
     DDP_LOG(WARNING) << "checkpoint was taken with another world size, batch size, sampler "
                         "seed or training set: epoch "

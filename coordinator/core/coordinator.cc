@@ -127,6 +127,9 @@ void Coordinator::PlaceAttemptLocked(JobRecord& rec) {
   if (a->state() == v1::RENDEZVOUS) {
     start_deadlines_.Add(rec.start_deadline, rec.job.id(), a->number());
   }
+  if (Recovering(*a)) {  // Restored mid-recovery: it still has its bound.
+    recovery_deadlines_.Add(rec.recovery_deadline, rec.job.id(), a->number());
+  }
 }
 
 void Coordinator::RecoverLocked(JobRecord& rec, TouchList& touched) {

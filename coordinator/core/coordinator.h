@@ -303,6 +303,10 @@ class Coordinator {
   // The stall watchdog (stall_watchdog.h): fails each watched attempt with a rank
   // silent past its timeout. Runs at most once a second.
   void CheckStallsLocked(absl::Time now, TouchList& touched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The jobs whose active attempt has ranks on `worker`, with that attempt's number
+  // (taken before acting on them: ending an attempt changes the worker's assignments).
+  std::vector<std::pair<JobRecord*, int>> ActiveJobsOnWorkerLocked(const std::string& worker)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailAttemptsOnWorkerLocked(const std::string& worker, const std::string& reason,
                                   TouchList& touched, bool lost = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

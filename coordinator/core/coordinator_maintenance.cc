@@ -141,16 +141,13 @@ absl::Status Coordinator::Leave(const v1::LeaveRequest& request) {
 void Coordinator::DrainNowLocked(WorkerRecord& w, TouchList& touched) {
   const v1::DrainPolicy policy = w.info.drain_policy();
   if (policy == v1::DRAIN_WAIT) return;
-  std::vector<TaskKey> keys;
-  for (const auto& [key, task] : w.assigned) keys.push_back(key);
-  for (const TaskKey& key : keys) {
-    JobRecord* rec = FindLocked(key.first);
-    const v1::Attempt* a = rec == nullptr ? nullptr : ActiveAttempt(*rec);
-    if (a == nullptr || a->number() != key.second) continue;
+  for (auto [rec, attempt] : ActiveJobsOnWorkerLocked(w.info.name())) {
+    const v1::Attempt* a = ActiveAttempt(*rec);
+    if (a == nullptr || a->number() != attempt) continue;
     std::optional<std::string> reason = MoveNowReason(w.info.name(), policy, rec->spec, *a);
     if (!reason.has_value()) {
       if (!ResumesFromPeriodicCheckpoints(rec->spec)) {
-        DDP_LOG(INFO) << "worker " << w.info.name() << " is draining: job " << key.first
+        DDP_LOG(INFO) << "worker " << w.info.name() << " is draining: job " << rec->job.id()
                       << " takes no periodic checkpoints to resume from, so it runs to its "
                          "end there";
       }
@@ -201,15 +198,10 @@ void Coordinator::MoveAfterCheckpointLocked(JobRecord& rec,
 
 void Coordinator::StoppingWorkerLocked(const std::string& worker, const std::string& why,
                                        absl::Duration grace, TouchList& touched) {
-  const WorkerRecord* w = registry_.Find(worker);
-  if (w == nullptr) return;
   const absl::Time now = clock_->Now();
-  std::vector<TaskKey> keys;
-  for (const auto& [key, task] : w->assigned) keys.push_back(key);
-  for (const TaskKey& key : keys) {
-    JobRecord* rec = FindLocked(key.first);
-    const v1::Attempt* a = rec == nullptr ? nullptr : ActiveAttempt(*rec);
-    if (a == nullptr || a->number() != key.second) continue;
+  for (auto [rec, attempt] : ActiveJobsOnWorkerLocked(worker)) {
+    const v1::Attempt* a = ActiveAttempt(*rec);
+    if (a == nullptr || a->number() != attempt) continue;
     const std::string reason = absl::StrCat("worker ", worker, " is stopping (", why, ")");
     if (a->state() == v1::RUNNING && RaiseNoticeLocked(*rec, reason, now + grace)) {
       rec->stopping_worker = worker;

@@ -337,16 +337,24 @@ void Coordinator::NoteNodeFaultsLocked(WorkerRecord& worker, const v1::TaskStatu
   }
 }
 
-void Coordinator::FailAttemptsOnWorkerLocked(const std::string& worker, const std::string& reason,
-                                             TouchList& touched, bool lost) {
+std::vector<std::pair<JobRecord*, int>> Coordinator::ActiveJobsOnWorkerLocked(
+    const std::string& worker) {
+  std::vector<std::pair<JobRecord*, int>> out;
   const WorkerRecord* w = registry_.Find(worker);
-  if (w == nullptr) return;
-  std::vector<TaskKey> keys;
-  for (const auto& [key, task] : w->assigned) keys.push_back(key);
-  for (const TaskKey& key : keys) {
+  if (w == nullptr) return out;
+  for (const auto& [key, task] : w->assigned) {
     JobRecord* rec = FindLocked(key.first);
     const v1::Attempt* a = rec == nullptr ? nullptr : ActiveAttempt(*rec);
-    if (a == nullptr || a->number() != key.second) continue;
+    if (a != nullptr && a->number() == key.second) out.emplace_back(rec, key.second);
+  }
+  return out;
+}
+
+void Coordinator::FailAttemptsOnWorkerLocked(const std::string& worker, const std::string& reason,
+                                             TouchList& touched, bool lost) {
+  for (auto [rec, attempt] : ActiveJobsOnWorkerLocked(worker)) {
+    const v1::Attempt* a = ActiveAttempt(*rec);
+    if (a == nullptr || a->number() != attempt) continue;  // Since decided.
     // Leaving after SIGTERM: it moves after the checkpoint its notice asked for (or
     // fails when the worker's grace runs out and its ranks exit).
     if (!lost && rec->stopping_worker == worker) continue;

@@ -2,6 +2,8 @@
 // table of (state before, event, state after), with no workers, queue, store or lock.
 #include "coordinator/core/job_lifecycle.h"
 
+#include <signal.h>
+
 #include <functional>
 #include <string>
 #include <vector>
@@ -338,6 +340,119 @@ TEST(JobLifecycleTest, ReportsOfUnknownAttemptsChangeNothing) {
   JobRecord job = Running();
   EXPECT_TRUE(ApplyReport(job, W(1), Report(1, 5, false, 0, 0, /*attempt=*/7), kT0).empty());
   EXPECT_THAT(RecordRankError(job, 9, 0, "x").rank_rows, IsEmpty());
+}
+
+// Live recovery (max_recoveries): a running 2-node job that may recover twice.
+JobRecord Recoverable() {
+  JobSpec spec = Spec(2, 2, 1);
+  spec.max_recoveries = 2;
+  spec.recovery_timeout_s = 20;
+  JobRecord j = NewJob("job-1", 1, spec, "job-1", "name: demo\n", "/work", kT0);
+  FormAttempt(j, Nodes(2), 40001, kT0, kStart);
+  ApplyReport(j, W(1), Report(1, 101), kT0);
+  ApplyReport(j, W(2), Report(2, 102), kT0);
+  return j;
+}
+
+TEST(LiveRecoveryLifecycleTest, AKilledRankIsReplacedInANewGenerationOfTheSameAttempt) {
+  JobRecord j = Recoverable();
+  ASSERT_EQ(j.job.state(), v1::RUNNING);
+  EXPECT_EQ(j.job.max_recoveries(), 2);
+  // Rank 1 killed: not a failure of the attempt, a recovery to begin.
+  JobDelta d = ApplyReport(j, W(2), Report(2, 102, true, 0, SIGKILL), kT0 + absl::Seconds(1));
+  EXPECT_TRUE(d.recover);
+  EXPECT_EQ(d.ended_attempt, 0);
+  EXPECT_EQ(j.job.attempts(0).state(), v1::RUNNING);
+  EXPECT_EQ(LiveRecoveryRefusal(j), "");
+  d = BeginRecovery(j, "10.0.0.1", 40002, kT0 + absl::Seconds(1));
+  const v1::Attempt& a = j.job.attempts(0);
+  EXPECT_EQ(a.generation(), 1);
+  EXPECT_EQ(a.master_port(), 40002);
+  EXPECT_EQ(j.job.recoveries(), 1);
+  ASSERT_EQ(a.recoveries_size(), 1);
+  EXPECT_EQ(a.recoveries(0).outcome(), "recovering");
+  EXPECT_THAT(a.recoveries(0).cause(), HasSubstr("rank 1 on w2 was killed by SIGKILL (pid 102)"));
+  EXPECT_THAT(a.recoveries(0).ranks(), ElementsAre(1));
+  EXPECT_EQ(a.ranks(1).pid(), 0);
+  EXPECT_FALSE(a.ranks(1).exited());
+  EXPECT_EQ(a.ranks(1).generation(), 1);
+  EXPECT_EQ(a.ranks(0).pid(), 101) << "the survivor keeps its process";
+  EXPECT_TRUE(Recovering(a));
+  EXPECT_EQ(j.recovery_deadline, kT0 + absl::Seconds(21));
+  EXPECT_THAT(j.job.reason(), HasSubstr("live recovery 1 (1 of 2): replacing rank 1"));
+  // The dead process's exit, reported again, is of generation 0: ignored.
+  d = ApplyReport(j, W(2), Report(2, 102, true, 0, SIGKILL), kT0 + absl::Seconds(2));
+  EXPECT_THAT(d.rank_rows, IsEmpty());
+  EXPECT_FALSE(d.recover);
+  // The replacement comes up, and rank 0 reports the state moved.
+  v1::TaskStatus up = Report(2, 202);
+  up.mutable_ranks(0)->set_generation(1);
+  ApplyReport(j, W(2), up, kT0 + absl::Seconds(2));
+  EXPECT_EQ(j.job.attempts(0).ranks(1).pid(), 202);
+  d = FinishRecovery(j, 1, 1, 0, 45, kT0 + absl::Milliseconds(2500));
+  EXPECT_TRUE(d.job_row);
+  EXPECT_FALSE(Recovering(j.job.attempts(0)));
+  EXPECT_EQ(j.job.attempts(0).recoveries(0).outcome(), "recovered");
+  EXPECT_EQ(j.job.attempts(0).recoveries(0).source_rank(), 0);
+  EXPECT_EQ(j.job.attempts(0).recoveries(0).global_step(), 45);
+  EXPECT_EQ(j.job.attempts(0).recoveries(0).end_ms() - j.job.attempts(0).recoveries(0).start_ms(),
+            1500);
+  EXPECT_EQ(j.recovery_deadline, absl::InfiniteFuture());
+  // A stale `recovered` (another generation) changes nothing.
+  EXPECT_TRUE(FinishRecovery(j, 1, 7, 0, 45, kT0).empty());
+}
+
+TEST(LiveRecoveryLifecycleTest, ASecondFaultDuringARecoveryFailsTheAttemptNamingIt) {
+  JobRecord j = Recoverable();
+  ApplyReport(j, W(2), Report(2, 102, true, 0, SIGKILL), kT0);
+  BeginRecovery(j, "10.0.0.1", 40002, kT0);
+  JobDelta d = ApplyReport(j, W(1), Report(1, 101, true, 1), kT0 + absl::Seconds(1));
+  EXPECT_EQ(d.ended_attempt, 1);
+  EXPECT_FALSE(d.recover);
+  EXPECT_EQ(j.job.state(), v1::PENDING);
+  EXPECT_EQ(j.job.restarts(), 1);
+  const v1::Attempt& a = j.job.attempts(0);
+  EXPECT_EQ(a.state(), v1::FAILED);
+  EXPECT_THAT(a.reason(), HasSubstr("live recovery 1 failed: a second fault during it: rank 0 on "
+                                    "w1 exited with code 1"));
+  EXPECT_THAT(a.reason(), HasSubstr("falling back to a restart from the last checkpoint"));
+  EXPECT_THAT(a.recoveries(0).outcome(), HasSubstr("failed: live recovery 1 failed"));
+  EXPECT_NE(a.recoveries(0).end_ms(), 0);
+}
+
+TEST(LiveRecoveryLifecycleTest, RecoveryIsRefusedWhereItCannotWork) {
+  JobRecord off = Running();  // max_recoveries 0: the attempt fails as it always did.
+  JobDelta d = ApplyReport(off, W(2), Report(2, 102, true, 0, SIGKILL), kT0);
+  EXPECT_FALSE(d.recover);
+  EXPECT_EQ(d.ended_attempt, 1);
+
+  JobRecord spent = Recoverable();
+  spent.job.set_recoveries(2);
+  EXPECT_EQ(LiveRecoveryRefusal(spent), "no recoveries left of max_recoveries 2");
+  d = ApplyReport(spent, W(2), Report(2, 102, true, 0, SIGKILL), kT0);
+  EXPECT_FALSE(d.recover);
+  EXPECT_EQ(d.ended_attempt, 1);
+
+  JobRecord permanent = Recoverable();  // Exit 2: a restart cannot cure it, nor a recovery.
+  d = ApplyReport(permanent, W(2), Report(2, 102, true, 2), kT0);
+  EXPECT_FALSE(d.recover);
+  EXPECT_EQ(permanent.job.state(), v1::FAILED);
+
+  JobRecord starting = Recoverable();
+  starting.job.mutable_attempts(0)->set_state(v1::RENDEZVOUS);
+  EXPECT_EQ(LiveRecoveryRefusal(starting), "the attempt was not running yet");
+
+  JobRecord lost = Recoverable();  // A node's loss needs a survivor on another node.
+  EXPECT_EQ(NodeRecoveryRefusal(lost, "w2"), "");
+  ApplyReport(lost, W(1), Report(1, 101, true, 0, SIGKILL), kT0);
+  EXPECT_EQ(NodeRecoveryRefusal(lost, "w2"), "no rank survived to hand its state over");
+
+  // A recovery refused before it began is named as such, and not counted.
+  JobRecord refused = Recoverable();
+  FailRecovery(refused, "worker w2 lost: no spare worker has room for its 1 rank(s)", kT0);
+  EXPECT_THAT(refused.job.attempts(0).reason(),
+              HasSubstr("live recovery 1 failed: worker w2 lost: no spare worker"));
+  EXPECT_EQ(refused.job.recoveries(), 0);
 }
 
 }  // namespace
