@@ -286,16 +286,14 @@ absl::Status TrainerImpl::CheckNotice(double step_ms) {
   const Notice seen = ReadNotice(env_.notice_file);
   // [the newest notice any rank saw, the slowest rank's mean step time, the newest any
   // rank acted on (a replacement knows none)]: maxima, so every rank decides alike.
-  at::Tensor v = at::tensor({static_cast<double>(seen.seq),
-                             notice_window_ms_ / static_cast<double>(steps_since_notice_),
-                             static_cast<double>(notice_handled_)},
-                            at::kDouble)
-                     .to(device_.device);
-  DDP_RETURN_IF_ERROR(comm().AllReduceMax(v));
-  v = v.cpu();
-  const int64_t newest = static_cast<int64_t>(v[0].item<double>());
-  const double step = std::max(v[1].item<double>(), 1e-3);
-  notice_handled_ = static_cast<int64_t>(v[2].item<double>());
+  DDP_ASSIGN_OR_RETURN(
+      const std::vector<double> v,
+      comm().MaxOverRanks({static_cast<double>(seen.seq),
+                           notice_window_ms_ / static_cast<double>(steps_since_notice_),
+                           static_cast<double>(notice_handled_)}));
+  const int64_t newest = static_cast<int64_t>(v[0]);
+  const double step = std::max(v[1], 1e-3);
+  notice_handled_ = static_cast<int64_t>(v[2]);
   notice_every_ = std::clamp<int64_t>(static_cast<int64_t>(100.0 / step), 1, 1000);
   steps_since_notice_ = 0;
   notice_window_ms_ = 0;
@@ -328,13 +326,7 @@ absl::Status TrainerImpl::TakeLiveState() {
   last_saved_ = {-1, -1, -1};
   std::vector<char> bytes;
   if (env_.rank == source.rank) {
-    at::Tensor rng;
-    {
-      at::Generator gen = at::detail::getDefaultCPUGenerator();
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      rng = gen.get_state();
-    }
-    bytes = EncodeCheckpoint(StateAt(pos_, rng, {0, 0}));
+    bytes = EncodeCheckpoint(StateAt(pos_, CpuRngState(), {0, 0}));
   }
   DDP_ASSIGN_OR_RETURN(bytes, comm().BroadcastBytesFrom(source.rank, bytes,
                                                         "live recovery: sending the state"));
@@ -369,16 +361,9 @@ absl::Status TrainerImpl::Recover(const absl::Status& cause) {
   keeper_.reset();
   group_.reset();
   for (at::Tensor& p : params_) p.mutable_grad().reset();  // The abandoned step's.
-  absl::StatusOr<GenerationNews> news = AwaitGeneration(
-      env_.generation_file, env_.generation, absl::Seconds(spec_.recovery_timeout_s));
-  if (!news.ok()) {
-    return absl::Status(cause.code(), absl::StrCat(cause.message(), "; live recovery: ",
-                                                    news.status().message()));
-  }
+  DDP_ASSIGN_OR_RETURN(env_,
+                       NextGeneration(env_, cause, absl::Seconds(spec_.recovery_timeout_s)));
   const double wait_ms = MillisSince(t0);
-  env_.generation = news->generation;
-  env_.master_addr = news->master_addr;
-  env_.master_port = news->master_port;
   const auto t1 = Clock::now();
   DDP_RETURN_IF_ERROR(JoinGroup());
   DDP_LOG(INFO) << "rank " << env_.rank << ": generation " << env_.generation << " formed on "

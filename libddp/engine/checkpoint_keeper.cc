@@ -23,13 +23,14 @@ constexpr char kUnreadable = 'U';
 
 }  // namespace
 
+at::Tensor CpuRngState() {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
 absl::StatusOr<at::Tensor> RankZeroRngState(Comm& comm, const at::Device& device) {
-  at::Tensor rng;
-  {
-    at::Generator gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    rng = gen.get_state();
-  }
+  at::Tensor rng = CpuRngState();
   if (comm.world_size() > 1) {
     at::Tensor shared = rng.to(device);
     DDP_RETURN_IF_ERROR(comm.Broadcast({shared}));

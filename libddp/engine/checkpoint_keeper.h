@@ -43,6 +43,8 @@ std::string CheckpointDirFor(const std::string& dir, const Environment& env);
 // Collective: rank 0's CPU generator state on every rank (checkpoints carry it, as if
 // rank 0 had written them all). `device`: where the comm wants its tensors.
 absl::StatusOr<at::Tensor> RankZeroRngState(Comm& comm, const at::Device& device);
+// This rank's CPU generator state (what a live recovery's transfer carries).
+at::Tensor CpuRngState();
 // Makes `state` (from RankZeroRngState, via a checkpoint) the CPU generator's.
 void RestoreRngState(const at::Tensor& state);
 

@@ -530,12 +530,15 @@ absl::Status Comm::AllReduceSum(at::Tensor& tensor) {
   return Run("all-reduce", [&] { return backend_->allreduce(tensors, opts); });
 }
 
-absl::Status Comm::AllReduceMax(at::Tensor& tensor) {
-  std::vector<at::Tensor> tensors = {tensor};
+absl::StatusOr<std::vector<double>> Comm::MaxOverRanks(const std::vector<double>& values) {
+  std::vector<at::Tensor> tensors = {
+      at::tensor(values, at::TensorOptions().dtype(at::kDouble)).to(device_)};
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::MAX;
   opts.timeout = timeout_;
-  return Run("all-reduce (max)", [&] { return backend_->allreduce(tensors, opts); });
+  DDP_RETURN_IF_ERROR(Run("all-reduce (max)", [&] { return backend_->allreduce(tensors, opts); }));
+  const at::Tensor host = tensors[0].cpu();
+  return std::vector<double>(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
 }
 
 absl::Status Comm::Barrier() {

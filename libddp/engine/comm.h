@@ -101,8 +101,9 @@ class Comm {
                                                        const char* what);
   // In-place sum over ranks.
   absl::Status AllReduceSum(at::Tensor& tensor);
-  // In-place maximum over ranks, through the backend (small tensors: flags, counts).
-  absl::Status AllReduceMax(at::Tensor& tensor);
+  // Elementwise maxima of `values` over ranks, in double precision (one small
+  // all-reduce through the backend: flags, counts).
+  absl::StatusOr<std::vector<double>> MaxOverRanks(const std::vector<double>& values);
   absl::Status Barrier();
 
  private:

@@ -67,6 +67,21 @@ Notice ReadNotice(const std::string& path) {
   return n;
 }
 
+absl::StatusOr<Environment> NextGeneration(const Environment& env, const absl::Status& cause,
+                                           absl::Duration timeout) {
+  absl::StatusOr<GenerationNews> news = AwaitGeneration(env.generation_file, env.generation,
+                                                        timeout);
+  if (!news.ok()) {
+    return absl::Status(cause.code(), absl::StrCat(cause.message(), "; live recovery: ",
+                                                   news.status().message()));
+  }
+  Environment next = env;
+  next.generation = news->generation;
+  next.master_addr = news->master_addr;
+  next.master_port = news->master_port;
+  return next;
+}
+
 bool PeerFailure(const absl::Status& status) {
   return status.code() == absl::StatusCode::kUnavailable;
 }

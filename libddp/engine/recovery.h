@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/contract/environment.h"
 
 namespace ddp {
 
@@ -41,6 +42,12 @@ struct Notice {
   std::string reason;
 };
 Notice ReadNotice(const std::string& path);
+
+// A surviving rank after `cause` broke a collective: `env` moved to the next generation
+// announced within `timeout` (its number and store). Otherwise `cause`, with why no
+// generation came appended.
+absl::StatusOr<Environment> NextGeneration(const Environment& env, const absl::Status& cause,
+                                           absl::Duration timeout);
 
 // Whether `status`, from a collective, says a peer died or hung (UNAVAILABLE), which
 // live recovery can cure; anything else (a bad spec, a full disk) it cannot.

@@ -1,6 +1,5 @@
 #include "ddp/recovery.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
@@ -14,6 +13,7 @@
 #include "common/status_macros.h"
 #include "ddp/report.h"
 #include "libddp/engine/api_bridge.h"
+#include "libddp/engine/checkpoint_keeper.h"
 #include "libddp/engine/recovery.h"
 
 namespace ddp {
@@ -23,18 +23,6 @@ using Clock = std::chrono::steady_clock;
 
 double MillisSince(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
-
-at::Tensor CpuRngState() {
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
-}
-
-void SetCpuRngState(const at::Tensor& state) {
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
 }
 
 }  // namespace
@@ -94,7 +82,7 @@ struct LiveRecovery::Impl {
     for (size_t i = 0; i < counters.size(); ++i) *counters[i].second = v[i + 1];
     at::Tensor rng;
     archive.read("rng", rng);
-    SetCpuRngState(rng);
+    RestoreRngState(rng);
   }
 
   // Collective in a new generation: every rank takes the state of the rank with the
@@ -129,17 +117,9 @@ struct LiveRecovery::Impl {
     for (auto& [name, t] : tensors) {
       if (t.grad().defined()) t.mutable_grad().reset();
     }
-    absl::StatusOr<GenerationNews> news = AwaitGeneration(
-        env0.generation_file, env0.generation, absl::FromChrono(options.timeout));
-    if (!news.ok()) {
-      return absl::Status(cause.code(), absl::StrCat(cause.message(), "; live recovery: ",
-                                                     news.status().message()));
-    }
+    DDP_ASSIGN_OR_RETURN(const Environment next,
+                         NextGeneration(env0, cause, absl::FromChrono(options.timeout)));
     const double wait_ms = MillisSince(t0);
-    Environment next = env0;
-    next.generation = news->generation;
-    next.master_addr = news->master_addr;
-    next.master_port = news->master_port;
     const auto t1 = Clock::now();
     DDP_RETURN_IF_ERROR(group->impl().Reconnect(next));
     // The order a replacement's program makes them in: the group, DDP's broadcast,
@@ -225,13 +205,10 @@ bool checkpoint_requested(ProcessGroup& group) {
   const Notice seen = ReadNotice(g.env.notice_file);
   // Maxima over the ranks, so that every rank answers alike (a replacement has acted
   // on none).
-  at::Tensor v = at::tensor({static_cast<double>(seen.seq), static_cast<double>(handled)},
-                            at::kDouble)
-                     .to(g.device.device);
-  ThrowIfError(g.comm->AllReduceMax(v));
-  v = v.cpu();
-  const auto newest = static_cast<int64_t>(v[0].item<double>());
-  handled = static_cast<int64_t>(v[1].item<double>());
+  const std::vector<double> v = ValueOrThrow(
+      g.comm->MaxOverRanks({static_cast<double>(seen.seq), static_cast<double>(handled)}));
+  const auto newest = static_cast<int64_t>(v[0]);
+  handled = static_cast<int64_t>(v[1]);
   if (newest <= handled) return false;
   handled = newest;
   return true;
