@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "coordinator/store/sql_row.h"
 
 namespace ddp::sql {
 
@@ -22,7 +23,7 @@ inline absl::Status Error(sqlite3* db, const std::string& what) {
 
 // A prepared statement with typed binds (1-based) and columns (0-based); finalized
 // on destruction.
-class Stmt {
+class Stmt final : public Params, public Row {
  public:
   Stmt(sqlite3* db, const char* sql) : db_(db) {
     rc_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr);
@@ -69,41 +70,19 @@ class Stmt {
     sqlite3_reset(stmt_);
     sqlite3_clear_bindings(stmt_);
   }
-  int64_t Int(int col) const { return sqlite3_column_int64(stmt_, col); }
-  double Real(int col) const {
+  void BindText(int i, const std::string& v) override { Bind(i, v); }
+  void BindInt(int i, int64_t v) override { Bind(i, v); }
+  void BindReal(int i, double v) override { Bind(i, v); }
+  int64_t Int(int col) const override { return sqlite3_column_int64(stmt_, col); }
+  double Real(int col) const override {
     return sqlite3_column_type(stmt_, col) == SQLITE_NULL ? std::nan("")
                                                           : sqlite3_column_double(stmt_, col);
   }
-  std::string Text(int col) const {
+  std::string Text(int col) const override {
     const unsigned char* t = sqlite3_column_text(stmt_, col);
     return t ? std::string(reinterpret_cast<const char*>(t),
                            static_cast<size_t>(sqlite3_column_bytes(stmt_, col)))
              : std::string();
-  }
-
-  // A value of any field type: strings as TEXT, floating point as REAL, booleans,
-  // enums and integers as INTEGER.
-  template <typename T>
-  Stmt& BindValue(int i, const T& v) {
-    if constexpr (std::is_same_v<T, std::string>) {
-      return Bind(i, v);
-    } else if constexpr (std::is_floating_point_v<T>) {
-      return Bind(i, static_cast<double>(v));
-    } else {
-      return Bind(i, static_cast<int64_t>(v));
-    }
-  }
-  template <typename T>
-  T Value(int col) const {
-    if constexpr (std::is_same_v<T, std::string>) {
-      return Text(col);
-    } else if constexpr (std::is_floating_point_v<T>) {
-      return static_cast<T>(Real(col));
-    } else if constexpr (std::is_same_v<T, bool>) {
-      return Int(col) != 0;
-    } else {
-      return static_cast<T>(Int(col));
-    }
   }
 
  private:

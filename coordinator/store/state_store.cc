@@ -298,7 +298,7 @@ absl::Status StateStore::AppendAll(const std::vector<JobOutput>& outputs,
   // local, which the thread-safety analysis (which does not follow lambdas) accepts.
   sqlite3* const db = db_;
   absl::Status st = InTransaction(db, [&]() -> absl::Status {
-    Stmt m(db, store::Metrics().InsertSql("INSERT"));
+    Stmt m(db, store::Metrics().InsertSql());
     Stmt e(db, store::Epochs().InsertSql());
     Stmt l(db, store::Logs().InsertSql());
     DDP_RETURN_IF_ERROR(m.ok());
@@ -319,7 +319,7 @@ absl::Status StateStore::AppendAll(const std::vector<JobOutput>& outputs,
       }
     }
     // A new incarnation starts its numbering again; within one, numbers only grow.
-    Stmt b(db, store::WorkerBatches().InsertSql("INSERT") +
+    Stmt b(db, store::WorkerBatches().InsertSql(store::Dialect::kSqlite, /*replace=*/false) +
                    " ON CONFLICT(worker) DO UPDATE SET batch_seq = CASE"
                    " WHEN incarnation = excluded.incarnation THEN"
                    " MAX(batch_seq, excluded.batch_seq)"

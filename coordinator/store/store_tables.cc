@@ -1,10 +1,12 @@
 #include "coordinator/store/store_tables.h"
 
+#include <algorithm>
 #include <map>
 #include <type_traits>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 
 namespace ddp::store {
@@ -23,12 +25,12 @@ M& Msg(M& m) {
 }
 
 // A column holding the proto field `field` of the row's message, under the name
-// `name`; its SQL value follows the field's C++ type (Stmt::BindValue / Value).
+// `name`; its SQL value follows the field's C++ type (sql::Params::BindValue, sql::Row::Value).
 #define DDP_COLUMN(name, field, ...)                                                    \
   Column<Row> {                                                                         \
     {name, __VA_ARGS__},                                                                \
-        [](sql::Stmt& s, int i, const Row& r) { s.BindValue(i, Msg(r).field()); },      \
-        [](const sql::Stmt& s, int c, Row& r) {                                         \
+        [](sql::Params& s, int i, const Row& r) { s.BindValue(i, Msg(r).field()); },      \
+        [](const sql::Row& s, int c, Row& r) {                                         \
           Msg(r).set_##field(s.Value<std::decay_t<decltype(Msg(r).field())>>(c));       \
         }                                                                               \
   }
@@ -37,8 +39,8 @@ M& Msg(M& m) {
 // A column holding a plain member of the row (a key that is not in the message).
 #define DDP_MEMBER(member, ...)                                                          \
   Column<Row> {                                                                          \
-    {#member, __VA_ARGS__}, [](sql::Stmt& s, int i, const Row& r) { s.BindValue(i, r.member); }, \
-        [](const sql::Stmt& s, int c, Row& r) {                                          \
+    {#member, __VA_ARGS__}, [](sql::Params& s, int i, const Row& r) { s.BindValue(i, r.member); }, \
+        [](const sql::Row& s, int c, Row& r) {                                          \
           r.member = s.Value<std::decay_t<decltype(r.member)>>(c);                       \
         }                                                                                \
   }
@@ -130,13 +132,21 @@ void DecodeRecoveries(const std::string& text, v1::Attempt* a) {
 
 }  // namespace
 
-std::string TableInfo::CreateSql() const {
+std::string Declaration(const char* decl, Dialect dialect) {
+  if (dialect == Dialect::kSqlite) return decl;
+  return absl::StrReplaceAll(decl, {{"INTEGER", "BIGINT"}, {"REAL", "DOUBLE PRECISION"}});
+}
+
+std::string TableInfo::CreateSql(Dialect dialect) const {
   std::vector<std::string> defs;
-  if (parent != nullptr) defs.push_back(parent);
-  for (const ColumnInfo& c : columns) defs.push_back(absl::StrCat(c.name, " ", c.decl));
-  std::string sql =
-      absl::StrCat("CREATE TABLE IF NOT EXISTS ", name, "(", absl::StrJoin(defs, ", "),
-                   constraints, ");");
+  if (key.empty() && dialect == Dialect::kPostgres) defs.push_back("row_id BIGSERIAL PRIMARY KEY");
+  if (parent != nullptr) defs.push_back(Declaration(parent, dialect));
+  for (const ColumnInfo& c : columns) {
+    defs.push_back(absl::StrCat(c.name, " ", Declaration(c.decl, dialect)));
+  }
+  if (!key.empty()) defs.push_back(absl::StrCat("PRIMARY KEY(", absl::StrJoin(key, ", "), ")"));
+  std::string sql = absl::StrCat("CREATE TABLE IF NOT EXISTS ", name, "(",
+                                 absl::StrJoin(defs, ", "), ");");
   for (const char* index : indexes) absl::StrAppend(&sql, "\n", index, ";");
   return sql;
 }
@@ -146,16 +156,34 @@ std::string TableInfo::ColumnList() const {
                        [](std::string* out, const ColumnInfo& c) { out->append(c.name); });
 }
 
-std::string TableInfo::InsertSql(const char* verb) const {
+std::string TableInfo::InsertSql(Dialect dialect, bool replace) const {
   const size_t n = columns.size() + (parent != nullptr ? 1 : 0);
-  std::vector<std::string> marks(n, "?");
+  std::vector<std::string> marks;
+  for (size_t i = 1; i <= n; ++i) {
+    marks.push_back(dialect == Dialect::kSqlite ? "?" : absl::StrCat("$", i));
+  }
   std::string names = ColumnList();
   if (parent != nullptr) {
     names = absl::StrCat(absl::string_view(parent).substr(0, absl::string_view(parent).find(' ')),
                          ", ", names);
   }
-  return absl::StrCat(verb, " INTO ", name, "(", names, ") VALUES(", absl::StrJoin(marks, ","),
-                      ")");
+  const bool sqlite_replace = replace && dialect == Dialect::kSqlite && !key.empty();
+  std::string sql = absl::StrCat(sqlite_replace ? "INSERT OR REPLACE" : "INSERT", " INTO ", name,
+                                 "(", names, ") VALUES(", absl::StrJoin(marks, ","), ")");
+  if (replace && dialect == Dialect::kPostgres && !key.empty()) {
+    std::vector<std::string> sets;
+    for (const ColumnInfo& c : columns) {
+      if (std::find_if(key.begin(), key.end(), [&](const char* k) {
+            return absl::string_view(k) == c.name;
+          }) != key.end()) {
+        continue;
+      }
+      sets.push_back(absl::StrCat(c.name, " = EXCLUDED.", c.name));
+    }
+    absl::StrAppend(&sql, " ON CONFLICT (", absl::StrJoin(key, ", "), ") DO ",
+                    sets.empty() ? "NOTHING" : absl::StrCat("UPDATE SET ", absl::StrJoin(sets, ", ")));
+  }
+  return sql;
 }
 
 std::string TableInfo::SelectSql(const std::string& rest) const {
@@ -165,9 +193,9 @@ std::string TableInfo::SelectSql(const std::string& rest) const {
 const Table<RowBatch::JobRow>& Jobs() {
   using Row = RowBatch::JobRow;
   static const auto* table = new Table<Row>(
-      {"jobs", nullptr, {}, ""},
+      {"jobs", nullptr, {}, {"id"}},
       {
-          DDP_FIELD(id, "TEXT PRIMARY KEY"),
+          DDP_FIELD(id, kText),
           DDP_MEMBER(seq, kInt),  // Submission order.
           DDP_FIELD(name, kText),
           DDP_FIELD(rdzv_id, kText),
@@ -195,7 +223,7 @@ const Table<RowBatch::JobRow>& Jobs() {
 const Table<RowBatch::AttemptRow>& Attempts() {
   using Row = RowBatch::AttemptRow;
   static const auto* table = new Table<Row>(
-      {"attempts", nullptr, {}, ", PRIMARY KEY(job_id, number)"},
+      {"attempts", nullptr, {}, {"job_id", "number"}},
       {
           DDP_MEMBER(job_id, kText),
           DDP_FIELD(number, kInt),
@@ -212,10 +240,10 @@ const Table<RowBatch::AttemptRow>& Attempts() {
                     " reason LIKE 'preempted: %'"),
           DDP_FIELD(generation, "INTEGER NOT NULL DEFAULT 0"),
           Column<Row>{{"recoveries", "TEXT NOT NULL DEFAULT ''"},
-                      [](sql::Stmt& s, int i, const Row& r) {
-                        s.Bind(i, EncodeRecoveries(r.attempt));
+                      [](sql::Params& s, int i, const Row& r) {
+                        s.BindText(i, EncodeRecoveries(r.attempt));
                       },
-                      [](const sql::Stmt& s, int c, Row& r) {
+                      [](const sql::Row& s, int c, Row& r) {
                         DecodeRecoveries(s.Text(c), &r.attempt);
                       }},
       });
@@ -225,7 +253,7 @@ const Table<RowBatch::AttemptRow>& Attempts() {
 const Table<RowBatch::RankRow>& Ranks() {
   using Row = RowBatch::RankRow;
   static const auto* table = new Table<Row>(
-      {"ranks", nullptr, {}, ", PRIMARY KEY(job_id, attempt, rank)"},
+      {"ranks", nullptr, {}, {"job_id", "attempt", "rank"}},
       {
           DDP_MEMBER(job_id, kText),
           DDP_MEMBER(attempt, kInt),
@@ -248,9 +276,9 @@ const Table<RowBatch::RankRow>& Ranks() {
 const Table<v1::Worker>& Workers() {
   using Row = v1::Worker;
   static const auto* table = new Table<Row>(
-      {"workers", nullptr, {}, ""},
+      {"workers", nullptr, {}, {"name"}},
       {
-          DDP_FIELD(name, "TEXT PRIMARY KEY"),
+          DDP_FIELD(name, kText),
           DDP_FIELD(incarnation, kText),
           DDP_FIELD(address, kText),
           DDP_FIELD(hostname, kText),
@@ -259,21 +287,21 @@ const Table<v1::Worker>& Workers() {
           DDP_FIELD(registered_ms, kInt),
           DDP_FIELD(last_heartbeat_ms, kInt),
           Column<Row>{{"gpu_devices", "TEXT NOT NULL DEFAULT ''"},
-                      [](sql::Stmt& s, int i, const Row& w) { s.Bind(i, EncodeGpus(w)); },
-                      [](const sql::Stmt& s, int c, Row& w) { DecodeGpus(s.Text(c), &w); }},
+                      [](sql::Params& s, int i, const Row& w) { s.BindText(i, EncodeGpus(w)); },
+                      [](const sql::Row& s, int c, Row& w) { DecodeGpus(s.Text(c), &w); }},
           // A value this build does not know (a newer coordinator's) reads as
           // cordoned: an operator took the node out, so it stays out.
           Column<Row>{{"maintenance", "INTEGER NOT NULL DEFAULT 0"},
-                      [](sql::Stmt& s, int i, const Row& w) { s.BindValue(i, w.maintenance()); },
-                      [](const sql::Stmt& s, int c, Row& w) {
+                      [](sql::Params& s, int i, const Row& w) { s.BindValue(i, w.maintenance()); },
+                      [](const sql::Row& s, int c, Row& w) {
                         const int m = static_cast<int>(s.Int(c));
                         w.set_maintenance(v1::WorkerMaintenance_IsValid(m)
                                               ? static_cast<v1::WorkerMaintenance>(m)
                                               : v1::WORKER_CORDONED);
                       }},
           Column<Row>{{"drain_policy", "INTEGER NOT NULL DEFAULT 0"},
-                      [](sql::Stmt& s, int i, const Row& w) { s.BindValue(i, w.drain_policy()); },
-                      [](const sql::Stmt& s, int c, Row& w) {
+                      [](sql::Params& s, int i, const Row& w) { s.BindValue(i, w.drain_policy()); },
+                      [](const sql::Row& s, int c, Row& w) {
                         const int p = static_cast<int>(s.Int(c));
                         w.set_drain_policy(v1::DrainPolicy_IsValid(p)
                                                ? static_cast<v1::DrainPolicy>(p)
@@ -283,8 +311,8 @@ const Table<v1::Worker>& Workers() {
           DDP_FIELD(maintenance_by, "TEXT NOT NULL DEFAULT ''"),
           DDP_FIELD(witness_port, "INTEGER NOT NULL DEFAULT 0"),
           Column<Row>{{"labels", "TEXT NOT NULL DEFAULT ''"},
-                      [](sql::Stmt& s, int i, const Row& w) { s.Bind(i, EncodeLabels(w)); },
-                      [](const sql::Stmt& s, int c, Row& w) { DecodeLabels(s.Text(c), &w); }},
+                      [](sql::Params& s, int i, const Row& w) { s.BindText(i, EncodeLabels(w)); },
+                      [](const sql::Row& s, int c, Row& w) { DecodeLabels(s.Text(c), &w); }},
       });
   return *table;
 }
@@ -294,9 +322,9 @@ const Table<v1::Worker>& Workers() {
 // the batch's events.
 const Table<BatchMark>& WorkerBatches() {
   using Row = BatchMark;
-  static const auto* table = new Table<Row>({"worker_batches", nullptr, {}, ""},
+  static const auto* table = new Table<Row>({"worker_batches", nullptr, {}, {"worker"}},
                                             {
-                                                DDP_MEMBER(worker, "TEXT PRIMARY KEY"),
+                                                DDP_MEMBER(worker, kText),
                                                 DDP_MEMBER(incarnation, kText),
                                                 DDP_MEMBER(batch_seq, kInt),
                                             });
@@ -309,7 +337,7 @@ const Table<v1::RankMetrics>& Metrics() {
       {"metrics",
        "job_id TEXT NOT NULL",
        {},
-       "",
+       {},
        {"CREATE INDEX IF NOT EXISTS metrics_by_job ON metrics(job_id, attempt, rank, global_step)",
         "CREATE INDEX IF NOT EXISTS metrics_by_job_row ON metrics(job_id)"}},
       {
@@ -331,7 +359,7 @@ const Table<v1::RankMetrics>& Metrics() {
 const Table<v1::EpochSummary>& Epochs() {
   using Row = v1::EpochSummary;
   static const auto* table = new Table<Row>({"epochs", "job_id TEXT NOT NULL", {},
-                                             ", PRIMARY KEY(job_id, attempt, epoch)"},
+                                             {"job_id", "attempt", "epoch"}},
                                             {
                                                 DDP_FIELD(attempt, kInt),
                                                 DDP_FIELD(epoch, kInt),
@@ -346,7 +374,7 @@ const Table<v1::EpochSummary>& Epochs() {
 const Table<v1::LogLine>& Logs() {
   using Row = v1::LogLine;
   static const auto* table = new Table<Row>(
-      {"logs", "job_id TEXT NOT NULL", {}, ", PRIMARY KEY(job_id, seq)"},
+      {"logs", "job_id TEXT NOT NULL", {}, {"job_id", "seq"}},
       {
           DDP_FIELD(seq, kInt),
           DDP_FIELD(attempt, kInt),

@@ -3,22 +3,32 @@
 // type, and how a row's field is bound and read back). The schema (CREATE TABLE),
 // the columns added to an older database when it is opened (ALTER TABLE ... ADD
 // COLUMN, then the column's backfill), every INSERT and every SELECT list are
-// derived from these descriptions by state_store.cc; no statement lists columns by
-// hand. Adding a field to storage is one line in a table's description (with a
-// DEFAULT in its declaration, for the rows written before it).
+// derived from these descriptions, in SQLite's dialect (state_store.cc) and in
+// PostgreSQL's (postgres_store.cc); no statement lists columns by hand. Adding a
+// field to storage is one line in a table's description (with a DEFAULT in its
+// declaration, for the rows written before it).
 //
-// Internal to the store: only state_store.cc and its tests include this.
+// The declarations are SQLite's; PostgreSQL's are derived: INTEGER becomes BIGINT
+// (SQLite's integers are 64-bit), REAL DOUBLE PRECISION, and a table without a key
+// gains `row_id BIGSERIAL PRIMARY KEY` (SQLite's rowid: the order rows were appended).
+//
+// Internal to the store: only the stores and their tests include this.
 #ifndef DDP_COORDINATOR_STORE_STORE_TABLES_H_
 #define DDP_COORDINATOR_STORE_STORE_TABLES_H_
 
 #include <string>
 #include <vector>
 
-#include "coordinator/store/sqlite.h"
+#include "coordinator/store/sql_row.h"
 #include "coordinator/store/store.h"
 #include "ddp/v1/types.pb.h"
 
 namespace ddp::store {
+
+enum class Dialect { kSqlite, kPostgres };
+
+// A declaration in `dialect` (see above).
+std::string Declaration(const char* decl, Dialect dialect);
 
 // What a column is, whatever its row type.
 struct ColumnInfo {
@@ -35,22 +45,24 @@ struct TableInfo {
   // bound by the caller), or nullptr.
   const char* parent = nullptr;
   std::vector<ColumnInfo> columns;
-  const char* constraints = "";            // ", PRIMARY KEY(job_id, number)"
+  std::vector<const char*> key = {};       // The primary key's columns; none: appended rows.
   std::vector<const char*> indexes = {};   // Full CREATE INDEX IF NOT EXISTS statements.
 
-  std::string CreateSql() const;
+  std::string CreateSql(Dialect dialect = Dialect::kSqlite) const;
   // "a, b, c": the row's columns, in order (the parent column not included).
   std::string ColumnList() const;
-  // "<verb> INTO name(parent?, a, b, c) VALUES(?, ...)".
-  std::string InsertSql(const char* verb = "INSERT OR REPLACE") const;
+  // "INSERT INTO name(parent?, a, b, c) VALUES(?, ...)" (PostgreSQL: $1, ...). With
+  // `replace`, a row of the same key is replaced: SQLite's INSERT OR REPLACE,
+  // PostgreSQL's ON CONFLICT (key) DO UPDATE of every other column.
+  std::string InsertSql(Dialect dialect = Dialect::kSqlite, bool replace = true) const;
   // "SELECT a, b, c FROM name <rest>".
   std::string SelectSql(const std::string& rest) const;
 };
 
 template <typename Row>
 struct Column : ColumnInfo {
-  void (*bind)(sql::Stmt& s, int index, const Row& row);
-  void (*load)(const sql::Stmt& s, int col, Row& row);
+  void (*bind)(sql::Params& s, int index, const Row& row);
+  void (*load)(const sql::Row& s, int col, Row& row);
 };
 
 template <typename Row>
@@ -64,14 +76,14 @@ class Table : public TableInfo {
 
   // Binds the row's columns to the parameters of InsertSql() (after the parent's,
   // which the caller binds as parameter 1).
-  void Bind(sql::Stmt& s, const Row& row) const {
+  void Bind(sql::Params& s, const Row& row) const {
     const int first = parent != nullptr ? 2 : 1;
     for (size_t i = 0; i < binders_.size(); ++i) {
       binders_[i].bind(s, first + static_cast<int>(i), row);
     }
   }
   // Reads the row's columns from the current row of a SelectSql() statement.
-  void Load(const sql::Stmt& s, Row& row) const {
+  void Load(const sql::Row& s, Row& row) const {
     for (size_t i = 0; i < binders_.size(); ++i) binders_[i].load(s, static_cast<int>(i), row);
   }
 
