@@ -25,6 +25,7 @@ packages=(
   slurmctld slurmd slurm-client munge  # tests: deploy/slurm against a real one-node Slurm
   dataset-fashion-mnist
   iptables libnetfilter-queue-dev       # tests/multihost: cuts, and slow links (ddp-test-netem)
+  postgresql libpq-dev                  # the coordinator's PostgreSQL store (--store), and a real server in tests
 )
 
 sudo_cmd=()
