@@ -15,6 +15,7 @@ find_package(Protobuf REQUIRED)
 find_package(gRPC CONFIG REQUIRED)
 find_package(yaml-cpp CONFIG REQUIRED)
 find_package(SQLite3 REQUIRED)
+find_package(PostgreSQL REQUIRED)  # libpq: the coordinator's PostgreSQL store (--store)
 find_package(ZLIB REQUIRED)
 find_package(OpenSSL REQUIRED)  # TLS file checks and token digests; gRPC links it too.
 

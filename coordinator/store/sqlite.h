@@ -91,6 +91,33 @@ class Stmt final : public Params, public Row {
   int rc_;
 };
 
+// A transaction: Begin(), statements, Commit(); one not committed is rolled back when
+// it goes out of scope (an early return on error).
+class Transaction {
+ public:
+  explicit Transaction(sqlite3* db) : db_(db) {}
+  ~Transaction() {
+    if (open_) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+  }
+  Transaction(const Transaction&) = delete;
+  Transaction& operator=(const Transaction&) = delete;
+  absl::Status Begin() {
+    open_ = sqlite3_exec(db_, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr) == SQLITE_OK;
+    return open_ ? absl::OkStatus() : Error(db_, "begin");
+  }
+  absl::Status Commit() {
+    if (sqlite3_exec(db_, "COMMIT", nullptr, nullptr, nullptr) == SQLITE_OK) {
+      open_ = false;
+      return absl::OkStatus();
+    }
+    return Error(db_, "commit");
+  }
+
+ private:
+  sqlite3* const db_;
+  bool open_ = false;
+};
+
 // Runs `body` inside BEGIN IMMEDIATE/COMMIT, rolling back on error.
 template <typename Fn>
 absl::Status InTransaction(sqlite3* db, Fn&& body) {

@@ -29,8 +29,6 @@ namespace {
 using sql::InTransaction;
 using sql::Stmt;
 
-constexpr int kSchemaVersion = 1;
-
 // Upserts `rows` into `table` (the parent column, if the table has one, bound to
 // `parent`).
 template <typename Row>
@@ -127,31 +125,7 @@ absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& 
     absl::MutexLock lock(&store->mu_);
     DDP_RETURN_IF_ERROR(store->ExecLocked("PRAGMA journal_mode=WAL"));
     DDP_RETURN_IF_ERROR(store->ExecLocked("PRAGMA synchronous=NORMAL"));
-    // The schema, from the tables' descriptions (store_tables.cc); a database made
-    // by an older coordinator gains the columns added since, with their backfills.
-    std::string schema =
-        "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);";
-    for (const store::TableInfo* t : store::AllTables()) absl::StrAppend(&schema, "\n", t->CreateSql());
-    absl::Status st = store->ExecLocked(schema.c_str());
-    if (!st.ok()) {
-      return absl::DataLossError(
-          absl::StrCat(path, " is not a ddp state database (", st.message(), ")"));
-    }
-    for (const store::TableInfo* t : store::AllTables()) {
-      DDP_RETURN_IF_ERROR(store->AddMissingColumnsLocked(*t));
-    }
-    Stmt get(db, "SELECT value FROM meta WHERE key = 'schema_version'");
-    DDP_RETURN_IF_ERROR(get.ok());
-    if (get.Step()) {
-      if (get.Text(0) != std::to_string(kSchemaVersion)) {
-        return absl::DataLossError(absl::StrCat(path, " has schema version ", get.Text(0),
-                                                "; this coordinator reads version ",
-                                                kSchemaVersion));
-      }
-    } else {
-      Stmt put(db, "INSERT INTO meta(key, value) VALUES('schema_version', ?)");
-      DDP_RETURN_IF_ERROR(put.Bind(1, std::to_string(kSchemaVersion)).Run());
-    }
+    DDP_RETURN_IF_ERROR(store->MigrateLocked(path));
   }
   // History is read on a connection of its own: WAL readers never wait for the
   // writer, nor it for them.
@@ -188,6 +162,53 @@ absl::Status StateStore::ExecLocked(const char* sql) {
     return absl::InternalError(absl::StrCat("sqlite: ", msg));
   }
   return absl::OkStatus();
+}
+
+absl::Status StateStore::MigrateLocked(const std::string& path) {
+  // The version first: a database of a newer release is left as it is.
+  absl::Status st = ExecLocked(
+      "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)");
+  if (!st.ok()) {
+    return absl::DataLossError(absl::StrCat(path, " is not a ddp state database (", st.message(), ")"));
+  }
+  int64_t version = 0;
+  {
+    Stmt get(db_, "SELECT value FROM meta WHERE key = 'schema_version'");
+    DDP_RETURN_IF_ERROR(get.ok());
+    if (get.Step() && !absl::SimpleAtoi(get.Text(0), &version)) {
+      return absl::DataLossError(
+          absl::StrCat(path, " has a schema version that is not a number: '", get.Text(0), "'"));
+    }
+    DDP_RETURN_IF_ERROR(get.Done());
+  }
+  DDP_RETURN_IF_ERROR(CheckSchemaVersion(version, path));
+  sql::Transaction tx(db_);
+  DDP_RETURN_IF_ERROR(tx.Begin());
+  {
+    // Version 1: the tables, from their descriptions (store_tables.cc). Run on every
+    // open: a database of any version gains the columns added since, with their
+    // backfills.
+    std::string schema;
+    for (const store::TableInfo* t : store::AllTables()) absl::StrAppend(&schema, "\n", t->CreateSql());
+    if (absl::Status created = ExecLocked(schema.c_str()); !created.ok()) {
+      return absl::DataLossError(
+          absl::StrCat(path, " is not a ddp state database (", created.message(), ")"));
+    }
+    for (const store::TableInfo* t : store::AllTables()) {
+      DDP_RETURN_IF_ERROR(AddMissingColumnsLocked(*t));
+    }
+    if (version < 2) {  // The cluster id.
+      Stmt id(db_, "INSERT OR IGNORE INTO meta(key, value) VALUES('cluster_id', ?)");
+      DDP_RETURN_IF_ERROR(id.Bind(1, NewClusterId()).Run());
+    }
+    Stmt put(db_, "INSERT OR REPLACE INTO meta(key, value) VALUES('schema_version', ?)");
+    DDP_RETURN_IF_ERROR(put.Bind(1, std::to_string(kSchemaVersion)).Run());
+    Stmt id(db_, "SELECT value FROM meta WHERE key = 'cluster_id'");
+    DDP_RETURN_IF_ERROR(id.ok());
+    if (id.Step()) cluster_id_ = id.Text(0);
+    DDP_RETURN_IF_ERROR(id.Done());
+  }
+  return tx.Commit();
 }
 
 absl::Status StateStore::AddMissingColumnsLocked(const store::TableInfo& table) {
@@ -238,6 +259,7 @@ absl::Status StateStore::Write(const RowBatch& batch) {
 absl::StatusOr<LoadedState> StateStore::Load() {
   absl::MutexLock lock(&mu_);
   LoadedState out;
+  out.cluster_id = cluster_id_;
   std::map<std::string, size_t> index;
   DDP_ASSIGN_OR_RETURN(std::vector<RowBatch::JobRow> jobs,
                        Select(db_, store::Jobs(), "ORDER BY seq"));
@@ -288,7 +310,7 @@ absl::Status StateStore::AppendAll(const std::vector<JobOutput>& outputs,
   }
   if (empty) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
-  std::vector<OutputCount*> counts;
+  std::vector<store::OutputCounts::Count*> counts;
   for (const JobOutput& o : outputs) {
     auto count = CountLocked(o.job_id);
     if (!count.ok()) return count.status();
@@ -332,19 +354,14 @@ absl::Status StateStore::AppendAll(const std::vector<JobOutput>& outputs,
     return absl::OkStatus();
   });
   if (st.ok()) {
-    for (size_t i = 0; i < outputs.size(); ++i) {
-      OutputCount& c = *counts[i];
-      c.metric_rows += static_cast<int64_t>(outputs[i].metrics.size());
-      for (const v1::LogLine& x : outputs[i].logs) c.log_top = std::max(c.log_top, x.seq());
-    }
+    for (size_t i = 0; i < outputs.size(); ++i) store::OutputCounts::Appended(counts[i], outputs[i]);
   }
   return st;
 }
 
-absl::StatusOr<StateStore::OutputCount*> StateStore::CountLocked(const std::string& job_id) {
-  auto it = output_.find(job_id);
-  if (it != output_.end()) return &it->second;
-  OutputCount c;
+absl::StatusOr<store::OutputCounts::Count*> StateStore::CountLocked(const std::string& job_id) {
+  if (store::OutputCounts::Count* found = counts_.Find(job_id)) return found;
+  store::OutputCounts::Count c;
   Stmt m(db_, "SELECT COUNT(*) FROM metrics WHERE job_id = ?");
   DDP_RETURN_IF_ERROR(m.ok());
   m.Bind(1, job_id);
@@ -358,7 +375,7 @@ absl::StatusOr<StateStore::OutputCount*> StateStore::CountLocked(const std::stri
   DDP_RETURN_IF_ERROR(l.Done());
   c.log_floor = l.Int(0);
   c.log_top = l.Int(1);
-  return &output_.emplace(job_id, c).first->second;
+  return counts_.Add(job_id, c);
 }
 
 absl::StatusOr<std::vector<v1::LogLine>> StateStore::ReadLogs(const std::string& job_id,
@@ -414,11 +431,10 @@ absl::StatusOr<std::vector<v1::EpochSummary>> StateStore::Epochs(const std::stri
 
 absl::Status StateStore::EnforceRetention(const std::vector<std::string>& delete_ids) {
   absl::MutexLock lock(&mu_);
-  std::vector<std::pair<std::string, OutputCount>> trimmed;
+  const std::vector<store::OutputCounts::Trim> trims = counts_.Plan(delete_ids, retention_);
   // The lambda runs inside this call, under mu_: it uses the connection through a
   // local, which the thread-safety analysis (which does not follow lambdas) accepts.
   sqlite3* const db = db_;
-  const std::map<std::string, OutputCount>* const output = &output_;
   absl::Status st = InTransaction(db, [&]() -> absl::Status {
     for (const char* table : {"jobs", "attempts", "ranks", "metrics", "epochs", "logs"}) {
       Stmt d(db, absl::StrCat("DELETE FROM ", table, " WHERE ",
@@ -435,28 +451,16 @@ absl::Status StateStore::EnforceRetention(const std::vector<std::string>& delete
     Stmt logs(db, "DELETE FROM logs WHERE job_id = ? AND seq <= ?");
     DDP_RETURN_IF_ERROR(metrics.ok());
     DDP_RETURN_IF_ERROR(logs.ok());
-    for (const auto& [id, c] : *output) {
-      if (std::find(delete_ids.begin(), delete_ids.end(), id) != delete_ids.end()) continue;
-      OutputCount after = c;
-      if (c.metric_rows > retention_.max_metric_rows) {
-        DDP_RETURN_IF_ERROR(
-            metrics.Bind(1, id).Bind(2, c.metric_rows - retention_.max_metric_rows).Run());
-        after.metric_rows = retention_.max_metric_rows;
+    for (const store::OutputCounts::Trim& t : trims) {
+      if (t.oldest_metric_rows > 0) {
+        DDP_RETURN_IF_ERROR(metrics.Bind(1, t.job_id).Bind(2, t.oldest_metric_rows).Run());
       }
-      if (c.log_top - c.log_floor > retention_.max_log_lines) {
-        after.log_floor = c.log_top - retention_.max_log_lines;
-        DDP_RETURN_IF_ERROR(logs.Bind(1, id).Bind(2, after.log_floor).Run());
-      }
-      if (after.metric_rows != c.metric_rows || after.log_floor != c.log_floor) {
-        trimmed.emplace_back(id, after);
-      }
+      if (t.log_floor > 0) DDP_RETURN_IF_ERROR(logs.Bind(1, t.job_id).Bind(2, t.log_floor).Run());
     }
     return absl::OkStatus();
   });
-  if (!st.ok()) return st;  // Nothing changed: the counts stand.
-  for (const std::string& id : delete_ids) output_.erase(id);
-  for (auto& [id, c] : trimmed) output_[id] = c;
-  return absl::OkStatus();
+  if (st.ok()) counts_.Done(delete_ids, trims);  // Else nothing changed: the counts stand.
+  return st;
 }
 
 }  // namespace ddp

@@ -36,6 +36,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "coordinator/store/output_counts.h"
 #include "coordinator/store/store.h"
 #include "ddp/v1/types.pb.h"
 
@@ -54,7 +55,7 @@ class StateStore final : public Store {
   // directory. INVALID_ARGUMENT for bad retention bounds; UNAVAILABLE if the directory
   // is in use by another coordinator ("state dir X is in use by another
   // ddp-coordinator (pid N?)"), cannot be created, or the database cannot be opened;
-  // DATA_LOSS if it is not ours.
+  // DATA_LOSS if it is not ours; FAILED_PRECONDITION if a newer release wrote it.
   static absl::StatusOr<std::unique_ptr<StateStore>> Open(const std::string& dir,
                                                           RetentionOptions retention = {});
   ~StateStore();
@@ -73,35 +74,32 @@ class StateStore final : public Store {
                                                               int attempt) override;
   absl::StatusOr<std::vector<v1::RankMetrics>> MetricHistory(const std::string& job_id) override;
   absl::StatusOr<std::vector<v1::EpochSummary>> Epochs(const std::string& job_id) override;
-  // Trims by row id, only the jobs that went over a bound since the last call (the
-  // store counts each job's rows as it appends them).
+  // Trims by row id, only the jobs that went over a bound (the store counts each
+  // job's rows as it appends them: output_counts.h).
   absl::Status EnforceRetention(const std::vector<std::string>& delete_ids) override;
 
   const RetentionOptions& retention() const override { return retention_; }
 
  private:
-  // What the store knows of a job's output rows, counted as they are appended.
-  struct OutputCount {
-    int64_t metric_rows = 0;  // Rows in `metrics`.
-    int64_t log_floor = 0;    // Lines with seq <= log_floor are gone.
-    int64_t log_top = 0;      // The highest seq stored.
-  };
-
   StateStore(sqlite3* db, sqlite3* reader, int lock_fd, RetentionOptions retention)
       : db_(db), reader_(reader), lock_fd_(lock_fd), retention_(retention) {}
   absl::Status ExecLocked(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checks the schema version (a newer one: refused untouched) and applies the
+  // migrations past it (store.h, kSchemaVersion); reads the cluster id.
+  absl::Status MigrateLocked(const std::string& path) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds the columns of `table`'s description that the database's table lacks (a
   // database from an older release), running each one's backfill.
   absl::Status AddMissingColumnsLocked(const store::TableInfo& table)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job's counts, read from the database the first time (index range scans of
   // that job's rows only).
-  absl::StatusOr<OutputCount*> CountLocked(const std::string& job_id)
+  absl::StatusOr<store::OutputCounts::Count*> CountLocked(const std::string& job_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;  // The write connection.
   sqlite3* db_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, OutputCount> output_ ABSL_GUARDED_BY(mu_);
+  store::OutputCounts counts_ ABSL_GUARDED_BY(mu_);
+  std::string cluster_id_ ABSL_GUARDED_BY(mu_);
   absl::Mutex read_mu_;  // The read connection.
   sqlite3* reader_ ABSL_GUARDED_BY(read_mu_);
   const int lock_fd_;  // <dir>/LOCK, held exclusively while the store is open.

@@ -3,9 +3,25 @@
 #include <algorithm>
 #include <tuple>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace ddp {
+
+absl::Status CheckSchemaVersion(int64_t stored, const std::string& where) {
+  if (stored <= kSchemaVersion) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      where, " has schema version ", stored, ", newer than this ddp-coordinator's (",
+      kSchemaVersion, "): a newer release wrote it; run that release (or restore the backup "
+      "taken before the upgrade). Nothing was changed"));
+}
+
+std::string NewClusterId() {
+  absl::BitGen gen;
+  return absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(gen),
+                         absl::Uniform<uint64_t>(gen));
+}
 
 absl::Status ValidateRetention(const RetentionOptions& r) {
   for (auto [flag, value] : {std::pair{"--retain-jobs", r.retain_jobs},

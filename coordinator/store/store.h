@@ -20,6 +20,22 @@
 
 namespace ddp {
 
+// The schema's version, the same for both stores: 1, the tables; 2, the cluster id
+// (meta.cluster_id; PostgreSQL: and the leader's lease). A store opened by a
+// coordinator applies the migrations past its version, in order; one of a newer
+// version is refused untouched (CheckSchemaVersion). Columns added with a DEFAULT are
+// no migration: each store adds those it lacks when opened (store_tables.h).
+inline constexpr int64_t kSchemaVersion = 2;
+
+// FAILED_PRECONDITION when `stored` (the version `where` holds) is newer than this
+// coordinator's.
+absl::Status CheckSchemaVersion(int64_t stored, const std::string& where);
+
+// A new store's cluster id: 32 random hex digits. Workers keep the first they are
+// told and refuse a coordinator of another cluster (two stores behind one
+// --coordinator list).
+std::string NewClusterId();
+
 struct RetentionOptions {
   int64_t max_metric_rows = 100000;  // Per job.
   int64_t max_log_lines = 100000;    // Per job.
@@ -99,6 +115,7 @@ struct JobOutput {
 };
 
 struct LoadedState {
+  std::string cluster_id;       // The store's (NewClusterId), made once.
   std::vector<StoredJob> jobs;  // In submission order.
   std::vector<v1::Worker> workers;
   std::vector<BatchMark> batch_marks;  // One per worker that has reported events.

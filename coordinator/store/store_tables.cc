@@ -186,6 +186,20 @@ std::string TableInfo::InsertSql(Dialect dialect, bool replace) const {
   return sql;
 }
 
+std::string TableInfo::InsertRowsSql(int rows, bool replace) const {
+  const int width = static_cast<int>(columns.size()) + (parent != nullptr ? 1 : 0);
+  std::string sql = InsertSql(Dialect::kPostgres, /*replace=*/false);
+  // What replacing adds: the ON CONFLICT clause.
+  const std::string conflict = InsertSql(Dialect::kPostgres, replace).substr(sql.size());
+  sql.erase(sql.find(" VALUES(") + 7);
+  for (int r = 0; r < rows; ++r) {
+    std::vector<std::string> marks;
+    for (int c = 1; c <= width; ++c) marks.push_back(absl::StrCat("$", r * width + c));
+    absl::StrAppend(&sql, r > 0 ? ",(" : "(", absl::StrJoin(marks, ","), ")");
+  }
+  return sql + conflict;
+}
+
 std::string TableInfo::SelectSql(const std::string& rest) const {
   return absl::StrCat("SELECT ", ColumnList(), " FROM ", name, " ", rest);
 }

@@ -55,6 +55,9 @@ struct TableInfo {
   // `replace`, a row of the same key is replaced: SQLite's INSERT OR REPLACE,
   // PostgreSQL's ON CONFLICT (key) DO UPDATE of every other column.
   std::string InsertSql(Dialect dialect = Dialect::kSqlite, bool replace = true) const;
+  // PostgreSQL: one INSERT of `rows` rows (parameters row by row: parent, columns);
+  // with `replace`, the rows' keys must differ from each other.
+  std::string InsertRowsSql(int rows, bool replace = false) const;
   // "SELECT a, b, c FROM name <rest>".
   std::string SelectSql(const std::string& rest) const;
 };
@@ -75,9 +78,11 @@ class Table : public TableInfo {
   }
 
   // Binds the row's columns to the parameters of InsertSql() (after the parent's,
-  // which the caller binds as parameter 1).
-  void Bind(sql::Params& s, const Row& row) const {
-    const int first = parent != nullptr ? 2 : 1;
+  // which the caller binds as parameter 1), or of its row number `row_index` when it
+  // inserts several.
+  void Bind(sql::Params& s, const Row& row, int row_index = 0) const {
+    const int width = static_cast<int>(binders_.size()) + (parent != nullptr ? 1 : 0);
+    const int first = row_index * width + (parent != nullptr ? 2 : 1);
     for (size_t i = 0; i < binders_.size(); ++i) {
       binders_[i].bind(s, first + static_cast<int>(i), row);
     }

@@ -5,6 +5,7 @@
 namespace ddp::testing {
 
 struct MemoryStore::Data {
+  const std::string cluster_id = NewClusterId();
   absl::Mutex mu;
   absl::Status fail ABSL_GUARDED_BY(mu);
   // Rows by their keys, as the SQLite tables' primary keys.
@@ -62,6 +63,7 @@ absl::StatusOr<LoadedState> MemoryStore::Load() {
   Data& d = *data_;
   absl::MutexLock lock(&d.mu);
   LoadedState out;
+  out.cluster_id = d.cluster_id;
   std::vector<const RowBatch::JobRow*> jobs;
   for (const auto& [id, row] : d.jobs) jobs.push_back(&row);
   std::sort(jobs.begin(), jobs.end(), [](const auto* a, const auto* b) { return a->seq < b->seq; });

@@ -349,6 +349,71 @@ TEST(StateStoreTest, AnOlderDatabaseGainsThePreemptedColumnDerivedFromItsReasons
   EXPECT_FALSE(loaded->jobs[0].job.attempts(1).preempted());
 }
 
+// Runs `sql` on the database of `dir` directly.
+void ExecOn(const std::string& dir, const std::string& sql) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir + "/ddp.sqlite").c_str(), &db), SQLITE_OK);
+  char* err = nullptr;
+  EXPECT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err), SQLITE_OK) << (err ? err : "");
+  sqlite3_free(err);
+  sqlite3_close(db);
+}
+
+TEST(StateStoreTest, ASchemaVersion1DatabaseIsMigratedAndGainsAClusterIdItKeeps) {
+  const std::string dir = testing::MakeTempDir("store-v1");
+  {
+    auto store = StateStore::Open(dir);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->SaveJob(EndedJob("kept", 100), 1).ok());
+  }
+  // As the release of schema version 1 left it.
+  ExecOn(dir, "DELETE FROM meta WHERE key = 'cluster_id'; UPDATE meta SET value = '1' WHERE key = "
+              "'schema_version'");
+  std::string cluster_id;
+  {
+    auto store = StateStore::Open(dir);
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto loaded = (*store)->Load();
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    ASSERT_EQ(loaded->jobs.size(), 1u);
+    EXPECT_EQ(loaded->jobs[0].job.id(), "kept");
+    EXPECT_EQ(loaded->cluster_id.size(), 32u);
+    cluster_id = loaded->cluster_id;
+  }
+  auto store = StateStore::Open(dir);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->Load()->cluster_id, cluster_id) << "made once";
+}
+
+TEST(StateStoreTest, ADatabaseOfANewerSchemaIsRefusedUntouched) {
+  const std::string dir = testing::MakeTempDir("store-newer");
+  {
+    auto store = StateStore::Open(dir);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->SaveJob(EndedJob("kept", 100), 1).ok());
+  }
+  ExecOn(dir, "UPDATE meta SET value = '99' WHERE key = 'schema_version'; "
+              "ALTER TABLE jobs DROP COLUMN owner");  // As if a newer release had.
+  EXPECT_THAT(StateStore::Open(dir),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       ::testing::AllOf(HasSubstr("schema version 99"), HasSubstr("newer"),
+                                        HasSubstr("Nothing was changed"))));
+  // Untouched: no column added back, the version as it was.
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir + "/ddp.sqlite").c_str(), &db), SQLITE_OK);
+  sqlite3_stmt* s = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db, "SELECT value FROM meta WHERE key = 'schema_version'", -1, &s,
+                               nullptr),
+            SQLITE_OK);
+  ASSERT_EQ(sqlite3_step(s), SQLITE_ROW);
+  EXPECT_STREQ(reinterpret_cast<const char*>(sqlite3_column_text(s, 0)), "99");
+  sqlite3_finalize(s);
+  EXPECT_NE(sqlite3_prepare_v2(db, "SELECT owner FROM jobs", -1, &s, nullptr), SQLITE_OK)
+      << "the dropped column was not added back";
+  sqlite3_finalize(s);
+  sqlite3_close(db);
+}
+
 TEST(StateStoreTest, ADatabaseWithoutTheOwnerColumnGainsItAndKeepsItsJobs) {
   const std::string dir = testing::MakeTempDir("store-owner");
   {

@@ -1,15 +1,18 @@
-// One contract, two stores: the same checks run on the SQLite StateStore and on the
-// tests' in-memory fake, so the facade's tests, which run on the fake, meet the
-// behaviour the daemon has. (SQLite's own matters, schema migrations, the directory
-// lock, are state_store_test's.)
+// One contract, three stores: the same checks run on the SQLite StateStore, on the
+// PostgresStore against a real PostgreSQL server, and on the tests' in-memory fake, so
+// the facade's tests, which run on the fake, meet the behaviour the daemon has.
+// (SQLite's own matters, schema migrations, the directory lock, are
+// state_store_test's; PostgreSQL's, the lease and its fencing, postgres_store_test's.)
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/store/postgres_store.h"
 #include "coordinator/store/state_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/postgres_server.h"
 #include "tests/common/test_util.h"
 #include "tests/coordinator/memory_store.h"
 
@@ -18,14 +21,42 @@ namespace {
 
 using ::testing::ElementsAre;
 
-class StoreContractTest : public ::testing::TestWithParam<bool /*sqlite*/> {
+enum class Kind { kSqlite, kPostgres, kMemory };
+
+class StoreContractTest : public ::testing::TestWithParam<Kind> {
  protected:
+  // One server for the suite; a database of its own per test.
+  static void SetUpTestSuite() {
+    auto server = testing::PostgresServer::Start();
+    ASSERT_TRUE(server.ok()) << server.status();
+    postgres_ = server->release();
+  }
+  static void TearDownTestSuite() {
+    delete postgres_;
+    postgres_ = nullptr;
+  }
+
   void SetUp() override { Open(); }
 
   // (Re)opens the store on the same state: a coordinator restart.
   void Open() {
+    if (auto* pg = dynamic_cast<PostgresStore*>(store_.get())) {
+      ASSERT_TRUE(pg->Release(pg->fence()).ok()) << "the next one leads at once";
+    }
     store_.reset();
-    if (GetParam()) {
+    if (GetParam() == Kind::kPostgres) {
+      if (database_.empty()) {
+        database_ = absl::StrCat("contract", ++databases_);
+        ASSERT_TRUE(postgres_->CreateDatabase(database_).ok());
+      }
+      auto store = PostgresStore::Open({postgres_->uri(database_), retention_});
+      ASSERT_TRUE(store.ok()) << store.status();
+      auto epoch = (*store)->TryAcquire("contract-test", "127.0.0.1:1", absl::Seconds(30));
+      ASSERT_TRUE(epoch.ok()) << epoch.status();
+      ASSERT_TRUE(epoch->has_value()) << "the lease was released";
+      (*store)->SetFence(**epoch);
+      store_ = std::move(*store);
+    } else if (GetParam() == Kind::kSqlite) {
       if (dir_.empty()) dir_ = testing::MakeTempDir("store-contract");
       auto store = StateStore::Open(dir_, retention_);
       ASSERT_TRUE(store.ok()) << store.status();
@@ -73,11 +104,17 @@ class StoreContractTest : public ::testing::TestWithParam<bool /*sqlite*/> {
     return m;
   }
 
+  static testing::PostgresServer* postgres_;
+  static int databases_;
+  std::string database_;
   std::string dir_;
   std::shared_ptr<testing::MemoryStore::Data> data_;
   RetentionOptions retention_;
   std::unique_ptr<Store> store_;
 };
+
+testing::PostgresServer* StoreContractTest::postgres_ = nullptr;
+int StoreContractTest::databases_ = 0;
 
 TEST_P(StoreContractTest, RowsAreUpsertedByKeyAndLoadedInOrderAfterARestart) {
   ASSERT_TRUE(store_->SaveJob(Job("b"), 2).ok());
@@ -95,6 +132,10 @@ TEST_P(StoreContractTest, RowsAreUpsertedByKeyAndLoadedInOrderAfterARestart) {
   Open();
   auto loaded = store_->Load();
   ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->cluster_id.size(), 32u) << "made once, kept";
+  const std::string cluster_id = loaded->cluster_id;
+  Open();
+  EXPECT_EQ(store_->Load()->cluster_id, cluster_id);
   ASSERT_EQ(loaded->jobs.size(), 2u);
   EXPECT_EQ(loaded->jobs[0].job.id(), "a") << "in submission order";
   EXPECT_EQ(loaded->jobs[0].seq, 1);
@@ -226,9 +267,15 @@ TEST_P(StoreContractTest, RetentionDeletesJobsWholeAndKeepsTheNewestOutput) {
   EXPECT_THAT(kept_lines, ElementsAre("b", "c"));
 }
 
-INSTANTIATE_TEST_SUITE_P(SqliteAndFake, StoreContractTest, ::testing::Values(true, false),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return info.param ? std::string("Sqlite") : std::string("Memory");
+INSTANTIATE_TEST_SUITE_P(Stores, StoreContractTest,
+                         ::testing::Values(Kind::kSqlite, Kind::kPostgres, Kind::kMemory),
+                         [](const ::testing::TestParamInfo<Kind>& info) {
+                           switch (info.param) {
+                             case Kind::kSqlite: return std::string("Sqlite");
+                             case Kind::kPostgres: return std::string("Postgres");
+                             case Kind::kMemory: return std::string("Memory");
+                           }
+                           return std::string();
                          });
 
 }  // namespace
