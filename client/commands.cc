@@ -22,6 +22,7 @@
 #include "client/sanitize.h"
 #include "common/jobspec/job_spec.h"
 #include "common/json_writer.h"
+#include "common/rpc/leader.h"
 #include "common/rpc/status.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -89,10 +90,44 @@ absl::StatusOr<CtlContext> MakeSecureContext(const std::string& coordinator,
   // grows to two minutes).
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  auto channel = MakeChannel(coordinator, security, args);
-  if (!channel.ok()) return channel.status();
-  ctx.stub = v1::JobService::NewStub(*channel);
+  auto addresses = ParseCoordinatorList(coordinator);
+  if (!addresses.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--coordinator: ", addresses.status().message()));
+  }
+  for (const std::string& address : *addresses) {
+    auto channel = MakeChannel(address, security, args);
+    if (!channel.ok()) return channel.status();
+    ctx.coordinators.push_back(address);
+    ctx.channels.push_back(*channel);
+  }
+  ctx.coordinator = ctx.coordinators.front();
+  ctx.stub = v1::JobService::NewStub(ctx.channels.front());
+  FollowLeader(ctx);
   return ctx;
+}
+
+void FollowLeader(CtlContext& ctx) {
+  if (ctx.coordinators.size() < 2) return;
+  size_t at = 0;
+  for (size_t i = 0; i < ctx.coordinators.size(); ++i) {
+    if (ctx.coordinators[i] == ctx.coordinator) at = i;
+  }
+  // Any answer but UNAVAILABLE (gone, or "not the leader") or a deadline (paused) is
+  // the leader's: an empty job id is refused by it without a lookup.
+  for (size_t tries = 0; tries < 2 * ctx.coordinators.size(); ++tries) {
+    auto stub = v1::JobService::NewStub(ctx.channels[at]);
+    grpc::ClientContext rpc;
+    rpc.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    v1::Job job;
+    const absl::Status st = FromGrpcStatus(stub->GetJob(&rpc, v1::GetJobRequest(), &job));
+    if (!absl::IsUnavailable(st) && !absl::IsDeadlineExceeded(st)) {
+      ctx.coordinator = ctx.coordinators[at];
+      ctx.stub = std::move(stub);
+      return;
+    }
+    at = NextCoordinator(ctx.coordinators, at, st);
+  }
 }
 
 int ReportError(CtlContext& ctx, const absl::Status& status, const std::string& job_id) {
@@ -104,6 +139,15 @@ int ReportError(CtlContext& ctx, const absl::Status& status, const std::string& 
       // The coordinator answered, but its state directory would not take the change.
       if (absl::StrContains(st.message(), "the coordinator could not store")) {
         err << "ddpctl: " << st.message() << "\n";
+        return kCtlFailed;
+      }
+      if (IsNotLeader(st)) {
+        err << "ddpctl: the coordinator at " << ctx.coordinator << " answered: " << st.message()
+            << (ctx.coordinators.size() < 2
+                    ? " (give --coordinator every coordinator's address, comma-separated, and "
+                      "ddpctl finds the leader)"
+                    : "")
+            << "\n";
         return kCtlFailed;
       }
       if (ctx.tls && (absl::StrContains(st.message(), "SSL") ||
@@ -237,6 +281,7 @@ int Watch(CtlContext& ctx, const std::string& job_id) {
         done = true;
         return;
       }
+      FollowLeader(ctx);  // Another coordinator may lead now.
     }
   });
 
@@ -415,6 +460,7 @@ int Logs(CtlContext& ctx, const std::string& job_id, bool follow, int rank, int 
     if (!follow || !reconnect.Retry(st)) {
       return reconnect.lost() ? ReportLost(ctx, st) : ReportError(ctx, st, job_id);
     }
+    FollowLeader(ctx);  // Another coordinator may lead now.
     if (seen) req.set_tail(0);
   }
 }

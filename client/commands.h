@@ -13,6 +13,7 @@
 #include <iosfwd>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -29,7 +30,7 @@ inline constexpr int kCtlCancelled = 3;
 inline constexpr int kCtlLost = 4;
 
 struct CtlContext {
-  std::string coordinator;  // HOST:PORT, for messages.
+  std::string coordinator;  // HOST:PORT, for messages: the one `stub` calls.
   bool tls = false;         // --tls-ca given: a failed handshake is named as such.
   bool json = false;        // -o json
   bool tty = false;         // stdout is a terminal: redraw in place
@@ -38,7 +39,15 @@ struct CtlContext {
   std::unique_ptr<v1::JobService::Stub> stub;
   // How long `watch` and `logs -f` try to reconnect to a coordinator that went away.
   absl::Duration reconnect_for = absl::Seconds(60);
+  // --coordinator a,b (coordinators in standby): every address and its channel.
+  std::vector<std::string> coordinators;
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
 };
+
+// With several coordinators: points ctx.stub at the one that leads, asking each in turn
+// (following the leader a standby names: common/rpc/leader.h); leaves it as it is
+// when none answers. With one, does nothing.
+void FollowLeader(CtlContext& ctx);
 
 // Connects (lazily) to `coordinator`, in plaintext without a token.
 CtlContext MakeContext(const std::string& coordinator, bool json, bool tty, std::ostream* out,

@@ -181,7 +181,9 @@ void DeclareFlags(const std::string& verb, FlagSet& flags, CtlFlags* f) {
   if (v == nullptr) return;
   if (v->needs_coordinator) {
     flags.String("coordinator", &f->coordinator,
-                 "the coordinator's HOST:PORT (default: $DDP_COORDINATOR, then 127.0.0.1:29400)");
+                 "the coordinator's HOST:PORT, or several comma-separated for coordinators in "
+                 "standby (the leader is found and followed) (default: $DDP_COORDINATOR, then "
+                 "127.0.0.1:29400)");
     flags.String("tls-ca", &f->tls_ca,
                  "CA of the coordinator's certificate: connect with TLS (default $DDP_TLS_CA)");
     flags.String("token-file", &f->token_file,

@@ -1,6 +1,7 @@
 // ddp-coordinator: one per cluster. Flags are parsed here and nowhere else.
 //
 //   ddp-coordinator --listen 0.0.0.0:29400 --state-dir /var/lib/ddp
+//   (or --store postgresql://ddp@db/ddp: coordinators in standby, coordinator/standby.h)
 //       --tls-cert coordinator.pem --tls-key coordinator.key --tls-ca ca.pem
 //       --auth-token-file tokens --health-listen 0.0.0.0:29402
 //       --metrics-listen 0.0.0.0:29403 --http-listen 127.0.0.1:29405
@@ -25,6 +26,7 @@
 #include "common/net.h"
 #include "common/version.h"
 #include "coordinator/server.h"
+#include "coordinator/standby.h"
 
 int main(int argc, char** argv) {
   if (ddp::VersionRequested(argc, argv)) {
@@ -39,7 +41,24 @@ int main(int argc, char** argv) {
                      "Runs the cluster's coordinator: job queue, worker registry, rendezvous, "
                      "metrics and logs (gRPC).");
   flags.String("listen", &opts.listen, "HOST:PORT to serve gRPC on (port 0: any free port)");
-  flags.String("state-dir", &opts.state_dir, "directory for the SQLite state (required)");
+  flags.String("state-dir", &opts.state_dir,
+               "directory for the SQLite state (this or --store is required)");
+  flags.String("store", &opts.store_uri,
+               "postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE: the state in PostgreSQL, "
+               "shared by coordinators in standby (one leads; the others take over when it "
+               "dies); instead of --state-dir");
+  flags.Duration("lease-ttl", &opts.lease.ttl,
+                 "with --store: how long the leader's lease lasts unrenewed (a standby takes "
+                 "over within about --lease-ttl + --lease-renew of the leader's death)");
+  flags.Duration("lease-renew", &opts.lease.renew,
+                 "with --store: how often the leader renews its lease and standbys try to "
+                 "take it (at most half of --lease-ttl)");
+  flags.Duration("store-wait", &opts.lease.store_wait,
+                 "with --store: how long to wait at start for an unreachable store before "
+                 "giving up");
+  flags.String("advertise-addr", &opts.advertise_addr,
+               "with --store: the HOST:PORT standbys send clients to while this coordinator "
+               "leads (default: --listen's, or this host's name for a wildcard address)");
   flags.Duration("rpc-deadline", &opts.timing.rpc_deadline, "deadline of workers' RPCs");
   flags.Duration("heartbeat-interval", &opts.timing.heartbeat_interval,
                  "how often workers heartbeat");
@@ -146,6 +165,8 @@ int main(int argc, char** argv) {
     files.rlim_cur = files.rlim_max;
     setrlimit(RLIMIT_NOFILE, &files);
   }
+
+  if (!opts.store_uri.empty()) return ddp::RunStandbyCoordinator(opts, signals, argv);
 
   auto server = ddp::CoordinatorServer::Start(opts);
   if (!server.ok()) {  // The state dir, the port, certificates or tokens.

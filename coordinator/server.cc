@@ -14,12 +14,41 @@
 #include "coordinator/http/dashboard_server.h"
 #include "coordinator/metrics.h"
 #include "coordinator/rpc/request_limits.h"
+#include "coordinator/store/postgres_store.h"
 
 namespace ddp {
 
 absl::Status ValidateServerOptions(const CoordinatorServerOptions& options) {
-  if (options.state_dir.empty()) {
-    return absl::InvalidArgumentError("--state-dir is required (where jobs and metrics live)");
+  if (options.state_dir.empty() == options.store_uri.empty()) {
+    return absl::InvalidArgumentError(
+        options.state_dir.empty()
+            ? "--state-dir (SQLite) or --store (postgresql://...) is required: where jobs and "
+              "metrics live"
+            : "--state-dir and --store: give one (--store shares the state with standby "
+              "coordinators, --state-dir keeps it in this coordinator's SQLite)");
+  }
+  if (!options.store_uri.empty()) {
+    if (absl::Status st = pg::CheckUri(options.store_uri); !st.ok()) return st;
+    const LeaseOptions& lease = options.lease;
+    if (lease.ttl < absl::Seconds(1)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--lease-ttl ", absl::FormatDuration(lease.ttl), ": must be at least 1s"));
+    }
+    if (lease.renew <= absl::ZeroDuration() || lease.renew * 2 > lease.ttl) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--lease-renew ", absl::FormatDuration(lease.renew), " must be above 0 and at most "
+          "half of --lease-ttl ", absl::FormatDuration(lease.ttl),
+          ", so that one late renewal does not depose the leader"));
+    }
+    if (lease.store_wait < absl::ZeroDuration()) {
+      return absl::InvalidArgumentError("--store-wait: must not be negative");
+    }
+    if (!options.advertise_addr.empty()) {
+      if (auto parsed = ParseHostPort(options.advertise_addr); !parsed.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--advertise-addr: ", parsed.status().message()));
+      }
+    }
   }
   if (absl::Status st = ValidateTimeouts(options.timing); !st.ok()) return st;
   if (absl::Status st = ValidateRetention(options.retention); !st.ok()) return st;
@@ -82,7 +111,7 @@ absl::Status ValidateServerOptions(const CoordinatorServerOptions& options) {
 }
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
-    const CoordinatorServerOptions& options, Clock* clock) {
+    const CoordinatorServerOptions& options, Clock* clock, std::shared_ptr<Store> store) {
   if (absl::Status st = ValidateServerOptions(options); !st.ok()) return st;
   auto listen = ParseHostPort(options.listen);
   // Credentials first: unusable certificate or token files stop us before the state
@@ -95,10 +124,15 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   if (!auth.ok()) return auth.status();
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
   s->auth_ = *std::move(auth);
-  // Locks the state dir: a second coordinator on it stops here.
-  auto store = StateStore::Open(options.state_dir, options.retention);
-  if (!store.ok()) return store.status();
-  s->store_ = std::move(*store);
+  if (options.gate) s->auth_->SetGate(options.gate);
+  if (store != nullptr) {
+    s->store_ = std::move(store);
+  } else {
+    // Locks the state dir: a second coordinator on it stops here.
+    auto opened = StateStore::Open(options.state_dir, options.retention);
+    if (!opened.ok()) return opened.status();
+    s->store_ = std::move(*opened);
+  }
   s->hub_ = std::make_unique<EventHub>(s->store_.get(), clock, EventHub::Options{});
   s->coordinator_ =
       std::make_unique<Coordinator>(options.timing, s->store_.get(), s->hub_.get(), clock,
@@ -184,7 +218,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
                     : options.tls.ca_file.empty() ? " (TLS)"
                                                   : " (TLS, worker certificates verified)")
                 << (options.auth.token_file.empty() ? "" : " with tokens")
-                << ", state in " << options.state_dir;
+                << ", state in "
+                << (options.store_uri.empty() ? options.state_dir
+                                              : "PostgreSQL " + pg::Redact(options.store_uri));
   if (s->health_) DDP_LOG(INFO) << "health service on port " << s->health_->port();
   if (s->metrics_server_) {
     DDP_LOG(INFO) << "Prometheus metrics on http://" << ParseHostPort(options.metrics_listen)->host

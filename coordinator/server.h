@@ -7,6 +7,7 @@
 
 #include <grpcpp/server.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -28,9 +29,29 @@ class CoordinatorMetricsExporter;  // coordinator/metrics.h
 class MetricsServer;               // common/metrics/metrics_server.h
 class DashboardServer;             // coordinator/http/dashboard_server.h
 
+// Coordinators in standby over a PostgreSQL store (coordinator/standby.h).
+struct LeaseOptions {
+  // --lease-ttl: how long a leader's lease lasts unrenewed; a standby takes over once
+  // it lapsed (a leader killed: within about ttl + renew).
+  absl::Duration ttl = absl::Seconds(3);
+  // --lease-renew: how often the leader renews it (and standbys try to take it): at
+  // most ttl / 2, so one failed renewal does not depose a leader.
+  absl::Duration renew = absl::Seconds(1);
+  // --store-wait: how long a coordinator starting waits for an unreachable store
+  // before it gives up (exit 1). One that stepped down waits without end.
+  absl::Duration store_wait = absl::Seconds(30);
+};
+
 struct CoordinatorServerOptions {
   std::string listen = "127.0.0.1:29400";
   std::string state_dir;
+  // --store postgresql://...: the state in PostgreSQL, shared by coordinators in
+  // standby (instead of --state-dir).
+  std::string store_uri;
+  LeaseOptions lease;
+  // --advertise-addr: the HOST:PORT standbys name as the leader's when this one leads
+  // (default: --listen's, or this host's name when --listen is a wildcard).
+  std::string advertise_addr;
   CoordinatorOptions timing;
   RetentionOptions retention;
   absl::Duration tick = absl::Milliseconds(100);  // Housekeeping period.
@@ -56,6 +77,9 @@ struct CoordinatorServerOptions {
   // start; ReloadQuotas() reads the file again.
   std::vector<std::string> quota_flags;
   std::string quota_file;
+  // Asked before every call (Authorizer::SetGate): a leader whose lease lapsed refuses
+  // calls. Empty: none.
+  std::function<absl::Status()> gate;
 };
 
 // The quotas of --quota entries and --quota-file (one OWNER=SLOTS per line, `#`
@@ -63,7 +87,8 @@ struct CoordinatorServerOptions {
 absl::StatusOr<Quotas> LoadQuotas(const std::vector<std::string>& flags,
                                   const std::string& file);
 
-// INVALID_ARGUMENT naming the flag: a missing --state-dir, a bad --listen, timeouts
+// INVALID_ARGUMENT naming the flag: neither or both of --state-dir and --store, a
+// malformed --store URI, lease timings out of order, a bad --listen, timeouts
 // out of order, retention, queue and stream limits < 1, a --listen address that
 // other machines can reach without TLS (--tls-cert/--tls-key) and tokens
 // (--auth-token-file), and a non-loopback --http-listen (plain HTTP), unless
@@ -74,9 +99,12 @@ class CoordinatorServer {
  public:
   // Errors: INVALID_ARGUMENT (options), UNAVAILABLE (state dir in use by another
   // coordinator or unusable, port in use), DATA_LOSS (a state database that is not
-  // ours). The state dir stays locked until the server is destroyed.
+  // ours). The state dir stays locked until the server is destroyed. With `store`
+  // (the PostgreSQL store of a coordinator that took the lead), the state is that
+  // store's, not --state-dir's.
   static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(
-      const CoordinatorServerOptions& options, Clock* clock = RealClock());
+      const CoordinatorServerOptions& options, Clock* clock = RealClock(),
+      std::shared_ptr<Store> store = nullptr);
   ~CoordinatorServer();
 
   int port() const { return port_; }
@@ -99,7 +127,7 @@ class CoordinatorServer {
   // Housekeeping's health check: "" follows whether the store writes.
   void UpdateHealth();
 
-  std::unique_ptr<StateStore> store_;
+  std::shared_ptr<Store> store_;
   std::unique_ptr<EventHub> hub_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<CoordinatorMetricsExporter> metrics_;

@@ -3,6 +3,9 @@
 #include <pthread.h>
 #include <systemd/sd-daemon.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <ctime>
 #include <iostream>
 
 namespace ddp::daemon {
@@ -46,6 +49,17 @@ int ShutdownSignals::Wait() {
   while (sigwait(&set_, &sig) != 0) {
   }
   return sig;
+}
+
+int ShutdownSignals::WaitFor(absl::Duration timeout) {
+  const int64_t ns = std::max<int64_t>(0, absl::ToInt64Nanoseconds(timeout));
+  struct timespec ts = {static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  for (;;) {
+    const int sig = sigtimedwait(&set_, nullptr, &ts);
+    if (sig > 0) return sig;
+    if (errno == EAGAIN) return 0;
+    // EINTR: another signal interrupted the wait; wait again (a little long, at worst).
+  }
 }
 
 const char* ShutdownSignals::Name(int sig) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "common/flags.h"
 
 namespace ddp::daemon {
@@ -45,6 +46,8 @@ class ShutdownSignals {
   // Blocks until one of the signals arrives and returns it (SIGHUP only with
   // `reload`: the caller reloads and waits again).
   int Wait();
+  // As Wait(), for at most `timeout`: 0 when none arrived.
+  int WaitFor(absl::Duration timeout);
   static const char* Name(int sig);
 
  private:

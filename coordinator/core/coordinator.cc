@@ -404,6 +404,7 @@ absl::Status Coordinator::Recover() {
   auto loaded = store_->Load();
   if (!loaded.ok()) return loaded.status();
   {
+    cluster_id_ = loaded->cluster_id;  // Before any call is served.
     TouchList touched(hub_);  // Tells the hub which jobs are finished.
     absl::MutexLock lock(&mu_);
     const absl::Time now = clock_->Now();

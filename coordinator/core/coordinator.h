@@ -47,9 +47,11 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -372,6 +374,25 @@ class Coordinator {
   EventHub* const hub_;
   Clock* const clock_;
   StoreWriter writer_;
+  // Numbered event batches the store did not take (their workers send them again):
+  // shared with the ingest queue's answers, which may run as the coordinator goes.
+  class UnstoredBatches {
+   public:
+    void Add(const std::string& worker, const std::string& incarnation, int64_t seq) {
+      absl::MutexLock lock(&mu_);
+      keys_.emplace(worker, incarnation, seq);
+    }
+    // Whether the batch was one of them (it is not any more).
+    bool Take(const std::string& worker, const std::string& incarnation, int64_t seq) {
+      absl::MutexLock lock(&mu_);
+      return keys_.erase({worker, incarnation, seq}) > 0;
+    }
+
+   private:
+    absl::Mutex mu_;
+    std::set<std::tuple<std::string, std::string, int64_t>> keys_ ABSL_GUARDED_BY(mu_);
+  };
+  std::shared_ptr<UnstoredBatches> unstored_ = std::make_shared<UnstoredBatches>();
   IngestQueue ingest_;  // Trainer events on their way to the hub.
   TaskWaiters task_waiters_;  // Open WaitForTasks calls.
 
@@ -401,6 +422,8 @@ class Coordinator {
   // Jobs whose active attempt's stall watch is armed, checked once a second.
   StallChecks stall_checks_ ABSL_GUARDED_BY(mu_);
   int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  // The store's, told to workers: set by Recover, before any call is served.
+  std::string cluster_id_;
   absl::Time last_retention_ ABSL_GUARDED_BY(mu_);
   absl::BitGen rng_ ABSL_GUARDED_BY(mu_);
   int64_t heartbeats_ ABSL_GUARDED_BY(mu_) = 0;

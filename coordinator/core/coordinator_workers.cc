@@ -105,6 +105,7 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterReq
   resp.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
   resp.set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(options_.heartbeat_timeout));
   resp.set_rpc_deadline_ms(absl::ToInt64Milliseconds(options_.rpc_deadline));
+  resp.set_cluster_id(cluster_id_);
   return resp;
 }
 
@@ -263,6 +264,7 @@ v1::HeartbeatResponse Coordinator::DesiredLocked(WorkerRecord& worker,
                                                  StoreWriter::Ticket* commit_first) {
   v1::HeartbeatResponse resp;
   resp.set_desired_version(worker.desired_version);
+  resp.set_cluster_id(cluster_id_);
   for (std::string& w : registry_.Witnesses(worker.info.name(), kWitnesses)) {
     resp.add_witnesses(std::move(w));
   }
@@ -488,13 +490,14 @@ void Coordinator::ReportEvents(const v1::ReportEventsRequest& req, ReportDone do
     }
     WorkerRecord& worker = **w;
     if (req.batch_seq() > 0) {
-      if (req.batch_seq() <= worker.last_batch_seq) {
+      if (req.batch_seq() <= worker.last_batch_seq &&
+          !unstored_->Take(req.worker(), req.incarnation(), req.batch_seq())) {
         DDP_LOG(INFO) << "worker " << req.worker() << " re-sent batch " << req.batch_seq()
                       << ", already applied: dropped";
         done(absl::OkStatus());
         return;
       }
-      worker.last_batch_seq = req.batch_seq();
+      worker.last_batch_seq = std::max(worker.last_batch_seq, req.batch_seq());
     }
     if (req.dropped() > 0) {
       DDP_LOG(WARNING) << "worker " << req.worker() << " dropped " << req.dropped()
@@ -551,8 +554,22 @@ void Coordinator::ReportEvents(const v1::ReportEventsRequest& req, ReportDone do
   // dropped by the restarted coordinator too (Recover loads the numbers).
   BatchMark mark;
   if (req.batch_seq() > 0) mark = {req.worker(), req.incarnation(), req.batch_seq()};
-  ingest_.Post(std::move(known), [done = std::move(done)] { done(absl::OkStatus()); },
-               std::move(mark));
+  ingest_.Post(
+      std::move(known),
+      [unstored = unstored_, done = std::move(done), worker = req.worker(),
+       incarnation = req.incarnation(), seq = req.batch_seq()](absl::Status stored) {
+        if (!stored.ok()) {
+          // Not stored: the worker keeps the batch and sends it again (here, or to the
+          // coordinator that leads next), and here it is taken again.
+          if (seq > 0) unstored->Add(worker, incarnation, seq);
+          done(absl::UnavailableError(absl::StrCat(
+              "the coordinator could not store the events (", stored.message(),
+              "); send them again")));
+          return;
+        }
+        done(absl::OkStatus());
+      },
+      std::move(mark));
 }
 
 void Coordinator::WaitForTasks(const v1::WaitForTasksRequest& req, TaskWaiters::Done done) {

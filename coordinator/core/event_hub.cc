@@ -97,9 +97,10 @@ void EventHub::Unsubscribe(const std::string& job_id, const Listener* listener) 
   }
 }
 
-void EventHub::Ingest(const std::vector<v1::ReportedEvent>& events,
-                      const std::vector<BatchMark>& marks) {
+absl::Status EventHub::Ingest(const std::vector<v1::ReportedEvent>& events,
+                              const std::vector<BatchMark>& marks) {
   std::vector<std::shared_ptr<Listener>> to_notify;
+  absl::Status stored;
   {
     absl::MutexLock lock(&mu_);
     struct Batch {
@@ -161,7 +162,16 @@ void EventHub::Ingest(const std::vector<v1::ReportedEvent>& events,
         s.set_val_loss(epoch.has_val_loss() ? epoch.val_loss() : std::nan(""));
         s.set_val_accuracy(epoch.has_val_accuracy() ? epoch.val_accuracy() : std::nan(""));
         s.set_time_ms(now_ms);
-        feed.epochs.push_back(s);
+        // An epoch re-sent (its batch was not stored the first time) replaces itself.
+        auto same = std::find_if(feed.epochs.begin(), feed.epochs.end(),
+                                 [&](const v1::EpochSummary& x) {
+                                   return x.attempt() == s.attempt() && x.epoch() == s.epoch();
+                                 });
+        if (same != feed.epochs.end()) {
+          *same = s;
+        } else {
+          feed.epochs.push_back(s);
+        }
         batch.epochs.push_back(std::move(s));
       }
       std::string text = DescribeEvent(e);
@@ -173,9 +183,10 @@ void EventHub::Ingest(const std::vector<v1::ReportedEvent>& events,
       outputs.push_back({job_id, std::move(batch.metrics), std::move(batch.epochs),
                          std::move(batch.logs)});
     }
-    absl::Status st = store_->AppendAll(outputs, marks);
-    if (!st.ok()) {
-      DDP_LOG(ERROR) << "storing events of " << batches.size() << " job(s): " << st;
+    stored = store_->AppendAll(outputs, marks);
+    if (!stored.ok()) {
+      DDP_LOG(ERROR) << "storing events of " << batches.size() << " job(s): " << stored
+                     << " (their workers send them again)";
     }
     for (auto& [job_id, batch] : batches) {
       auto ls = ListenersLocked(job_id);
@@ -184,6 +195,7 @@ void EventHub::Ingest(const std::vector<v1::ReportedEvent>& events,
     }
   }
   for (const auto& l : to_notify) l->Notify();
+  return stored;
 }
 
 void EventHub::Touch(const std::string& job_id) {

@@ -58,7 +58,8 @@ class EventHub {
 
   // Records workers' batches and wakes the listeners of the jobs they touched. The
   // events and `marks` (the batches' numbers) are stored in one transaction.
-  void Ingest(const std::vector<v1::ReportedEvent>& events,
+  // Returns whether the store took them (the feeds have them either way).
+  absl::Status Ingest(const std::vector<v1::ReportedEvent>& events,
               const std::vector<BatchMark>& marks = {});
   // Wakes a job's listeners (its state changed).
   void Touch(const std::string& job_id);

@@ -17,7 +17,8 @@ IngestQueue::~IngestQueue() {
   thread_.join();
 }
 
-void IngestQueue::Post(std::vector<v1::ReportedEvent> events, std::function<void()> done,
+void IngestQueue::Post(std::vector<v1::ReportedEvent> events,
+                       std::function<void(absl::Status)> done,
                        BatchMark mark) {
   absl::MutexLock lock(&mu_);
   ++stats_.batches;
@@ -49,8 +50,9 @@ void IngestQueue::Loop() {
                     std::make_move_iterator(b.events.end()));
       if (b.mark.batch_seq > 0) marks.push_back(std::move(b.mark));
     }
-    if (!events.empty() || !marks.empty()) hub_->Ingest(events, marks);
-    for (Batch& b : batches) b.done();
+    absl::Status stored;
+    if (!events.empty() || !marks.empty()) stored = hub_->Ingest(events, marks);
+    for (Batch& b : batches) b.done(stored);
   }
 }
 

@@ -33,9 +33,10 @@ class IngestQueue {
   IngestQueue& operator=(const IngestQueue&) = delete;
 
   // Queues `events` (in order after those posted before) and runs `done` on the
-  // queue's thread once the hub has them. `done` must not block. `mark` (a numbered
+  // queue's thread once the hub has them, with whether the store took them (an error:
+  // the sender should send them again). `done` must not block. `mark` (a numbered
   // batch; batch_seq 0: none) is stored in the events' transaction.
-  void Post(std::vector<v1::ReportedEvent> events, std::function<void()> done,
+  void Post(std::vector<v1::ReportedEvent> events, std::function<void(absl::Status)> done,
             BatchMark mark = {});
 
   struct Stats {
@@ -47,7 +48,7 @@ class IngestQueue {
  private:
   struct Batch {
     std::vector<v1::ReportedEvent> events;
-    std::function<void()> done;
+    std::function<void(absl::Status)> done;
     BatchMark mark;
   };
   void Loop();

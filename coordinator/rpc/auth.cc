@@ -183,6 +183,9 @@ absl::StatusOr<Identity> Authorizer::Identify(const PresentedCredentials& p,
 absl::StatusOr<Identity> Authorizer::Authorize(const PresentedCredentials& p, Method method,
                                                const std::string& worker,
                                                absl::string_view how) const {
+  if (gate_) {
+    if (absl::Status st = gate_(); !st.ok()) return st;
+  }
   const bool worker_method = IsWorkerMethod(method);
   if (worker_method ? !workers_authenticated() : !jobs_authenticated()) {
     Identity open;

@@ -34,6 +34,7 @@
 
 #include <grpcpp/server_context.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -101,6 +102,11 @@ class Authorizer {
     return Authorize(CredentialsOf(ctx), method, worker);
   }
 
+  // Asked before anything else on every call of the gRPC services and the dashboard:
+  // an error refuses the call with it (a coordinator whose lease lapsed: "not the
+  // leader"). Set once, before serving.
+  void SetGate(std::function<absl::Status()> gate) { gate_ = std::move(gate); }
+
   // Re-reads the token file now. On error the previous table stays in force.
   absl::Status Reload();
   // Re-reads it if its size or modification time changed since the last read.
@@ -117,6 +123,7 @@ class Authorizer {
                                     absl::string_view how) const;
 
   const AuthOptions options_;
+  std::function<absl::Status()> gate_;
   mutable absl::Mutex mu_;
   TokenTable tokens_ ABSL_GUARDED_BY(mu_);
   std::string file_stamp_ ABSL_GUARDED_BY(mu_);  // Size and mtime of the last read.

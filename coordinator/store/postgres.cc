@@ -1,5 +1,7 @@
 #include "coordinator/store/postgres.h"
 
+#include "coordinator/store/postgres_store.h"
+
 #include <cmath>
 #include <cstdlib>
 #include <utility>
@@ -13,6 +15,22 @@
 #include "absl/strings/strip.h"
 
 namespace ddp::pg {
+namespace {
+
+// libpq's messages span lines ("...failed: Connection refused\n\tIs the server
+// running..."): one line for logs and statuses.
+std::string OneLine(absl::string_view text) {
+  std::string out;
+  for (absl::string_view part : absl::StrSplit(text, absl::ByAnyChar("\n\t"), absl::SkipEmpty())) {
+    part = absl::StripAsciiWhitespace(part);
+    if (part.empty()) continue;
+    if (!out.empty()) out.append(" ");
+    out.append(part.data(), part.size());
+  }
+  return out;
+}
+
+}  // namespace
 
 Params::Value& Params::At(int i) {
   if (static_cast<int>(values_.size()) < i) values_.resize(static_cast<size_t>(i));
@@ -98,9 +116,8 @@ absl::Status Conn::Connect() {
     std::string msg = conn_ != nullptr ? PQerrorMessage(conn_) : "out of memory";
     PQfinish(conn_);
     conn_ = nullptr;
-    return absl::UnavailableError(absl::StrCat("cannot reach the PostgreSQL store at ",
-                                               Describe(), ": ",
-                                               absl::StripAsciiWhitespace(msg)));
+    return absl::UnavailableError(
+        absl::StrCat("cannot reach the PostgreSQL store at ", Describe(), ": ", OneLine(msg)));
   }
   if (!session_sql_.empty()) {
     PGresult* res = PQexec(conn_, session_sql_.c_str());
@@ -114,9 +131,8 @@ absl::Status Conn::Connect() {
 absl::Status Conn::ErrorOf(PGresult* res, const std::string& sql) {
   const ExecStatusType status = res != nullptr ? PQresultStatus(res) : PGRES_FATAL_ERROR;
   if (status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK) return absl::OkStatus();
-  std::string msg(absl::StripAsciiWhitespace(res != nullptr ? PQresultErrorMessage(res)
-                                                            : PQerrorMessage(conn_)));
-  if (msg.empty()) msg = PQerrorMessage(conn_);
+  std::string msg = OneLine(res != nullptr ? PQresultErrorMessage(res) : PQerrorMessage(conn_));
+  if (msg.empty()) msg = OneLine(PQerrorMessage(conn_));
   const char* state = res != nullptr ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : nullptr;
   const std::string sqlstate = state != nullptr ? state : "";
   if (PQstatus(conn_) != CONNECTION_OK || absl::StartsWith(sqlstate, "08") ||

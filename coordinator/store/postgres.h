@@ -121,13 +121,6 @@ class Transaction {
   bool open_ = false;
 };
 
-// The URI with any password replaced by ***, for messages and logs.
-std::string Redact(const std::string& uri);
-
-// Checks a connection URI's syntax (not the server): INVALID_ARGUMENT naming the
-// problem.
-absl::Status CheckUri(const std::string& uri);
-
 }  // namespace ddp::pg
 
 #endif  // DDP_COORDINATOR_STORE_POSTGRES_H_

@@ -130,6 +130,14 @@ class PostgresStore final : public Store {
 // A process's id as a lease holder: "host:pid:random".
 std::string LeaderId();
 
+namespace pg {
+// The URI with any password replaced by ***, for messages and logs.
+std::string Redact(const std::string& uri);
+// Checks a connection URI's syntax (not the server): INVALID_ARGUMENT naming the
+// problem (--store).
+absl::Status CheckUri(const std::string& uri);
+}  // namespace pg
+
 }  // namespace ddp
 
 #endif  // DDP_COORDINATOR_STORE_POSTGRES_STORE_H_

@@ -43,7 +43,8 @@ TEST(IngestQueueTest, EveryBatchIsAnsweredOnceStoredAndInOrder) {
     int answered = 0;
     int stored_when_answered_min = 1 << 30;
     for (int b = 0; b < kBatches; ++b) {
-      queue.Post(Lines(b % 2 ? "odd" : "even", b * 10, 10), [&, b] {
+      queue.Post(Lines(b % 2 ? "odd" : "even", b * 10, 10), [&, b](absl::Status stored) {
+        EXPECT_TRUE(stored.ok()) << stored;
         // The batch's own last line is in SQLite by the time it is answered.
         auto lines = (*store)->ReadLogs(b % 2 ? "odd" : "even", 0, std::nullopt, 100000);
         absl::MutexLock lock(&mu);

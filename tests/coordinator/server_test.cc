@@ -95,7 +95,32 @@ TEST(CoordinatorServerTest, BadOptionsNameTheFlag) {
                        HasSubstr("--max-log-bytes-per-job: must be >= 1")));
   o = Options("");
   EXPECT_THAT(ValidateServerOptions(o),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--state-dir is required")));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--state-dir (SQLite) or --store (postgresql://...) is required")));
+  o = Options(testing::MakeTempDir("server-flags"));
+  o.store_uri = "postgresql://ddp@db/ddp";
+  EXPECT_THAT(ValidateServerOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--state-dir and --store: give one")));
+  o = Options("");
+  o.store_uri = "postgres-ish://db";
+  EXPECT_THAT(ValidateServerOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a PostgreSQL URI")));
+  o.store_uri = "postgresql://ddp@db/ddp";
+  EXPECT_TRUE(ValidateServerOptions(o).ok());
+  o.lease.renew = absl::Seconds(2);  // Of a 3 s lease: one late renewal would depose it.
+  EXPECT_THAT(ValidateServerOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--lease-renew 2s must be above 0 and at most half of "
+                                 "--lease-ttl 3s")));
+  o.lease = LeaseOptions();
+  o.lease.ttl = absl::Milliseconds(500);
+  EXPECT_THAT(ValidateServerOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--lease-ttl 500ms")));
+  o.lease = LeaseOptions();
+  o.advertise_addr = "db";
+  EXPECT_THAT(ValidateServerOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--advertise-addr")));
 }
 
 // A channel with a TCP connection of its own (gRPC would otherwise share one between

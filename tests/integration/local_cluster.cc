@@ -20,6 +20,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "common/net.h"
@@ -169,11 +170,23 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const Options&
   // A free port below the ephemeral range: connecting to a closed ephemeral port on
   // loopback can "succeed" by TCP self-connect while the coordinator restarts.
   absl::BitGen gen;
-  for (int tries = 0; tries < 100 && c->port_ == 0; ++tries) {
+  const int wanted = options.store_uri.empty() ? 1 : options.coordinators;
+  for (int tries = 0; tries < 100 * wanted && static_cast<int>(c->ports_.size()) < wanted;
+       ++tries) {
     const int candidate = absl::Uniform(gen, 20000, 32000);
-    if (PortIsFree(candidate)) c->port_ = candidate;
+    if (PortIsFree(candidate) &&
+        std::find(c->ports_.begin(), c->ports_.end(), candidate) == c->ports_.end()) {
+      c->ports_.push_back(candidate);
+    }
   }
-  if (c->port_ == 0) return absl::UnavailableError("no free port for the coordinator");
+  if (static_cast<int>(c->ports_.size()) < wanted) {
+    return absl::UnavailableError("no free port for the coordinator");
+  }
+  c->port_ = c->ports_.front();
+  if (!options.store_uri.empty()) {
+    c->coordinators_.resize(static_cast<size_t>(wanted));
+    c->coordinator_logs_.resize(static_cast<size_t>(wanted));
+  }
   if (absl::Status st = c->StartCoordinator(); !st.ok()) return st;
   for (int i = 0; i < options.workers; ++i) {
     if (absl::Status st = c->StartWorker(absl::StrCat("w", i + 1), options.slots); !st.ok()) {
@@ -189,11 +202,86 @@ LocalCluster::~LocalCluster() {
     if (w) w->Terminate(absl::Seconds(10));  // Agents stop their trainers first.
   }
   if (coordinator_) coordinator_->Terminate(absl::Seconds(5));
+  for (auto& c : coordinators_) {
+    if (c == nullptr) continue;
+    c->Signal(SIGCONT);  // A test may have paused it.
+    c->Terminate(absl::Seconds(5));
+  }
+  coordinator_logs_.clear();
 }
 
-std::string LocalCluster::address() const { return absl::StrCat("127.0.0.1:", port_); }
+std::string LocalCluster::address() const {
+  return absl::StrJoin(ports_, ",", [](std::string* out, int port) {
+    absl::StrAppend(out, "127.0.0.1:", port);
+  });
+}
+
+std::string LocalCluster::coordinator_log(int i) {
+  auto& log = coordinator_logs_[static_cast<size_t>(i)];
+  return log ? log->text() : "";
+}
+
+bool LocalCluster::WaitForCoordinatorLog(int i, const std::string& needle,
+                                         absl::Duration timeout) {
+  auto& log = coordinator_logs_[static_cast<size_t>(i)];
+  return log != nullptr && log->WaitFor(needle, timeout);
+}
+
+absl::StatusOr<int> LocalCluster::Leader(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  std::string last;
+  do {
+    for (size_t i = 0; i < ports_.size(); ++i) {
+      auto channel = MakeChannel(absl::StrCat("127.0.0.1:", ports_[i]), security_);
+      if (!channel.ok()) return channel.status();
+      auto stub = v1::JobService::NewStub(*channel);
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)));
+      v1::ListWorkersResponse resp;
+      grpc::Status st = stub->ListWorkers(&ctx, v1::ListWorkersRequest(), &resp);
+      if (st.ok()) {
+        stub_ = std::move(stub);
+        return static_cast<int>(i);
+      }
+      last = st.error_message();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  } while (absl::Now() < deadline);
+  return absl::UnavailableError(absl::StrCat("no coordinator leads (", last, ")"));
+}
+
+absl::Status LocalCluster::StartCoordinatorAt(int i) {
+  SpawnOptions o;
+  o.argv = {BinDir() + "/ddp-coordinator", "--listen",
+            absl::StrCat("127.0.0.1:", ports_[static_cast<size_t>(i)]), "--store",
+            options_.store_uri, "--store-wait=20s"};
+  o.argv.insert(o.argv.end(), kTimingFlags.begin(), kTimingFlags.end());
+  o.argv.insert(o.argv.end(), options_.coordinator_flags.begin(),
+                options_.coordinator_flags.end());
+  o.argv.push_back(absl::StrCat("--heartbeat-timeout=",
+                                absl::ToInt64Milliseconds(options_.heartbeat_timeout), "ms"));
+  o.capture_stderr = true;
+  auto proc = Subprocess::Spawn(o);
+  if (!proc.ok()) return proc.status();
+  auto& slot = coordinators_[static_cast<size_t>(i)];
+  if (slot != nullptr) slot->Terminate(absl::Seconds(5));
+  coordinator_logs_[static_cast<size_t>(i)].reset();
+  slot = std::move(*proc);
+  coordinator_logs_[static_cast<size_t>(i)] = std::make_unique<OutputCollector>(slot->stderr_fd());
+  return absl::OkStatus();
+}
 
 absl::Status LocalCluster::StartCoordinator() {
+  if (!options_.store_uri.empty()) {
+    for (int i = 0; i < coordinators(); ++i) {
+      if (coordinators_[static_cast<size_t>(i)] != nullptr &&
+          !coordinators_[static_cast<size_t>(i)]->TryWait().has_value()) {
+        continue;
+      }
+      if (absl::Status st = StartCoordinatorAt(i); !st.ok()) return st;
+    }
+    return Leader().status();
+  }
   SpawnOptions o;
   o.argv = {BinDir() + "/ddp-coordinator", "--listen", address(), "--state-dir",
             dir_ + "/state"};
@@ -212,6 +300,7 @@ absl::Status LocalCluster::StartCoordinator() {
     if (!token.ok()) return token.status();
     security.token = *token;
   }
+  security_ = security;
   auto proc = Subprocess::Spawn(o);
   if (!proc.ok()) return proc.status();
   coordinator_ = std::move(*proc);
@@ -326,6 +415,8 @@ absl::Status LocalCluster::WaitForWorkers(int n, absl::Duration timeout) {
       int alive = 0;
       for (const auto& w : resp.workers()) alive += w.alive();
       if (alive >= n) return absl::OkStatus();
+    } else if (!coordinators_.empty()) {
+      (void)Leader(absl::Seconds(1));
     }
     // Registration is asynchronous in other processes; poll the coordinator.
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -371,6 +462,11 @@ absl::StatusOr<v1::Job> LocalCluster::GetJob(const std::string& job_id, bool his
   req.set_metric_history(history);
   v1::Job job;
   absl::Status st = FromGrpcStatus(stub_->GetJob(&ctx, req, &job));
+  if (absl::IsUnavailable(st) && !coordinators_.empty() && Leader().ok()) {
+    grpc::ClientContext again;
+    again.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    st = FromGrpcStatus(stub_->GetJob(&again, req, &job));
+  }
   if (!st.ok()) return st;
   return job;
 }
@@ -378,20 +474,29 @@ absl::StatusOr<v1::Job> LocalCluster::GetJob(const std::string& job_id, bool his
 absl::StatusOr<v1::Job> LocalCluster::WaitFor(const std::string& job_id,
                                               const std::function<bool(const v1::Job&)>& pred,
                                               absl::Duration timeout) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  const absl::Time deadline = absl::Now() + timeout;
   v1::WatchJobRequest req;
   req.set_job_id(job_id);
-  auto reader = stub_->WatchJob(&ctx, req);
   v1::Job job;
-  while (reader->Read(&job)) {
-    if (pred(job)) {
-      ctx.TryCancel();
-      reader->Finish();
-      return job;
+  absl::Status st;
+  for (;;) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    auto reader = stub_->WatchJob(&ctx, req);
+    while (reader->Read(&job)) {
+      if (pred(job)) {
+        ctx.TryCancel();
+        reader->Finish();
+        return job;
+      }
+    }
+    st = FromGrpcStatus(reader->Finish());
+    // With standbys, a takeover ends the stream: follow the new leader.
+    if (!absl::IsUnavailable(st) || coordinators_.empty() || absl::Now() >= deadline ||
+        !Leader(deadline - absl::Now()).ok()) {
+      break;
     }
   }
-  absl::Status st = FromGrpcStatus(reader->Finish());
   if (!st.ok()) return st;
   return absl::FailedPreconditionError(
       absl::StrCat("job ", job_id, " ended (", job.state(), ") before the condition held"));

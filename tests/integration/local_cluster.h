@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/process.h"
+#include "common/rpc/credentials.h"
 #include "ddp/v1/job_service.grpc.pb.h"
 
 namespace ddp::testing {
@@ -75,10 +76,16 @@ class LocalCluster {
     // than the test's: a path under /proc/self/cwd then names a different directory on
     // each "node", so one node can lack what the others have.
     bool worker_cwd_own_dir = false;
+    // Coordinators in standby: this many, each on a port of its own, all with --store
+    // `store_uri` (a PostgreSQL database) instead of a state directory; workers and
+    // ddpctl are given every address. Their stderr is collected (coordinator_log).
+    std::string store_uri;
+    int coordinators = 1;
   };
   static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const Options& options);
   ~LocalCluster();
 
+  // HOST:PORT of the coordinator; with standbys, all of them comma-separated.
   std::string address() const;
   const std::string& dir() const { return dir_; }
 
@@ -103,8 +110,23 @@ class LocalCluster {
 
   // SIGTERM (or `sig`) to the coordinator, waiting for it to exit.
   ExitStatus StopCoordinator(int sig);
-  // Starts a coordinator again on the same port and state directory.
+  // Starts a coordinator again on the same port and state directory (with standbys:
+  // every one not running), and waits until one serves.
   absl::Status StartCoordinator();
+
+  // Coordinators in standby (Options::store_uri).
+  int coordinators() const { return static_cast<int>(coordinators_.size()); }
+  Subprocess* coordinator(int i) { return coordinators_[static_cast<size_t>(i)].get(); }
+  int coordinator_port(int i) const { return ports_[static_cast<size_t>(i)]; }
+  // What coordinator i has written to stderr so far.
+  std::string coordinator_log(int i);
+  // Waits until coordinator i's log holds `needle`.
+  bool WaitForCoordinatorLog(int i, const std::string& needle, absl::Duration timeout);
+  // Which coordinator leads: the one that answers calls (the harness's own calls then
+  // go to it); polls until one does or `timeout` passes.
+  absl::StatusOr<int> Leader(absl::Duration timeout = absl::Seconds(20));
+  // Starts coordinator i again (after it exited).
+  absl::Status StartCoordinatorAt(int i);
   Subprocess& worker(int i) { return *workers_[static_cast<size_t>(i)]; }
   // Starts one more worker, named `name` (the first ones are w1, w2, ...); it is
   // worker(n) for the n workers before it.
@@ -122,8 +144,12 @@ class LocalCluster {
 
   Options options_;
   std::string dir_;
-  int port_ = 0;
-  std::unique_ptr<Subprocess> coordinator_;
+  int port_ = 0;  // ports_[0].
+  std::vector<int> ports_;
+  std::unique_ptr<Subprocess> coordinator_;  // Without standbys.
+  std::vector<std::unique_ptr<Subprocess>> coordinators_;  // With them.
+  std::vector<std::unique_ptr<OutputCollector>> coordinator_logs_;
+  ChannelSecurity security_;
   std::vector<std::unique_ptr<Subprocess>> workers_;
   std::vector<int> health_ports_;  // Each worker's --health-listen port.
   std::vector<int> metrics_ports_;  // Each worker's --metrics-listen port (0: none).

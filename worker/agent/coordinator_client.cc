@@ -5,8 +5,13 @@
 #include <grpcpp/create_channel.h>
 #include <grpcpp/support/channel_arguments.h>
 
+#include <set>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
+#include "common/rpc/leader.h"
 #include "common/rpc/status.h"
 #include "ddp/v1/worker_service.grpc.pb.h"
 
@@ -106,6 +111,110 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
 };
 
 }  // namespace
+
+namespace {
+
+class FollowingClient final : public CoordinatorClient {
+ public:
+  FollowingClient(std::vector<std::string> addresses,
+                  std::vector<std::unique_ptr<CoordinatorClient>> clients)
+      : addresses_(std::move(addresses)), clients_(std::move(clients)) {}
+
+  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& req,
+                                                absl::Duration deadline) override {
+    return Call(true, [&](CoordinatorClient& c) { return c.Register(req, deadline); });
+  }
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req,
+                                                  absl::Duration deadline) override {
+    return Call(true, [&](CoordinatorClient& c) { return c.Heartbeat(req, deadline); });
+  }
+  absl::Status ReportEvents(const v1::ReportEventsRequest& req, absl::Duration deadline) override {
+    return Call(true, [&](CoordinatorClient& c) { return c.ReportEvents(req, deadline); });
+  }
+  absl::StatusOr<v1::WaitForTasksResponse> WaitForTasks(const v1::WaitForTasksRequest& req,
+                                                        absl::Duration deadline) override {
+    return Call(false, [&](CoordinatorClient& c) { return c.WaitForTasks(req, deadline); });
+  }
+  void CancelWaits() override {
+    for (auto& c : clients_) c->CancelWaits();
+  }
+  absl::Status Leave(const v1::LeaveRequest& req, absl::Duration deadline) override {
+    return Call(true, [&](CoordinatorClient& c) { return c.Leave(req, deadline); });
+  }
+
+ private:
+  static const absl::Status& StatusOf(const absl::Status& s) { return s; }
+  template <typename T>
+  static const absl::Status& StatusOf(const absl::StatusOr<T>& s) {
+    return s.status();
+  }
+  static const std::string* ClusterOf(const absl::Status&) { return nullptr; }
+  template <typename T>
+  static const std::string* ClusterOf(const absl::StatusOr<T>& s) {
+    if constexpr (std::is_same_v<T, v1::RegisterResponse> ||
+                  std::is_same_v<T, v1::HeartbeatResponse>) {
+      if (s.ok()) return &s->cluster_id();
+    }
+    return nullptr;
+  }
+
+  template <typename Fn>
+  auto Call(bool move_on_deadline, Fn&& fn) -> decltype(fn(std::declval<CoordinatorClient&>())) {
+    size_t at;
+    {
+      absl::MutexLock lock(&mu_);
+      at = current_;
+    }
+    auto result = fn(*clients_[at]);
+    const absl::Status& st = StatusOf(result);
+    if (absl::IsUnavailable(st) || (move_on_deadline && absl::IsDeadlineExceeded(st))) {
+      MoveOn(at, st);
+      return result;
+    }
+    if (const std::string* cluster = ClusterOf(result); cluster != nullptr && !cluster->empty()) {
+      absl::MutexLock lock(&mu_);
+      if (cluster_.empty()) {
+        cluster_ = *cluster;
+        cluster_at_ = addresses_[at];
+      } else if (*cluster != cluster_) {
+        absl::Status refused = absl::FailedPreconditionError(absl::StrCat(
+            "the coordinator at ", addresses_[at], " serves another cluster (store cluster id ",
+            *cluster, ") than the one this worker joined through ", cluster_at_, " (", cluster_,
+            "): every --coordinator address must be a coordinator of the same store; not "
+            "following it"));
+        if (warned_.insert(addresses_[at]).second) DDP_LOG(ERROR) << refused.message();
+        current_ = (at + 1) % clients_.size();
+        return refused;
+      }
+    }
+    return result;
+  }
+
+  void MoveOn(size_t from, const absl::Status& why) {
+    absl::MutexLock lock(&mu_);
+    if (current_ != from) return;  // Another call moved already.
+    current_ = NextCoordinator(addresses_, from, why);
+    if (current_ != from) {
+      DDP_LOG(INFO) << "coordinator " << addresses_[from] << ": " << why.message() << "; trying "
+                    << addresses_[current_];
+    }
+  }
+
+  const std::vector<std::string> addresses_;
+  const std::vector<std::unique_ptr<CoordinatorClient>> clients_;
+  absl::Mutex mu_;
+  size_t current_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string cluster_ ABSL_GUARDED_BY(mu_);     // The first cluster id answered.
+  std::string cluster_at_ ABSL_GUARDED_BY(mu_);  // Who answered it.
+  std::set<std::string> warned_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+std::unique_ptr<CoordinatorClient> MakeFollowingCoordinatorClient(
+    std::vector<std::string> addresses, std::vector<std::unique_ptr<CoordinatorClient>> clients) {
+  return std::make_unique<FollowingClient>(std::move(addresses), std::move(clients));
+}
 
 std::unique_ptr<CoordinatorClient> MakeGrpcCoordinatorClient(const std::string& target) {
   return MakeGrpcCoordinatorClient(

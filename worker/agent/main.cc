@@ -31,7 +31,9 @@ int main(int argc, char** argv) {
   ddp::FlagSet flags("ddp-worker",
                      "Node agent: registers this node's slots with ddp-coordinator and runs one "
                      "ddp-trainer per local rank of the jobs it is given.");
-  flags.String("coordinator", &options.coordinator, "the coordinator's HOST:PORT");
+  flags.String("coordinator", &options.coordinator,
+               "the coordinator's HOST:PORT; several, comma-separated, for coordinators in "
+               "standby (the worker follows the leader)");
   flags.String("name", &opts.name, "this worker's unique name (default: the host name)");
   flags.Int("slots", &options.slots, "trainer slots (default: one per GPU, or 1 on a CPU-only node)");
   flags.String("gpus", &options.gpus,

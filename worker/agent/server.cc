@@ -17,6 +17,7 @@
 #include "common/logging.h"
 #include "common/metrics/metrics_server.h"
 #include "common/net.h"
+#include "common/rpc/leader.h"
 #include "worker/agent/agent_metrics.h"
 #include "worker/agent/coordinator_client.h"
 #include "worker/agent/gpu_inventory.h"
@@ -149,10 +150,12 @@ absl::StatusOr<ExecPolicy> ExecPolicyFromFlags(const std::vector<std::string>& e
 absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOptions options) {
   AgentOptions& opts = options.agent;
   ChannelSecurity& security = options.security;
-  auto target = ParseHostPort(options.coordinator);
-  if (!target.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--coordinator: ", target.status().message()));
+  auto coordinators = ParseCoordinatorList(options.coordinator);
+  if (!coordinators.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--coordinator: ", coordinators.status().message()));
   }
+  auto target = ParseHostPort(coordinators->front());
   if (opts.name.empty() && !security.cert_file.empty()) {
     auto cn = CertificateCommonName(security.cert_file);
     if (cn.ok()) opts.name = *cn;  // The name the certificate lets us speak for.
@@ -168,8 +171,17 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
     }
     security.token = *token;
   }
-  auto channel = MakeChannel(options.coordinator, security, CoordinatorChannelArgs());
-  if (!channel.ok()) return absl::InvalidArgumentError(channel.status().message());
+  // One channel per coordinator (several: coordinators in standby; calls follow the
+  // leader).
+  std::vector<std::unique_ptr<CoordinatorClient>> clients;
+  for (const std::string& address : *coordinators) {
+    auto channel = MakeChannel(address, security, CoordinatorChannelArgs());
+    if (!channel.ok()) return absl::InvalidArgumentError(channel.status().message());
+    clients.push_back(MakeGrpcCoordinatorClient(*channel));
+  }
+  std::unique_ptr<CoordinatorClient> client =
+      clients.size() == 1 ? std::move(clients.front())
+                          : MakeFollowingCoordinatorClient(*coordinators, std::move(clients));
   auto roots = CanonicalRoots(options.allow_roots);
   if (!roots.ok()) return absl::InvalidArgumentError(roots.status().message());
   opts.allowed_roots = *roots;
@@ -278,7 +290,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
   }
   server->agent_options_ = opts;
   server->agent_ =
-      std::make_unique<Agent>(opts, MakeGrpcCoordinatorClient(*channel), RealClock());
+      std::make_unique<Agent>(opts, std::move(client), RealClock());
   server->agent_metrics_ = MakeAgentMetrics(server->agent_.get());
   if (!options.metrics_listen.empty()) {
     auto started = MetricsServer::Start(options.metrics_listen);
