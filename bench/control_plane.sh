@@ -16,7 +16,8 @@
 # unschedulable (10000), CONNECTIONS they
 # share (0: one each), COORDINATOR (build/bin/ddp-coordinator), TAG (prefixes the
 # result files), PORT (29811), INTERVAL (the coordinator's --heartbeat-interval, which
-# the agents follow: 1s).
+# the agents follow: 1s), LOADGEN_FLAGS (more ddp-loadgen flags for every scenario, e.g.
+# --heartbeat-stream: heartbeats over one stream per agent, as ddp-worker sends them).
 #
 # Scenarios:
 #   idle           AGENTS (10,000) agents, nothing to run; `ddpctl workers` timed meanwhile
@@ -86,8 +87,9 @@ time_ddpctl_workers() {
 loadgen() {  # loadgen RESULT.json ARGS...
   local json="$1"
   shift
+  # shellcheck disable=SC2086  # LOADGEN_FLAGS: words on purpose.
   "$bin/ddp-loadgen" --coordinator "127.0.0.1:$port" --coordinator-pid "$coordinator_pid" \
-    --json "$json" "$@" || echo "ddp-loadgen failed (exit $?)"
+    --json "$json" ${LOADGEN_FLAGS:-} "$@" || echo "ddp-loadgen failed (exit $?)"
 }
 
 run_scenario() {

@@ -356,6 +356,9 @@ int main(int argc, char** argv) {
   flags.Duration("step-every", &o.sim.step_every,
                  "a step event per rank this often while running (0: none)");
   flags.Int("never-start", &o.sim.never_start, "the first N agents never report trainers up");
+  flags.Bool("heartbeat-stream", &o.sim.stream,
+             "heartbeats over one WorkerService.HeartbeatStream per agent, as ddp-worker sends "
+             "them (default: a unary Heartbeat call each, as agents before the stream did)");
   flags.Duration("warmup", &o.warmup, "after registering, before measuring");
   flags.Duration("duration", &o.duration, "the measurement window");
   flags.Int("coordinator-pid", &o.coordinator_pid,

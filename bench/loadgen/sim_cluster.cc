@@ -30,6 +30,101 @@ std::string CodeName(grpc::StatusCode code) {
 
 }  // namespace
 
+// One agent's heartbeat stream: a beat is written, its answer read, then the next.
+// Held open (AddHold) until Close(); a stream that breaks answers its beat with the
+// status the coordinator ended it with, and the agent opens another at its next beat.
+class SimCluster::BeatStream final
+    : public grpc::ClientBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse> {
+ public:
+  BeatStream(SimCluster* sim, Agent* agent) : sim_(sim), agent_(agent) {
+    agent->stub->async()->HeartbeatStream(&ctx_, this);  // Binds the call: holds after.
+    AddHold();
+    StartCall();
+  }
+  void Send(Beat beat) {
+    {
+      absl::MutexLock lock(&mu_);
+      beat_ = std::move(beat);
+    }
+    StartWrite(&beat_.req);
+  }
+  // Ends the stream (the agent stops, or it broke); OnDone follows.
+  void Close(bool writes_done) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!held_) return;
+      held_ = false;
+    }
+    if (writes_done) StartWritesDone();
+    RemoveHold();
+  }
+  void OnWriteDone(bool ok) override {
+    if (ok) {
+      StartRead(&resp_);
+    } else {
+      Broke();
+    }
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Broke();
+      return;
+    }
+    Beat beat;
+    {
+      absl::MutexLock lock(&mu_);
+      beat = std::move(beat_);
+    }
+    sim_->Answered(*agent_, grpc::Status::OK, resp_, std::move(beat));
+  }
+  void OnDone(const grpc::Status& status) override {
+    bool pending;
+    Beat beat;
+    {
+      absl::MutexLock lock(&mu_);
+      pending = broken_;
+      beat = std::move(beat_);
+    }
+    {
+      absl::MutexLock lock(&agent_->mu);
+      if (agent_->stream == this) agent_->stream = nullptr;
+    }
+    // The beat in flight when it broke is answered with the stream's status.
+    if (pending) {
+      sim_->Answered(*agent_, status.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "closed")
+                                          : status,
+                     v1::HeartbeatResponse(), std::move(beat));
+    }
+    {
+      absl::MutexLock lock(&sim_->mu_);
+      --sim_->open_streams_;
+    }
+    delete this;
+  }
+
+ private:
+  void Broke() {
+    {
+      absl::MutexLock lock(&mu_);
+      broken_ = true;
+    }
+    {
+      absl::MutexLock lock(&agent_->mu);
+      if (agent_->stream == this) agent_->stream = nullptr;  // The next beat opens another.
+    }
+    Close(/*writes_done=*/false);
+  }
+
+  SimCluster* const sim_;
+  Agent* const agent_;
+  grpc::ClientContext ctx_;
+  v1::HeartbeatResponse resp_;
+  absl::Mutex mu_;
+  Beat beat_ ABSL_GUARDED_BY(mu_);
+  bool held_ ABSL_GUARDED_BY(mu_) = true;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 double WindowStats::Percentile(double p) const {
   if (latency_ms.empty()) return 0;
   const size_t i = std::min(latency_ms.size() - 1,
@@ -175,9 +270,23 @@ void SimCluster::Stop() {
   }
   for (std::thread& t : drivers_) t.join();
   drivers_.clear();
+  {
+    absl::MutexLock lock(&mu_);
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return in_flight_ == 0; };
+    mu_.Await(absl::Condition(&idle));
+  }
+  for (auto& agent : agents_) {
+    BeatStream* stream;
+    {
+      absl::MutexLock lock(&agent->mu);
+      stream = agent->stream;
+      agent->stream = nullptr;
+    }
+    if (stream != nullptr) stream->Close(/*writes_done=*/true);
+  }
   absl::MutexLock lock(&mu_);
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return in_flight_ == 0; };
-  mu_.Await(absl::Condition(&idle));
+  auto closed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return open_streams_ == 0; };
+  mu_.Await(absl::Condition(&closed));
 }
 
 void SimCluster::Loop(int shard) {
@@ -294,6 +403,23 @@ void SimCluster::SendHeartbeat(Agent& agent, absl::Time now) {
   // Timed from now, not from when the beat was due: a driver running late must not
   // shorten the coordinator's time to answer.
   now = absl::Now();
+  if (options_.stream) {
+    BeatStream* stream;
+    {
+      absl::MutexLock lock(&agent.mu);
+      if (agent.stream == nullptr) {
+        {
+          absl::MutexLock sim_lock(&mu_);
+          ++open_streams_;
+        }
+        agent.stream = new BeatStream(this, &agent);
+      }
+      stream = agent.stream;
+    }
+    stream->Send(Beat{std::move(call->req), now, reports_up, std::move(exits)});
+    delete call;
+    return;
+  }
   call->ctx.set_deadline(absl::ToChronoTime(now + deadline));
   agent.stub->async()->Heartbeat(
       &call->ctx, &call->req, &call->resp,
@@ -302,6 +428,12 @@ void SimCluster::SendHeartbeat(Agent& agent, absl::Time now) {
         delete call;
         CallDone();
       });
+}
+
+void SimCluster::Answered(Agent& agent, const grpc::Status& status,
+                          const v1::HeartbeatResponse& resp, Beat beat) {
+  OnHeartbeat(agent, status, resp, beat.sent, beat.reports_up, std::move(beat.exits));
+  CallDone();
 }
 
 void SimCluster::OnHeartbeat(Agent& agent, const grpc::Status& st,

@@ -10,7 +10,7 @@
 // agents never report their trainers up (a hung start).
 //
 // Agents share `connections` channels (each its own TCP connection), or have one
-// each. A heartbeat is never sent while the agent's previous one is in flight: such
+// each. Heartbeats are unary calls, or (`stream`) beats on one stream per agent. A heartbeat is never sent while the agent's previous one is in flight: such
 // a beat is counted as skipped, so the achieved rate is honest.
 //
 // Lifecycle: construct, RegisterAll(), Start() the driver threads, measure with
@@ -50,6 +50,9 @@ struct SimOptions {
   absl::Duration train_time = absl::Seconds(10);
   absl::Duration step_every = absl::ZeroDuration();  // Zero: no step events.
   int never_start = 0;
+  // Heartbeats over one WorkerService.HeartbeatStream per agent (as ddp-worker sends
+  // them) instead of a unary call each (the previous design, and old agents).
+  bool stream = false;
 };
 
 // What happened in a measurement window.
@@ -106,6 +109,14 @@ class SimCluster {
     int64_t global_step = 0;
   };
   using TaskKey = std::pair<std::string, int>;
+  class BeatStream;
+  // What a beat in flight carries, for its answer.
+  struct Beat {
+    v1::HeartbeatRequest req;
+    absl::Time sent;
+    bool reports_up = false;
+    std::vector<TaskKey> exits;
+  };
   struct Agent {
     int index = 0;
     std::string name;
@@ -116,6 +127,7 @@ class SimCluster {
     bool heartbeat_in_flight ABSL_GUARDED_BY(mu) = false;
     bool report_in_flight ABSL_GUARDED_BY(mu) = false;
     std::map<TaskKey, FakeTask> tasks ABSL_GUARDED_BY(mu);
+    BeatStream* stream ABSL_GUARDED_BY(mu) = nullptr;  // Open (SimOptions::stream).
     int64_t batch_seq ABSL_GUARDED_BY(mu) = 0;
     absl::Time first_task ABSL_GUARDED_BY(mu) = absl::InfinitePast();
     absl::Time up_sent ABSL_GUARDED_BY(mu) = absl::InfinitePast();
@@ -131,6 +143,9 @@ class SimCluster {
                    absl::Time sent, bool reported_up, std::vector<TaskKey> exits_sent);
   void CallStarted();
   void CallDone();
+  // The beat's answer arrived (or the call failed with `status`).
+  void Answered(Agent& agent, const grpc::Status& status, const v1::HeartbeatResponse& resp,
+                Beat beat);
 
   const SimOptions options_;
   std::vector<std::shared_ptr<grpc::Channel>> channels_;
@@ -147,6 +162,7 @@ class SimCluster {
   absl::Time window_start_ ABSL_GUARDED_BY(mu_);
   WindowStats window_ ABSL_GUARDED_BY(mu_);
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t open_streams_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int64_t> reregistrations_{0};
   std::vector<std::thread> drivers_;
 };

@@ -562,7 +562,9 @@ void Coordinator::ReportEvents(const v1::ReportEventsRequest& req, ReportDone do
           // Not stored: the worker keeps the batch and sends it again (here, or to the
           // coordinator that leads next), and here it is taken again.
           if (seq > 0) unstored->Add(worker, incarnation, seq);
-          done(absl::UnavailableError(absl::StrCat(
+          // ABORTED, not UNAVAILABLE: the leader answered (a client of several
+          // coordinators must not look for another), and agents keep and resend.
+          done(absl::AbortedError(absl::StrCat(
               "the coordinator could not store the events (", stored.message(),
               "); send them again")));
           return;

@@ -106,6 +106,8 @@ class Authorizer {
   // an error refuses the call with it (a coordinator whose lease lapsed: "not the
   // leader"). Set once, before serving.
   void SetGate(std::function<absl::Status()> gate) { gate_ = std::move(gate); }
+  // The gate's answer now (OK without one): long-lived calls ask it again.
+  absl::Status Gate() const { return gate_ ? gate_() : absl::OkStatus(); }
 
   // Re-reads the token file now. On error the previous table stays in force.
   absl::Status Reload();

@@ -488,6 +488,77 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(grpc::CallbackServerConte
   return reactor;
 }
 
+namespace {
+
+// One agent's heartbeat stream: read a beat, answer it as Heartbeat does, read the
+// next. One operation in flight at a time; the caller is admitted on the first beat
+// (its worker name must be its own) and every later beat must name the same worker.
+// The serving gate (a leader whose lease lapsed) is asked at every beat.
+class HeartbeatStreamReactor final
+    : public grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse> {
+ public:
+  HeartbeatStreamReactor(grpc::CallbackServerContext* ctx, Coordinator* coordinator,
+                         const Authorizer* auth)
+      : ctx_(ctx), coordinator_(coordinator), auth_(auth) {
+    StartRead(&req_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // The agent closed its side (or went away).
+      Finish(grpc::Status::OK);
+      return;
+    }
+    absl::Status admitted;
+    if (worker_.empty()) {
+      admitted = Admit(auth_, *ctx_, Method::kHeartbeat, absl::OkStatus(), req_.worker()).status();
+      worker_ = req_.worker();
+    } else if (req_.worker() != worker_) {
+      admitted = absl::InvalidArgumentError(absl::StrCat(
+          "a heartbeat stream carries one worker's beats: this one began as ", worker_,
+          ", not ", req_.worker()));
+    } else {
+      admitted = auth_->Gate();
+    }
+    if (!admitted.ok()) {
+      Finish(ToGrpcStatus(admitted));
+      return;
+    }
+    coordinator_->Heartbeat(req_, [this](absl::StatusOr<v1::HeartbeatResponse> r) {
+      if (!r.ok()) {
+        Finish(ToGrpcStatus(r.status()));
+        return;
+      }
+      resp_ = *std::move(r);
+      StartWrite(&resp_);
+    });
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the heartbeat stream broke"));
+      return;
+    }
+    StartRead(&req_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  grpc::CallbackServerContext* const ctx_;
+  Coordinator* const coordinator_;
+  const Authorizer* const auth_;
+  std::string worker_;  // Named by the first beat.
+  v1::HeartbeatRequest req_;
+  v1::HeartbeatResponse resp_;
+};
+
+}  // namespace
+
+grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse>*
+WorkerServiceImpl::HeartbeatStream(grpc::CallbackServerContext* ctx) {
+  return new HeartbeatStreamReactor(ctx, coordinator_, auth_);
+}
+
 grpc::ServerUnaryReactor* WorkerServiceImpl::ReportEvents(grpc::CallbackServerContext* ctx,
                                                           const v1::ReportEventsRequest* req,
                                                           v1::ReportEventsResponse* resp) {

@@ -111,6 +111,8 @@ class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
                                       const v1::HeartbeatRequest* req,
                                       v1::HeartbeatResponse* resp) override;
+  grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse>* HeartbeatStream(
+      grpc::CallbackServerContext* ctx) override;
   grpc::ServerUnaryReactor* ReportEvents(grpc::CallbackServerContext* ctx,
                                          const v1::ReportEventsRequest* req,
                                          v1::ReportEventsResponse* resp) override;

@@ -215,6 +215,37 @@ class StreamingTest : public ::testing::Test {
   int epochs_ = 0;
 };
 
+TEST_F(StreamingTest, AHeartbeatStreamAnswersEveryBeatOfItsWorkerAndEndsAtAnother) {
+  grpc::ClientContext ctx;
+  auto stream = workers_->HeartbeatStream(&ctx);
+  v1::HeartbeatRequest beat;
+  beat.set_worker("w1");
+  beat.set_incarnation("inc");
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(stream->Write(beat));
+    v1::HeartbeatResponse resp;
+    ASSERT_TRUE(stream->Read(&resp)) << "beat " << i << " answered";
+    ASSERT_EQ(resp.tasks_size(), 1) << "the job's task, as a unary heartbeat gets it";
+    EXPECT_EQ(resp.tasks(0).job_id(), job_id_);
+    EXPECT_FALSE(resp.cluster_id().empty());
+  }
+  beat.set_worker("w2");
+  ASSERT_TRUE(stream->Write(beat));
+  v1::HeartbeatResponse resp;
+  EXPECT_FALSE(stream->Read(&resp));
+  const grpc::Status st = stream->Finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("this one began as w1, not w2"));
+
+  grpc::ClientContext unknown_ctx;
+  auto unknown = workers_->HeartbeatStream(&unknown_ctx);
+  beat.set_worker("nobody");
+  ASSERT_TRUE(unknown->Write(beat));
+  EXPECT_FALSE(unknown->Read(&resp));
+  EXPECT_EQ(unknown->Finish().error_code(), grpc::StatusCode::NOT_FOUND)
+      << "as Heartbeat: register first";
+}
+
 TEST_F(StreamingTest, AStalledWatcherHoldsUpNeitherIngestionNorOtherWatchersAndGetsTheNewest) {
   // Every update carries the whole epoch history: over 100 KB, more than the stalled
   // reader's window.

@@ -6,6 +6,7 @@
 #include <grpcpp/support/channel_arguments.h>
 
 #include <set>
+#include <thread>
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
@@ -39,10 +40,90 @@ grpc::ChannelArguments CoordinatorChannelArgs() {
 
 namespace {
 
+// Cancels a call that outlives its deadline: what a stream's messages, which have no
+// deadline of their own, need. One call armed at a time.
+class Watchdog {
+ public:
+  Watchdog() : thread_([this] { Loop(); }) {}
+  ~Watchdog() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+  }
+  void Arm(grpc::ClientContext* ctx, absl::Time until) {
+    absl::MutexLock lock(&mu_);
+    ++generation_;
+    ctx_ = ctx;
+    until_ = until;
+    fired_ = false;
+  }
+  // Whether it had to cancel the call.
+  bool Disarm() {
+    absl::MutexLock lock(&mu_);
+    ++generation_;
+    ctx_ = nullptr;
+    return fired_;
+  }
+
+ private:
+  void Loop() {
+    absl::MutexLock lock(&mu_);
+    while (!stop_) {
+      const uint64_t generation = generation_;
+      auto changed = [this, generation]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || generation_ != generation;
+      };
+      if (ctx_ == nullptr) {
+        mu_.Await(absl::Condition(&changed));
+        continue;
+      }
+      if (!mu_.AwaitWithDeadline(absl::Condition(&changed), until_)) {
+        ctx_->TryCancel();
+        ctx_ = nullptr;
+        fired_ = true;
+      }
+    }
+  }
+
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  grpc::ClientContext* ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
+  absl::Time until_ ABSL_GUARDED_BY(mu_);
+  bool fired_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
 class GrpcCoordinatorClient final : public CoordinatorClient {
  public:
   explicit GrpcCoordinatorClient(std::shared_ptr<grpc::Channel> channel)
       : stub_(v1::WorkerService::NewStub(std::move(channel))) {}
+  ~GrpcCoordinatorClient() override {
+    absl::MutexLock lock(&beat_mu_);
+    if (stream_ != nullptr) {
+      beat_ctx_->TryCancel();
+      (void)stream_->Finish();
+    }
+  }
+
+  // Heartbeats go over one stream (WorkerService.HeartbeatStream), opened again after
+  // it breaks; a coordinator without it (UNIMPLEMENTED) gets unary calls from then on.
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req,
+                                                  absl::Duration deadline) override {
+    {
+      absl::MutexLock lock(&beat_mu_);
+      if (!unary_only_) {
+        auto beat = StreamBeatLocked(req, deadline);
+        if (!absl::IsUnimplemented(beat.status())) return beat;
+        unary_only_ = true;
+        DDP_LOG(INFO) << "the coordinator has no heartbeat stream (an older release): "
+                         "heartbeats go as single calls";
+      }
+    }
+    return UnaryHeartbeat(req, deadline);
+  }
 
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& req,
                                                 absl::Duration deadline) override {
@@ -54,8 +135,8 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     return resp;
   }
 
-  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req,
-                                                  absl::Duration deadline) override {
+  absl::StatusOr<v1::HeartbeatResponse> UnaryHeartbeat(const v1::HeartbeatRequest& req,
+                                                       absl::Duration deadline) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
     v1::HeartbeatResponse resp;
@@ -104,7 +185,37 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
   }
 
  private:
+  absl::StatusOr<v1::HeartbeatResponse> StreamBeatLocked(const v1::HeartbeatRequest& req,
+                                                         absl::Duration deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(beat_mu_) {
+    if (stream_ == nullptr) {
+      beat_ctx_ = std::make_unique<grpc::ClientContext>();
+      stream_ = stub_->HeartbeatStream(beat_ctx_.get());
+    }
+    watchdog_.Arm(beat_ctx_.get(), absl::Now() + deadline);
+    v1::HeartbeatResponse resp;
+    const bool answered = stream_->Write(req) && stream_->Read(&resp);
+    const bool expired = watchdog_.Disarm();
+    if (answered) return resp;
+    // The stream is over: its status says why; the next beat opens another.
+    const grpc::Status st = stream_->Finish();
+    stream_.reset();
+    beat_ctx_.reset();
+    if (expired) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no answer to a heartbeat within ", absl::FormatDuration(deadline)));
+    }
+    if (st.ok()) return absl::UnavailableError("the coordinator closed the heartbeat stream");
+    return FromGrpcStatus(st);
+  }
+
   std::unique_ptr<v1::WorkerService::Stub> stub_;
+  absl::Mutex beat_mu_;  // One beat at a time: the stream carries one exchange.
+  std::unique_ptr<grpc::ClientContext> beat_ctx_ ABSL_GUARDED_BY(beat_mu_);
+  std::unique_ptr<grpc::ClientReaderWriter<v1::HeartbeatRequest, v1::HeartbeatResponse>> stream_
+      ABSL_GUARDED_BY(beat_mu_);
+  bool unary_only_ ABSL_GUARDED_BY(beat_mu_) = false;
+  Watchdog watchdog_;
   absl::Mutex wait_mu_;
   grpc::ClientContext* wait_ctx_ ABSL_GUARDED_BY(wait_mu_) = nullptr;  // The open poll.
   bool waits_cancelled_ ABSL_GUARDED_BY(wait_mu_) = false;
@@ -166,6 +277,16 @@ class FollowingClient final : public CoordinatorClient {
       at = current_;
     }
     auto result = fn(*clients_[at]);
+    if (auto leader = LeaderNamedIn(StatusOf(result))) {
+      // A standby named the leader: ask it at once rather than miss a beat.
+      for (size_t i = 0; i < addresses_.size(); ++i) {
+        if (addresses_[i] != *leader || i == at) continue;
+        MoveOn(at, StatusOf(result));
+        at = i;
+        result = fn(*clients_[at]);
+        break;
+      }
+    }
     const absl::Status& st = StatusOf(result);
     if (absl::IsUnavailable(st) || (move_on_deadline && absl::IsDeadlineExceeded(st))) {
       MoveOn(at, st);

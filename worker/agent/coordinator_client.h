@@ -74,10 +74,11 @@ std::unique_ptr<CoordinatorClient> MakeGrpcCoordinatorClient(
     std::shared_ptr<grpc::Channel> channel);
 
 // Several coordinators in standby (--coordinator a:29400,b:29400): calls go to one of
-// `clients` (addresses[i]'s), first the first. A call that finds it gone or not leading
-// (UNAVAILABLE; a deadline, except a long poll's) moves the next call to the leader it
-// named (common/rpc/leader.h), or else to the next address; the failed call returns its
-// error, which the agent handles as any outage. The first cluster id a coordinator
+// `clients` (addresses[i]'s), first the first. A standby's answer naming the leader
+// (common/rpc/leader.h) sends the call on to it at once. A call that finds its
+// coordinator gone or not leading (UNAVAILABLE; a deadline, except a long poll's)
+// moves the next call to the named leader, or else to the next address; the failed
+// call returns its error, which the agent handles as any outage. The first cluster id a coordinator
 // answers with is kept: a coordinator of another store (another cluster id) is refused
 // with FAILED_PRECONDITION naming both, and the next call moves on.
 std::unique_ptr<CoordinatorClient> MakeFollowingCoordinatorClient(
