@@ -108,9 +108,15 @@ std::string Conn::Describe() const {
 absl::Status Conn::Connect() {
   if (conn_ != nullptr && PQstatus(conn_) == CONNECTION_OK) return absl::OkStatus();
   PQfinish(conn_);
-  // Defaults first: the URI, expanded after them, overrides what it sets itself.
-  const char* keys[] = {"connect_timeout", "application_name", "dbname", nullptr};
-  const char* values[] = {"3", "ddp-coordinator", uri_.c_str(), nullptr};
+  // Defaults first: the URI, expanded after them, overrides what it sets itself. A
+  // server that goes silent (a partition, a dead host) fails a call within seconds
+  // (unacknowledged data: tcp_user_timeout; an idle connection: keepalives) instead of
+  // when TCP gives up, minutes later.
+  const char* keys[] = {"connect_timeout", "application_name", "tcp_user_timeout",
+                        "keepalives",      "keepalives_idle",  "keepalives_interval",
+                        "keepalives_count", "dbname",          nullptr};
+  const char* values[] = {"3", "ddp-coordinator", "3000", "1", "1", "1", "3",
+                          uri_.c_str(), nullptr};
   conn_ = PQconnectdbParams(keys, values, /*expand_dbname=*/1);
   if (conn_ == nullptr || PQstatus(conn_) != CONNECTION_OK) {
     std::string msg = conn_ != nullptr ? PQerrorMessage(conn_) : "out of memory";

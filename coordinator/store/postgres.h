@@ -87,6 +87,7 @@ class Conn {
   absl::Status ExecScript(const std::string& sql);
   // The server's address as the URI gave it, for messages ("host:port/db").
   std::string Describe() const;
+  bool connected() const { return conn_ != nullptr && PQstatus(conn_) == CONNECTION_OK; }
 
  private:
   absl::Status ErrorOf(PGresult* res, const std::string& sql);
@@ -101,7 +102,8 @@ class Transaction {
  public:
   explicit Transaction(Conn& conn) : conn_(conn) {}
   ~Transaction() {
-    if (open_) (void)conn_.ExecScript("ROLLBACK");
+    // A connection that broke took its transaction with it: nothing to roll back.
+    if (open_ && conn_.connected()) (void)conn_.ExecScript("ROLLBACK");
   }
   Transaction(const Transaction&) = delete;
   Transaction& operator=(const Transaction&) = delete;
