@@ -4,6 +4,10 @@
 #   - `systemd-analyze verify` passes with no warning about them (unknown keys, bad
 #     values and missing binaries are all reported there);
 #   - every ${VAR} that ExecStart uses is set in the unit's /etc/ddp environment file;
+#   - the coordinator's state option (DDP_STATE_OPTION) keeps SQLite in /var/lib/ddp by
+#     default, also for an environment file written before it existed, and ExecStart,
+#     expanded as systemd does, is a command line the built ddp-coordinator accepts
+#     with SQLite and with --store (coordinators in standby);
 #   - both are Type=notify, run as the ddp user, sandboxed, and the worker's trainers
 #     are bounded and cannot take the agent down with an OOM.
 # Usage: systemd_units_test.sh SOURCE_DIR BIN_DIR. Exits 77 (skipped) without
@@ -63,6 +67,61 @@ for pair in coordinator:ddp-coordinator worker:ddp-worker; do
   done
 done
 grep '^ExecStart=' "${units[0]}" | grep -q -- '--auth-token-file ' || fail "the coordinator lacks --auth-token-file"
+
+# Where the coordinator's state lives: the whole option in DDP_STATE_OPTION, SQLite by
+# default (the unit's Environment= covers an older coordinator.env without it), split
+# into words on the command line ($VAR unbraced).
+coord_env="$tmp/etc/ddp/coordinator.env"
+check "${units[0]}" 'Environment="DDP_STATE_OPTION=--state-dir /var/lib/ddp"'
+grep -qx 'DDP_STATE_OPTION=--state-dir /var/lib/ddp' "$coord_env" ||
+  fail "coordinator.env does not keep the SQLite state in /var/lib/ddp by default"
+exec_line=$(sed -n 's/^ExecStart=//p' "${units[0]}")
+grep -q ' \$DDP_STATE_OPTION ' <<<"$exec_line" || fail "ExecStart does not split \$DDP_STATE_OPTION into words"
+if grep -qE -- '--state-dir|--store' <<<"$exec_line"; then
+  fail "ExecStart names --state-dir or --store itself (both at once are refused)"
+fi
+[ "$(stat -c %a "$coord_env")" = 640 ] || fail "coordinator.env (which may hold the store's password) is not 0640"
+
+# ExecStart as systemd expands it (${VAR}: one word; $VAR: split at whitespace), the
+# unit's Environment= first and the environment file over it, run with the built
+# coordinator. Exit 1 naming --tls-cert (the example certificates are not there) means
+# every flag before them was accepted; a flag error would be exit 2.
+run_execstart() {  # ENV_FILE; prints the exit code, the output goes to $tmp/out
+  (
+    export DDP_STATE_OPTION
+    DDP_STATE_OPTION=$(sed -n 's/^Environment="DDP_STATE_OPTION=\(.*\)"$/\1/p' "${units[0]}")
+    while IFS= read -r l; do
+      [[ $l =~ ^([A-Za-z_][A-Za-z0-9_]*)=(.*)$ ]] || continue
+      name=${BASH_REMATCH[1]} value=${BASH_REMATCH[2]}
+      [[ $value =~ ^\'(.*)\'$ ]] && value=${BASH_REMATCH[1]}
+      export "$name=$value"
+    done <"$1"
+    eval "args=($(sed 's/\${\([A-Za-z_]*\)}/"${\1}"/g' <<<"$exec_line"))"
+    rc=0
+    timeout 20 "${args[@]}" >"$tmp/out" 2>&1 || rc=$?
+    echo "$rc"
+  )
+}
+if [ -x "$bin/ddp-coordinator" ]; then
+  sed 's#^DDP_STATE_OPTION=.*#DDP_STATE_OPTION=--store postgresql://ddp@db.example.com:5432/ddp#
+       s#^DDP_COORDINATOR_FLAGS=.*#DDP_COORDINATOR_FLAGS=--advertise-addr coord-a.example.com:29400 --lease-ttl 3s --lease-renew 1s#' \
+    "$coord_env" >"$tmp/store.env"
+  echo "PGPASSWORD='not a real one'" >>"$tmp/store.env"
+  grep -v '^DDP_STATE_OPTION=' "$coord_env" >"$tmp/old.env"
+  sed 's#^DDP_STATE_OPTION=.*#DDP_STATE_OPTION=#' "$coord_env" >"$tmp/none.env"
+  for case in "default:$coord_env:1" "store:$tmp/store.env:1" "older env file:$tmp/old.env:1" \
+              "no state option:$tmp/none.env:2"; do
+    IFS=: read -r what file want <<<"$case"
+    rc=$(run_execstart "$file")
+    if [ "$rc" != "$want" ]; then
+      fail "ExecStart with the $what environment exits $rc, not $want: $(head -n 1 "$tmp/out")"
+    elif [ "$want" = 1 ] && ! grep -q -- '--tls-cert' "$tmp/out"; then
+      fail "ExecStart with the $what environment stops before the certificates: $(head -n 1 "$tmp/out")"
+    fi
+  done
+else
+  echo "note: $bin/ddp-coordinator is not built; its command line was not run"
+fi
 
 if [ "$failures" -gt 0 ]; then
   echo "0 passed, $failures failed"
