@@ -310,6 +310,8 @@ absl::Status CoordinatorServer::ReloadCredentials() {
   return st;
 }
 
+absl::Status CoordinatorServer::FlushStore() { return coordinator_->Flush(); }
+
 void CoordinatorServer::Shutdown() {
   std::call_once(shutdown_once_, [this] {
     if (!stop_.HasBeenNotified()) stop_.Notify();
@@ -318,6 +320,7 @@ void CoordinatorServer::Shutdown() {
     // waits for every call); open streams are cancelled, and their reactors finish.
     if (health_) health_->Set("", false);
     if (coordinator_) coordinator_->CloseLongPolls();
+    if (worker_service_) worker_service_->CloseStreams();
     if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     dashboard_.reset();  // Waits for requests in progress; they read coordinator_.
     if (health_) health_->Shutdown();

@@ -118,6 +118,8 @@ class CoordinatorServer {
   // Re-reads --quota-file (SIGHUP), keeping --quota's entries; a file that does not
   // read or parse leaves the quotas in force (logged, returned). OK without a file.
   absl::Status ReloadQuotas();
+  // Waits until every change staged so far is stored.
+  absl::Status FlushStore();
   // Stops accepting calls, ends open streams, stops housekeeping. Idempotent.
   void Shutdown();
   void Wait();

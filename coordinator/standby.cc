@@ -79,6 +79,10 @@ absl::StatusOr<std::unique_ptr<StandbyServer>> StandbyServer::Start(
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // As the leader's (server.cc).
+  // Connections are closed after a few seconds: a client that reached a standby through
+  // a load balancer (a Kubernetes Service) connects again and lands on the leader.
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, 5000);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, 1000);
   builder.AddListeningPort(listen, *credentials, &s->port_);
   builder.RegisterCallbackGenericService(s->service_.get());
   s->server_ = builder.BuildAndStart();
@@ -195,10 +199,14 @@ int RunStandbyCoordinator(const CoordinatorServerOptions& options,
 
   // Lead: the coordinator on the standby's port, fenced to the epoch.
   std::atomic<int64_t> renewed{renewed_at};
+  std::atomic<bool> stopping{false};
   const int64_t ttl_ns = absl::ToInt64Nanoseconds(lease.ttl);
   CoordinatorServerOptions leader_options = options;
   leader_options.listen = listen.ToString();
-  leader_options.gate = [&renewed, ttl_ns, ttl = lease.ttl]() -> absl::Status {
+  leader_options.gate = [&renewed, &stopping, ttl_ns, ttl = lease.ttl]() -> absl::Status {
+    if (stopping.load()) {
+      return NotLeaderError("this coordinator is stopping and hands over to a standby", "");
+    }
     if (MonotonicNanos() - renewed.load() < ttl_ns) return absl::OkStatus();
     return NotLeaderError(absl::StrCat("this coordinator's lease was not renewed for ",
                                        absl::FormatDuration(ttl), ": it is stepping down"),
@@ -239,7 +247,6 @@ int RunStandbyCoordinator(const CoordinatorServerOptions& options,
       }
     }
   });
-  int code = daemon::kExitOk;
   for (;;) {
     const int sig = signals.WaitFor(absl::Milliseconds(100));
     {
@@ -262,17 +269,24 @@ int RunStandbyCoordinator(const CoordinatorServerOptions& options,
   daemon::NotifyStopping();
   stop.Notify();
   renewer.join();
-  (*server)->Shutdown();
-  (*server)->Wait();
-  server->reset();  // Its last writes are stored: then the lease goes.
+  // Hand over first, then shut down: refuse every call from now on (clients turn to
+  // the standbys), store what is staged, and let the lease go; a standby takes over
+  // while open streams (ddpctl watch) are still being wound down.
+  stopping.store(true);
+  if (absl::Status st = (*server)->FlushStore(); !st.ok()) {
+    DDP_LOG(WARNING) << "storing the last changes before the hand-over: " << st.message();
+  }
   if (absl::Status st = store->Release(epoch); st.ok()) {
     DDP_LOG(INFO) << "released the lease: a standby takes over at its next try";
   } else {
     DDP_LOG(WARNING) << "cannot release the lease (" << st.message()
                      << "): a standby takes over once it lapses";
   }
+  (*server)->Shutdown();
+  (*server)->Wait();
+  server->reset();
   DDP_LOG(INFO) << "ddp-coordinator stopped";
-  return code;
+  return daemon::kExitOk;
 }
 
 }  // namespace ddp

@@ -488,8 +488,6 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(grpc::CallbackServerConte
   return reactor;
 }
 
-namespace {
-
 // One agent's heartbeat stream: read a beat, answer it as Heartbeat does, read the
 // next. One operation in flight at a time; the caller is admitted on the first beat
 // (its worker name must be its own) and every later beat must name the same worker.
@@ -497,10 +495,20 @@ namespace {
 class HeartbeatStreamReactor final
     : public grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse> {
  public:
-  HeartbeatStreamReactor(grpc::CallbackServerContext* ctx, Coordinator* coordinator,
-                         const Authorizer* auth)
-      : ctx_(ctx), coordinator_(coordinator), auth_(auth) {
-    StartRead(&req_);
+  HeartbeatStreamReactor(grpc::CallbackServerContext* ctx, WorkerServiceImpl* service)
+      : ctx_(ctx),
+        service_(service),
+        coordinator_(service->coordinator_),
+        auth_(service->auth_) {
+    {
+      absl::MutexLock lock(&service_->streams_mu_);
+      if (!service_->closing_) {
+        service_->streams_.insert(ctx_);
+        StartRead(&req_);
+        return;
+      }
+    }
+    Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the coordinator is shutting down"));
   }
 
   void OnReadDone(bool ok) override {
@@ -541,10 +549,17 @@ class HeartbeatStreamReactor final
     StartRead(&req_);
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    {
+      absl::MutexLock lock(&service_->streams_mu_);
+      service_->streams_.erase(ctx_);
+    }
+    delete this;
+  }
 
  private:
   grpc::CallbackServerContext* const ctx_;
+  WorkerServiceImpl* const service_;
   Coordinator* const coordinator_;
   const Authorizer* const auth_;
   std::string worker_;  // Named by the first beat.
@@ -552,11 +567,16 @@ class HeartbeatStreamReactor final
   v1::HeartbeatResponse resp_;
 };
 
-}  // namespace
-
 grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse>*
 WorkerServiceImpl::HeartbeatStream(grpc::CallbackServerContext* ctx) {
-  return new HeartbeatStreamReactor(ctx, coordinator_, auth_);
+  return new HeartbeatStreamReactor(ctx, this);
+}
+
+void WorkerServiceImpl::CloseStreams() {
+  absl::MutexLock lock(&streams_mu_);
+  closing_ = true;
+  // The pending read of each ends (ok = false) and the stream finishes.
+  for (grpc::CallbackServerContext* ctx : streams_) ctx->TryCancel();
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::ReportEvents(grpc::CallbackServerContext* ctx,

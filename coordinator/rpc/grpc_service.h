@@ -122,9 +122,17 @@ class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
   grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* ctx, const v1::LeaveRequest* req,
                                   v1::LeaveResponse* resp) override;
 
+  // Ends every open heartbeat stream, and refuses new ones (shutting down: a stream
+  // would otherwise hold the server's shutdown to its deadline).
+  void CloseStreams();
+
  private:
+  friend class HeartbeatStreamReactor;
   Coordinator* const coordinator_;
   const Authorizer* const auth_;
+  absl::Mutex streams_mu_;
+  std::set<grpc::CallbackServerContext*> streams_ ABSL_GUARDED_BY(streams_mu_);
+  bool closing_ ABSL_GUARDED_BY(streams_mu_) = false;
 };
 
 }  // namespace ddp

@@ -133,6 +133,41 @@ TEST_F(StandbyTest, TheStandbyTakesOverFromAKilledLeaderAndTheJobCarriesOn) {
   EXPECT_THAT(out, HasSubstr("SUCCEEDED"));
 }
 
+TEST_F(StandbyTest, ALeaderStoppedWithSigtermHandsOverAndNoRankIsTouched) {
+  LocalCluster& c = *cluster_;
+  const std::string id = Submit(10);
+  ASSERT_TRUE(c.WaitFor(id, SteppedPast(100)).ok());
+  auto first = c.GetJob(id);
+  ASSERT_TRUE(first.ok()) << first.status();
+  // Twice: each coordinator in turn stops (releasing its lease) and comes back as the
+  // standby.
+  int64_t past = 100;
+  for (int round = 0; round < 2; ++round) {
+    auto leader = c.Leader();
+    ASSERT_TRUE(leader.ok()) << leader.status();
+    const absl::Time stopped = absl::Now();
+    c.coordinator(*leader)->Signal(SIGTERM);
+    auto next = c.Leader(absl::Seconds(30));
+    ASSERT_TRUE(next.ok()) << next.status();
+    EXPECT_NE(*next, *leader);
+    std::cerr << "round " << round << ": the standby served " << absl::Now() - stopped
+              << " after the SIGTERM\n";
+    EXPECT_TRUE(c.coordinator(*leader)->Wait().ok()) << "a clean stop";
+    EXPECT_TRUE(c.WaitForCoordinatorLog(*leader, "released the lease", absl::Seconds(1)))
+        << c.coordinator_log(*leader);
+    past += 150;
+    ASSERT_TRUE(c.WaitFor(id, SteppedPast(past)).ok()) << "training goes on under the new leader";
+    ASSERT_TRUE(c.StartCoordinatorAt(*leader).ok());
+  }
+  ExpectSucceededUntouched(id);
+  auto job = c.GetJob(id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(job->attempts(0).ranks(i).pid(), first->attempts(0).ranks(i).pid())
+        << "the same trainer processes throughout: nothing fenced, nothing restarted";
+  }
+}
+
 TEST_F(StandbyTest, APausedLeaderIsDeposedWritesNothingAndStepsDownWhenResumed) {
   LocalCluster& c = *cluster_;
   auto leader = c.Leader();

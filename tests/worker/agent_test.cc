@@ -256,6 +256,7 @@ class AgentTest : public ::testing::Test {
     o.ask_witnesses = [this](const std::vector<std::string>& witnesses, absl::Duration deadline) {
       absl::MutexLock lock(&witness_mu_);
       asked_.push_back({witnesses, deadline});
+      if (back_when_asked_) fake_->SetUnreachable(false);
       return witness_answers_;
     };
     agent_ = std::make_unique<Agent>(o, std::move(client_), clock);
@@ -372,6 +373,9 @@ class AgentTest : public ::testing::Test {
   absl::Mutex witness_mu_;
   std::vector<absl::StatusOr<bool>> witness_answers_ ABSL_GUARDED_BY(witness_mu_);
   std::vector<Asked> asked_ ABSL_GUARDED_BY(witness_mu_);
+  // The coordinator answers again as the witnesses are asked (one that took over, or
+  // restarted, and answered a witness first).
+  bool back_when_asked_ ABSL_GUARDED_BY(witness_mu_) = false;
   FakeClock fake_clock_;  // For agents that must not see real time pass.
   absl::Mutex reachable_mu_;
   std::vector<bool> reachable_ ABSL_GUARDED_BY(reachable_mu_);  // on_reachable calls.
@@ -735,7 +739,8 @@ TEST_F(AgentTest, AnExitIsReportedOnlyAfterAllTheOutputBeforeIt) {
 }
 
 // The fake coordinator's timing (interval 50 ms, timeout 1 s, deadline 20 ms) plans
-// the witnesses' question for 140 ms after the last good heartbeat, 50 ms for answers.
+// the witnesses' question for 140 ms after the last good heartbeat, 450 ms for answers
+// (50 ms, and half the 800 ms the timeout leaves).
 TEST_F(AgentTest, ACutOffWorkerKillsItsRanksWhenAWitnessStillReachesTheCoordinator) {
   CutOffWhileWitnessesSay({false, true});
   ASSERT_TRUE(WaitUntil([this] { return agent_->stats().fences == 1; }, absl::Seconds(10)));
@@ -745,12 +750,26 @@ TEST_F(AgentTest, ACutOffWorkerKillsItsRanksWhenAWitnessStillReachesTheCoordinat
                         absl::Seconds(10)));
   ASSERT_EQ(Asks().size(), 1u);
   EXPECT_THAT(Asks()[0].witnesses, ::testing::ElementsAre("10.0.0.8:4000", "10.0.0.9:4000"));
-  EXPECT_EQ(Asks()[0].deadline, absl::Milliseconds(50));
+  EXPECT_EQ(Asks()[0].deadline, absl::Milliseconds(450));
   // Back: the ranks' exits reach the coordinator, killed at once (no SIGTERM first).
   fake_->SetUnreachable(false);
   ASSERT_TRUE(fake_->WaitFor([](const auto& c) { return Exited(c, 2) && Exited(c, 3); }));
   EXPECT_EQ(RankStatus(fake_->calls(), 2)->signal(), SIGKILL);
   EXPECT_EQ(RankStatus(fake_->calls(), 3)->signal(), SIGKILL);
+}
+
+TEST_F(AgentTest, AWitnessReachingACoordinatorThisWorkerReachesTooKillsNothing) {
+  {
+    absl::MutexLock lock(&witness_mu_);
+    back_when_asked_ = true;
+  }
+  CutOffWhileWitnessesSay({true, true});
+  ASSERT_TRUE(WaitUntil([this] { return Asks().size() == 1; }, absl::Seconds(10)));
+  ASSERT_TRUE(WaitUntil([this]() -> bool { return Reachability().back(); }, absl::Seconds(10)))
+      << "the heartbeat tried before fencing got through";
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(agent_->stats().fences, 0);
+  EXPECT_EQ(agent_->stats().trainers_running, 2);
 }
 
 TEST_F(AgentTest, AWorkerCutOffFromEveryoneKillsItsRanks) {

@@ -94,7 +94,7 @@ TEST(FollowingClientTest, ACoordinatorOfAnotherStoreIsRefusedNamingBothAndNotFol
   *a = absl::UnavailableError("connection refused");
   EXPECT_FALSE(client->Heartbeat({}, d).ok()) << "a went away";
   EXPECT_THAT(client->Heartbeat({}, d),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
+              StatusIs(absl::StatusCode::kUnavailable,
                        ::testing::AllOf(HasSubstr("the coordinator at b:2 serves another cluster "
                                                   "(store cluster id cluster-y)"),
                                         HasSubstr("joined through a:1 (cluster-x)"))));

@@ -12,7 +12,8 @@ TEST(PlanFencing, TheDefaultTimeoutsLetEveryWitnessNoticeAnOutageFirst) {
   const FencePlan plan =
       PlanFencing(absl::Milliseconds(500), absl::Milliseconds(2500), absl::Milliseconds(400));
   EXPECT_EQ(plan.ask_after, absl::Milliseconds(1800));  // 2 x (interval + deadline).
-  EXPECT_EQ(plan.ask_deadline, absl::Milliseconds(200));
+  // Half a deadline, and half the 300 ms the timeout leaves beyond that.
+  EXPECT_EQ(plan.ask_deadline, absl::Milliseconds(350));
   EXPECT_FALSE(plan.tight);
   // Decided half a deadline before the coordinator's verdict, at the latest.
   EXPECT_LE(plan.ask_after + plan.ask_deadline, absl::Milliseconds(2500 - 200));

@@ -167,6 +167,16 @@ void Agent::MaybeFence(absl::Time now) {
     DDP_LOG(WARNING) << "no heartbeat through for " << silent << ": " << verdict.why;
     return;
   }
+  // A witness may reach a coordinator we have not tried since ours went away: one
+  // that restarted, or a standby that took over, which answered the witness first. One
+  // more heartbeat, short enough to keep the fence ahead of the coordinator's verdict
+  // (at most two calls: to ours, and to the leader a standby names), tells.
+  if (HeartbeatOnce(std::max(absl::Milliseconds(20), rpc_deadline_ / 6)).ok()) {
+    SetReachable(true);
+    DDP_LOG(WARNING) << "no heartbeat through for " << silent << ", but one got through now: "
+                     << "not fencing (" << verdict.why << ")";
+    return;
+  }
   ++fences_;
   DDP_LOG(WARNING) << "no heartbeat through for " << silent << ": " << verdict.why << " ("
                    << running << " rank(s) of " << tasks_.size() << " task(s) killed)";
@@ -236,7 +246,7 @@ bool Agent::HoldsExits() const {
   return false;
 }
 
-absl::Status Agent::HeartbeatOnce() {
+absl::Status Agent::HeartbeatOnce(absl::Duration deadline) {
   v1::HeartbeatRequest req;
   req.set_worker(options_.name);
   req.set_incarnation(incarnation_);
@@ -259,7 +269,7 @@ absl::Status Agent::HeartbeatOnce() {
   }
   RepairUtf8(&req);  // Task errors carry paths and OS messages.
   const absl::Time sent = clock_->Now();
-  auto resp = client_->Heartbeat(req, rpc_deadline_);
+  auto resp = client_->Heartbeat(req, deadline > absl::ZeroDuration() ? deadline : rpc_deadline_);
   if (!resp.ok()) return resp.status();
   last_ok_sent_ = sent;
   fence_asked_ = false;

@@ -129,7 +129,8 @@ class Agent {
   int64_t Delivered() const;
   // Some task's exit waits for output not yet delivered.
   bool HoldsExits() const;
-  absl::Status HeartbeatOnce();
+  // One heartbeat, bounded by `deadline` (default: the RPC deadline).
+  absl::Status HeartbeatOnce(absl::Duration deadline = absl::ZeroDuration());
   void Reconcile(const v1::HeartbeatResponse& desired);
   // Shutting down with ranks running: tells the coordinator (stopping_grace_ms) and
   // keeps heartbeating until they are stopped through the desired state (their jobs

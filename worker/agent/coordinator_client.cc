@@ -298,7 +298,9 @@ class FollowingClient final : public CoordinatorClient {
         cluster_ = *cluster;
         cluster_at_ = addresses_[at];
       } else if (*cluster != cluster_) {
-        absl::Status refused = absl::FailedPreconditionError(absl::StrCat(
+        // UNAVAILABLE: for the agent, this coordinator is not there (it keeps trying
+        // the others); FAILED_PRECONDITION would read as a stale incarnation, and stop it.
+        absl::Status refused = absl::UnavailableError(absl::StrCat(
             "the coordinator at ", addresses_[at], " serves another cluster (store cluster id ",
             *cluster, ") than the one this worker joined through ", cluster_at_, " (", cluster_,
             "): every --coordinator address must be a coordinator of the same store; not "

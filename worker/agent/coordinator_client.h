@@ -80,7 +80,7 @@ std::unique_ptr<CoordinatorClient> MakeGrpcCoordinatorClient(
 // moves the next call to the named leader, or else to the next address; the failed
 // call returns its error, which the agent handles as any outage. The first cluster id a coordinator
 // answers with is kept: a coordinator of another store (another cluster id) is refused
-// with FAILED_PRECONDITION naming both, and the next call moves on.
+// with UNAVAILABLE naming both, and the next call moves on.
 std::unique_ptr<CoordinatorClient> MakeFollowingCoordinatorClient(
     std::vector<std::string> addresses, std::vector<std::unique_ptr<CoordinatorClient>> clients);
 

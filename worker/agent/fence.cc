@@ -17,6 +17,12 @@ FencePlan PlanFencing(absl::Duration interval, absl::Duration timeout, absl::Dur
   const absl::Duration latest = timeout - rpc_deadline / 2 - plan.ask_deadline;
   plan.ask_after = std::min(all_noticed, latest);
   plan.tight = all_noticed > latest;
+  // Where the timeout leaves room, witnesses get more time to answer (half the room,
+  // at most a second more): a witness that is merely slow (a loaded host) must not
+  // read as one that cannot be reached, which fences.
+  if (!plan.tight) {
+    plan.ask_deadline += std::min((latest - all_noticed) / 2, absl::Seconds(1));
+  }
   return plan;
 }
 
