@@ -62,6 +62,12 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterReq
         absl::StrCat("slots: must be >= 1 (got ", req.slots(), ")"));
   }
   if (req.address().empty()) return absl::InvalidArgumentError("address: required");
+  if (!req.cluster_id().empty() && req.cluster_id() != cluster_id_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", req.worker(), " joined the cluster of store ", req.cluster_id(),
+        "; this coordinator serves store ", cluster_id_,
+        ": every --coordinator address of a worker must be a coordinator of the same store"));
+  }
   if (absl::Status st = CheckLabels(Labels(req.labels().begin(), req.labels().end())); !st.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("labels: ", st.message()));
   }

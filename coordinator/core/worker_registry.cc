@@ -477,7 +477,8 @@ std::vector<std::string> WorkerRegistry::Witnesses(const std::string& worker, in
   std::vector<std::string> out;
   if (workers_.size() < 2) return out;
   auto it = workers_.upper_bound(worker);
-  for (size_t seen = 0; seen < workers_.size() && static_cast<int>(out.size()) < n; ++seen, ++it) {
+  const size_t scan = std::min(workers_.size(), kWitnessScan);
+  for (size_t seen = 0; seen < scan && static_cast<int>(out.size()) < n; ++seen, ++it) {
     if (it == workers_.end()) it = workers_.begin();
     const WorkerRecord& w = it->second;
     if (it->first == worker || !w.alive || w.info.witness_port() <= 0) continue;

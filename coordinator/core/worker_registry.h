@@ -204,7 +204,10 @@ class WorkerRegistry final : public ClusterView {
   // HOST:PORT of the health services of up to `n` other live workers that serve one
   // (witness_port), the next ones after `worker` in name order, wrapping around: each
   // worker asks different peers, and each peer is asked by about n workers, so a
-  // cluster of 10,000 costs none of them more than a few answers.
+  // cluster of 10,000 costs none of them more than a few answers. It looks at most
+  // kWitnessScan neighbours (every heartbeat asks): where most workers serve no health
+  // service, fewer than n are named rather than the whole registry walked.
+  static constexpr size_t kWitnessScan = 64;
   std::vector<std::string> Witnesses(const std::string& worker, int n) const;
 
  private:

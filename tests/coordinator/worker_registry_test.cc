@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/status_matchers.h"
@@ -278,6 +279,21 @@ TEST_F(WorkerRegistryTest, WitnessesAreTheNextLiveWorkersWithAHealthPortAroundTh
   EXPECT_THAT(registry_.Witnesses("w7", 2), ElementsAre("10.0.0.1:7000", "10.0.0.2:7000"));
   EXPECT_THAT(registry_.Witnesses("w1", 10),
               ElementsAre("10.0.0.2:7000", "10.0.0.5:7000", "10.0.0.6:7000", "[fd00::7]:7000"));
+}
+
+TEST_F(WorkerRegistryTest, WitnessesAreLookedForAmongABoundedNumberOfNeighbours) {
+  // 1,000 workers, none serving a health service but the last: every heartbeat asks
+  // for witnesses, so the registry is not walked whole for each.
+  for (int i = 0; i < 1000; ++i) {
+    v1::RegisterRequest r = Req(absl::StrFormat("w%04d", i));
+    r.set_address("10.0.0.1");
+    r.set_witness_port(i == 999 ? 7000 : 0);
+    registry_.Register(r, kT0);
+  }
+  EXPECT_THAT(registry_.Witnesses("w0990", 4), ElementsAre("10.0.0.1:7000"))
+      << "within reach";
+  EXPECT_THAT(registry_.Witnesses("w0000", 4), ::testing::IsEmpty())
+      << "past the first " << WorkerRegistry::kWitnessScan << " neighbours";
 }
 
 }  // namespace

@@ -15,6 +15,8 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/net.h"
+#include "common/process.h"
 #include "tests/common/postgres_server.h"
 #include "tests/common/test_util.h"
 #include "tests/integration/local_cluster.h"
@@ -166,6 +168,87 @@ TEST_F(StandbyTest, ALeaderStoppedWithSigtermHandsOverAndNoRankIsTouched) {
     EXPECT_EQ(job->attempts(0).ranks(i).pid(), first->attempts(0).ranks(i).pid())
         << "the same trainer processes throughout: nothing fenced, nothing restarted";
   }
+}
+
+TEST_F(StandbyTest, BadStoreFlagsAndDatabasesAreClearErrorsAndChangeNothing) {
+  const std::string coordinator = testing::BinDir() + "/ddp-coordinator";
+  auto run = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {coordinator, "--listen", "127.0.0.1:0"});
+    return testing::RunCapture(args, absl::Seconds(60));
+  };
+  CtlResult r = run({"--store", "mysql://db/ddp"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("not a PostgreSQL URI"));
+  r = run({"--store", pg_->uri(), "--state-dir", cluster_->dir() + "/sqlite"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--state-dir and --store: give one"));
+  r = run({"--store", pg_->uri(), "--lease-renew", "2s"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("at most half of --lease-ttl"));
+  auto closed = PickFreePort("127.0.0.1");
+  ASSERT_TRUE(closed.ok());
+  r = run({"--store", absl::StrCat("postgresql://ddp:secret@127.0.0.1:", *closed, "/ddp"),
+           "--store-wait", "1s"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr(absl::StrCat("cannot reach the PostgreSQL store at 127.0.0.1:",
+                                            *closed, "/ddp")));
+  EXPECT_THAT(r.err, HasSubstr("waited --store-wait 1s"));
+  EXPECT_THAT(r.err, ::testing::Not(HasSubstr("secret")));
+  ASSERT_TRUE(pg_->CreateDatabase("newer").ok());
+  ASSERT_TRUE(pg_->Query("CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+                         "INSERT INTO meta VALUES ('schema_version', '99')",
+                         "newer")
+                  .ok());
+  r = run({"--store", pg_->uri("newer")});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("schema version 99, newer than this ddp-coordinator's"));
+  EXPECT_EQ(pg_->Query("SELECT count(*) FROM information_schema.tables WHERE table_schema = "
+                       "'public'",
+                       "newer")
+                .value_or("?"),
+            "1\n")
+      << "nothing created";
+}
+
+TEST_F(StandbyTest, AWorkerIsNeverTakenByACoordinatorOfAnotherStore) {
+  LocalCluster& c = *cluster_;
+  auto leader = c.Leader();
+  ASSERT_TRUE(leader.ok()) << leader.status();
+  // Another cluster's coordinator, on a database of its own.
+  ASSERT_TRUE(pg_->CreateDatabase("other").ok());
+  auto port = PickFreePort("127.0.0.1");
+  ASSERT_TRUE(port.ok());
+  const std::string other = absl::StrCat("127.0.0.1:", *port);
+  SpawnOptions o;
+  o.argv = {testing::BinDir() + "/ddp-coordinator", "--listen", other, "--store",
+            pg_->uri("other"), "--heartbeat-timeout=5s"};
+  o.capture_stderr = true;
+  auto z = Subprocess::Spawn(o);
+  ASSERT_TRUE(z.ok()) << z.status();
+  testing::OutputCollector z_log((*z)->stderr_fd());
+  ASSERT_TRUE(z_log.WaitFor("leading on", absl::Seconds(30))) << z_log.text();
+  // A worker given the cluster's leader and, by mistake, the other coordinator.
+  SpawnOptions w;
+  w.argv = {testing::BinDir() + "/ddp-worker", "--coordinator",
+            absl::StrCat("127.0.0.1:", c.coordinator_port(*leader), ",", other), "--name",
+            "w9", "--work-dir", c.dir() + "/w9", "--health-listen", "127.0.0.1:0"};
+  w.capture_stderr = true;
+  auto w9 = Subprocess::Spawn(w);
+  ASSERT_TRUE(w9.ok()) << w9.status();
+  testing::OutputCollector w9_log((*w9)->stderr_fd());
+  ASSERT_TRUE(c.WaitForWorkers(3).ok()) << "w9 joined the cluster through its leader";
+  // The leader dies; w9 knows no standby, only the other coordinator.
+  c.coordinator(*leader)->Signal(SIGKILL);
+  EXPECT_TRUE(w9_log.WaitFor("must be a coordinator of the same store", absl::Seconds(30)))
+      << w9_log.text();
+  CtlResult listed = testing::RunCapture(
+      {testing::BinDir() + "/ddpctl", "workers", "--coordinator", other}, absl::Seconds(30));
+  EXPECT_EQ(listed.exit_code, 0) << listed.err;
+  EXPECT_THAT(listed.out, ::testing::Not(HasSubstr("w9")))
+      << "the other coordinator kept no record of it";
+  EXPECT_EQ(pg_->Query("SELECT count(*) FROM workers", "other").value_or("?"), "0\n");
+  (*w9)->Terminate(absl::Seconds(5));
+  (*z)->Terminate(absl::Seconds(5));
 }
 
 TEST_F(StandbyTest, APausedLeaderIsDeposedWritesNothingAndStepsDownWhenResumed) {

@@ -9,6 +9,7 @@
 #include <thread>
 #include <type_traits>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
@@ -233,7 +234,14 @@ class FollowingClient final : public CoordinatorClient {
 
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& req,
                                                 absl::Duration deadline) override {
-    return Call(true, [&](CoordinatorClient& c) { return c.Register(req, deadline); });
+    // Named, so that a coordinator of another store refuses the worker before it keeps
+    // any record of it.
+    v1::RegisterRequest named = req;
+    {
+      absl::MutexLock lock(&mu_);
+      named.set_cluster_id(cluster_);
+    }
+    return Call(true, [&](CoordinatorClient& c) { return c.Register(named, deadline); });
   }
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req,
                                                   absl::Duration deadline) override {
@@ -288,7 +296,8 @@ class FollowingClient final : public CoordinatorClient {
       }
     }
     const absl::Status& st = StatusOf(result);
-    if (absl::IsUnavailable(st) || (move_on_deadline && absl::IsDeadlineExceeded(st))) {
+    if (absl::IsUnavailable(st) || (move_on_deadline && absl::IsDeadlineExceeded(st)) ||
+        IsOtherCluster(st)) {
       MoveOn(at, st);
       return result;
     }
@@ -311,6 +320,12 @@ class FollowingClient final : public CoordinatorClient {
       }
     }
     return result;
+  }
+
+  // A coordinator's refusal of a worker of another cluster (Coordinator::Register).
+  static bool IsOtherCluster(const absl::Status& st) {
+    return absl::IsFailedPrecondition(st) &&
+           absl::StrContains(st.message(), "must be a coordinator of the same store");
   }
 
   void MoveOn(size_t from, const absl::Status& why) {
