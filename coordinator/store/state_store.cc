@@ -260,32 +260,15 @@ absl::StatusOr<LoadedState> StateStore::Load() {
   absl::MutexLock lock(&mu_);
   LoadedState out;
   out.cluster_id = cluster_id_;
-  std::map<std::string, size_t> index;
   DDP_ASSIGN_OR_RETURN(std::vector<RowBatch::JobRow> jobs,
                        Select(db_, store::Jobs(), "ORDER BY seq"));
-  for (RowBatch::JobRow& row : jobs) {
-    index[row.job.id()] = out.jobs.size();
-    StoredJob& sj = out.jobs.emplace_back();
-    sj.job = std::move(row.job);
-    sj.seq = row.seq;
-  }
   DDP_ASSIGN_OR_RETURN(std::vector<RowBatch::AttemptRow> attempts,
                        Select(db_, store::Attempts(), "ORDER BY job_id, number"));
-  // Attempt number n of a job sits at index n - 1 (numbers are 1, 2, ... in order).
-  for (RowBatch::AttemptRow& row : attempts) {
-    auto it = index.find(row.job_id);
-    if (it == index.end()) continue;
-    *out.jobs[it->second].job.add_attempts() = std::move(row.attempt);
-  }
   DDP_ASSIGN_OR_RETURN(std::vector<RowBatch::RankRow> ranks,
                        Select(db_, store::Ranks(), "ORDER BY job_id, attempt, rank"));
-  for (RowBatch::RankRow& row : ranks) {
-    auto it = index.find(row.job_id);
-    if (it == index.end()) continue;
-    for (v1::Attempt& at : *out.jobs[it->second].job.mutable_attempts()) {
-      if (at.number() == row.attempt) *at.add_ranks() = std::move(row.rank);
-    }
-  }
+  out.jobs = AssembleJobs(std::move(jobs), std::move(attempts), std::move(ranks));
+  std::map<std::string, StoredJob*> index;
+  for (StoredJob& sj : out.jobs) index[sj.job.id()] = &sj;
   DDP_ASSIGN_OR_RETURN(out.workers,
                        Select(db_, store::Workers(), "ORDER BY name"));
   DDP_ASSIGN_OR_RETURN(out.batch_marks,
@@ -296,7 +279,7 @@ absl::StatusOr<LoadedState> StateStore::Load() {
   DDP_RETURN_IF_ERROR(lb.ok());
   while (lb.Step()) {
     auto it = index.find(lb.Text(0));
-    if (it != index.end()) out.jobs[it->second].log_bytes = lb.Int(1);
+    if (it != index.end()) it->second->log_bytes = lb.Int(1);
   }
   DDP_RETURN_IF_ERROR(lb.Done());
   return out;
@@ -304,11 +287,7 @@ absl::StatusOr<LoadedState> StateStore::Load() {
 
 absl::Status StateStore::AppendAll(const std::vector<JobOutput>& outputs,
                                    const std::vector<BatchMark>& marks) {
-  bool empty = marks.empty();
-  for (const JobOutput& o : outputs) {
-    empty = empty && o.metrics.empty() && o.epochs.empty() && o.logs.empty();
-  }
-  if (empty) return absl::OkStatus();
+  if (NothingToAppend(outputs, marks)) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
   std::vector<store::OutputCounts::Count*> counts;
   for (const JobOutput& o : outputs) {

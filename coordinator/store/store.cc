@@ -1,6 +1,7 @@
 #include "coordinator/store/store.h"
 
 #include <algorithm>
+#include <map>
 #include <tuple>
 
 #include "absl/random/random.h"
@@ -43,6 +44,39 @@ std::vector<std::string> JobsPastRetention(std::vector<FinishedJob> finished,
   std::vector<std::string> out;
   const int64_t drop = static_cast<int64_t>(finished.size()) - std::max<int64_t>(retain_jobs, 0);
   for (int64_t i = 0; i < drop; ++i) out.push_back(finished[static_cast<size_t>(i)].id);
+  return out;
+}
+
+bool NothingToAppend(const std::vector<JobOutput>& outputs, const std::vector<BatchMark>& marks) {
+  if (!marks.empty()) return false;
+  for (const JobOutput& o : outputs) {
+    if (!o.metrics.empty() || !o.epochs.empty() || !o.logs.empty()) return false;
+  }
+  return true;
+}
+
+std::vector<StoredJob> AssembleJobs(std::vector<RowBatch::JobRow> jobs,
+                                    std::vector<RowBatch::AttemptRow> attempts,
+                                    std::vector<RowBatch::RankRow> ranks) {
+  std::vector<StoredJob> out;
+  std::map<std::string, size_t> index;
+  for (RowBatch::JobRow& row : jobs) {
+    index[row.job.id()] = out.size();
+    StoredJob& sj = out.emplace_back();
+    sj.job = std::move(row.job);
+    sj.seq = row.seq;
+  }
+  for (RowBatch::AttemptRow& row : attempts) {
+    auto it = index.find(row.job_id);
+    if (it != index.end()) *out[it->second].job.add_attempts() = std::move(row.attempt);
+  }
+  for (RowBatch::RankRow& row : ranks) {
+    auto it = index.find(row.job_id);
+    if (it == index.end()) continue;
+    for (v1::Attempt& at : *out[it->second].job.mutable_attempts()) {
+      if (at.number() == row.attempt) *at.add_ranks() = std::move(row.rank);
+    }
+  }
   return out;
 }
 

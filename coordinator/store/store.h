@@ -114,6 +114,16 @@ struct JobOutput {
   std::vector<v1::LogLine> logs;
 };
 
+// The stored jobs with their attempts and rank tables, from their rows as both stores
+// select them: jobs by seq, attempts by (job, number), ranks by (job, attempt, rank).
+// Rows of jobs not among `jobs` are dropped.
+std::vector<StoredJob> AssembleJobs(std::vector<RowBatch::JobRow> jobs,
+                                    std::vector<RowBatch::AttemptRow> attempts,
+                                    std::vector<RowBatch::RankRow> ranks);
+
+// Whether AppendAll(outputs, marks) has nothing to store.
+bool NothingToAppend(const std::vector<JobOutput>& outputs, const std::vector<BatchMark>& marks);
+
 struct LoadedState {
   std::string cluster_id;       // The store's (NewClusterId), made once.
   std::vector<StoredJob> jobs;  // In submission order.

@@ -30,6 +30,7 @@
 #include "absl/time/clock.h"
 #include "common/net.h"
 #include "common/process.h"
+#include "tests/common/run_captured.h"
 #include "tests/common/test_util.h"
 
 namespace ddp::testing {
@@ -118,17 +119,6 @@ std::vector<pid_t> ChildrenOf(pid_t parent) {
   return children;
 }
 
-// With nftw, not std::filesystem::remove_all (see test_util.cc: PyPI's LibTorch 2.x
-// exports a broken copy of std::filesystem).
-void RemoveTree(const std::string& dir) {
-  ::nftw(
-      dir.c_str(),
-      [](const char* path, const struct stat*, int, struct FTW*) {
-        (void)::remove(path);
-        return 0;
-      },
-      16, FTW_DEPTH | FTW_PHYS);
-}
 
 // A value for postgresql.conf: single-quoted, quotes doubled.
 std::string ConfString(const std::string& s) {
@@ -203,51 +193,18 @@ PostgresServer::RunResult PostgresServer::Run(const std::vector<std::string>& ar
            // A stopped (SIGSTOP) server accepts TCP connections but never answers.
            {"PGCONNECT_TIMEOUT", "10"}};
   o.cwd = root_;
-  o.capture_stdout = true;
-  o.capture_stderr = true;
   // The postmaster pg_ctl starts leads a session of its own; the programs here start
   // nothing else that should die with them.
   o.new_process_group = false;
-  auto proc = Subprocess::Spawn(o);
-  if (!proc.ok()) {
-    r.spawn_error = proc.status();
+  auto run = RunCaptured(o, timeout);
+  if (!run.ok()) {
+    r.spawn_error = run.status();
     return r;
   }
-  const absl::Time deadline = absl::Now() + timeout;
-  int fds[2] = {(*proc)->stdout_fd(), (*proc)->stderr_fd()};
-  std::string* sinks[2] = {&r.out, &r.err};
-  int open = 2;
-  while (open > 0) {
-    pollfd p[2];
-    int which[2];
-    int n = 0;
-    for (int i = 0; i < 2; ++i) {
-      if (fds[i] < 0) continue;
-      p[n] = {fds[i], POLLIN, 0};
-      which[n++] = i;
-    }
-    const int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
-    if (left <= 0) {
-      r.timed_out = true;
-      (*proc)->Signal(SIGKILL);
-      break;
-    }
-    if (::poll(p, static_cast<nfds_t>(n), static_cast<int>(std::min<int64_t>(left, 1000))) < 0) {
-      continue;  // EINTR
-    }
-    for (int k = 0; k < n; ++k) {
-      if (p[k].revents == 0) continue;
-      char buf[8192];
-      const ssize_t got = ::read(p[k].fd, buf, sizeof(buf));
-      if (got > 0) {
-        sinks[which[k]]->append(buf, static_cast<size_t>(got));
-      } else if (got == 0 || errno != EINTR) {
-        fds[which[k]] = -1;
-        --open;
-      }
-    }
-  }
-  r.exit = (*proc)->Wait();
+  r.exit = run->exit;
+  r.out = std::move(run->out);
+  r.err = std::move(run->err);
+  r.timed_out = run->timed_out;
   return r;
 }
 

@@ -29,18 +29,20 @@ std::vector<std::string>& MadeDirs() {
 // std::filesystem from libtorch.so that the test binaries' calls bind to, and that copy
 // jumps to a null pointer when called from an exit handler.
 void RemoveMadeDirs() {
-  for (const std::string& dir : MadeDirs()) {
-    ::nftw(
-        dir.c_str(),
-        [](const char* path, const struct stat*, int, struct FTW*) {
-          (void)::remove(path);
-          return 0;
-        },
-        16, FTW_DEPTH | FTW_PHYS);
-  }
+  for (const std::string& dir : MadeDirs()) RemoveTree(dir);
 }
 
 }  // namespace
+
+void RemoveTree(const std::string& dir) {
+  ::nftw(
+      dir.c_str(),
+      [](const char* path, const struct stat*, int, struct FTW*) {
+        (void)::remove(path);
+        return 0;
+      },
+      16, FTW_DEPTH | FTW_PHYS);
+}
 
 std::string MakeTempDir(const std::string& name) {
   const char* base = std::getenv("TEST_TMPDIR");

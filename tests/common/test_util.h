@@ -9,6 +9,10 @@ namespace ddp::testing {
 // A fresh directory under $TEST_TMPDIR (or the system temp dir), removed when the
 // test process exits (kept with DDP_KEEP_TEST_DIRS=1, to look at after a failure).
 std::string MakeTempDir(const std::string& name);
+
+// Removes `dir` and everything in it (nftw, not std::filesystem::remove_all: see
+// test_util.cc).
+void RemoveTree(const std::string& dir);
 // Writes `text` to `path`, creating parent directories; aborts on failure.
 void WriteFile(const std::string& path, const std::string& text);
 std::string ReadFile(const std::string& path);

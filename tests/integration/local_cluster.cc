@@ -27,6 +27,7 @@
 #include "common/auth/tokens.h"
 #include "common/rpc/credentials.h"
 #include "common/rpc/status.h"
+#include "tests/common/run_captured.h"
 #include "tests/common/test_util.h"
 
 namespace ddp::testing {
@@ -57,46 +58,14 @@ CtlResult RunCapture(const std::vector<std::string>& argv, absl::Duration timeou
   CtlResult r;
   SpawnOptions o;
   o.argv = argv;
-  o.capture_stdout = true;
-  o.capture_stderr = true;
-  auto proc = Subprocess::Spawn(o);
-  if (!proc.ok()) {
-    r.err = std::string(proc.status().message());
+  auto run = RunCaptured(o, timeout);
+  if (!run.ok()) {
+    r.err = std::string(run.status().message());
     return r;
   }
-  const absl::Time deadline = absl::Now() + timeout;
-  int fds[2] = {(*proc)->stdout_fd(), (*proc)->stderr_fd()};
-  std::string* sinks[2] = {&r.out, &r.err};
-  int open = 2;
-  while (open > 0) {
-    pollfd p[2];
-    int n = 0, which[2];
-    for (int i = 0; i < 2; ++i) {
-      if (fds[i] < 0) continue;
-      p[n] = {fds[i], POLLIN, 0};
-      which[n++] = i;
-    }
-    const int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
-    if (left <= 0) {
-      (*proc)->Signal(SIGKILL);
-      break;
-    }
-    if (::poll(p, static_cast<nfds_t>(n), static_cast<int>(std::min<int64_t>(left, 1000))) < 0) {
-      continue;
-    }
-    for (int k = 0; k < n; ++k) {
-      if (p[k].revents == 0) continue;
-      char buf[8192];
-      ssize_t got = ::read(p[k].fd, buf, sizeof(buf));
-      if (got > 0) {
-        sinks[which[k]]->append(buf, static_cast<size_t>(got));
-      } else {
-        fds[which[k]] = -1;
-        --open;
-      }
-    }
-  }
-  r.exit_code = (*proc)->Wait().ShellCode();
+  r.exit_code = run->exit.ShellCode();
+  r.out = std::move(run->out);
+  r.err = std::move(run->err);
   return r;
 }
 

@@ -170,7 +170,9 @@ void Agent::MaybeFence(absl::Time now) {
   // A witness may reach a coordinator we have not tried since ours went away: one
   // that restarted, or a standby that took over, which answered the witness first. One
   // more heartbeat, short enough to keep the fence ahead of the coordinator's verdict
-  // (at most two calls: to ours, and to the leader a standby names), tells.
+  // (at most two calls: to ours, and to the leader a standby names), tells; on fresh
+  // connections, not ones waiting out a reconnect backoff from the outage.
+  client_->Reconnect();
   if (HeartbeatOnce(std::max(absl::Milliseconds(20), rpc_deadline_ / 6)).ok()) {
     SetReachable(true);
     DDP_LOG(WARNING) << "no heartbeat through for " << silent << ", but one got through now: "

@@ -100,7 +100,9 @@ class Watchdog {
 class GrpcCoordinatorClient final : public CoordinatorClient {
  public:
   explicit GrpcCoordinatorClient(std::shared_ptr<grpc::Channel> channel)
-      : stub_(v1::WorkerService::NewStub(std::move(channel))) {}
+      : channel_(channel), stub_(v1::WorkerService::NewStub(std::move(channel))) {}
+
+  void Reconnect() override { grpc::experimental::ChannelResetConnectionBackoff(channel_.get()); }
   ~GrpcCoordinatorClient() override {
     absl::MutexLock lock(&beat_mu_);
     if (stream_ != nullptr) {
@@ -210,6 +212,7 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     return FromGrpcStatus(st);
   }
 
+  const std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::WorkerService::Stub> stub_;
   absl::Mutex beat_mu_;  // One beat at a time: the stream carries one exchange.
   std::unique_ptr<grpc::ClientContext> beat_ctx_ ABSL_GUARDED_BY(beat_mu_);
@@ -256,6 +259,9 @@ class FollowingClient final : public CoordinatorClient {
   }
   void CancelWaits() override {
     for (auto& c : clients_) c->CancelWaits();
+  }
+  void Reconnect() override {
+    for (auto& c : clients_) c->Reconnect();
   }
   absl::Status Leave(const v1::LeaveRequest& req, absl::Duration deadline) override {
     return Call(true, [&](CoordinatorClient& c) { return c.Leave(req, deadline); });

@@ -33,6 +33,10 @@ class CoordinatorClient {
   }
   // Ends any WaitForTasks call in progress (CANCELLED), from another thread.
   virtual void CancelWaits() {}
+  // Connects again at once, wherever the channel waits out a reconnect backoff (a
+  // coordinator that came back, or a standby that took over, is tried now). No-op by
+  // default.
+  virtual void Reconnect() {}
   // WorkerService.Leave (ddp-worker --leave-on-exit). UNIMPLEMENTED by default.
   virtual absl::Status Leave(const v1::LeaveRequest& request, absl::Duration deadline) {
     return absl::UnimplementedError("Leave");
