@@ -159,6 +159,9 @@ def main():
     ap.add_argument("--configs", default="nccl-w1,gloo-w2")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--ld-library-path", default="",
+                    help="LD_LIBRARY_PATH entries for ddp-trainer and the libddp program (a "
+                         "prebuilt engine: torch's lib, the carried packages', libddp.so's)")
     ap.add_argument("--dry-run", action="store_true", help="the CPU, Gloo, a few steps")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -177,6 +180,10 @@ def bench(a, tmp):
     device = "cpu" if a.dry_run else "cuda"
     trainer = os.path.join(a.build, "bin", "ddp-trainer")
     program = os.path.join(a.build, "bin", "ddp-bench-gpu")
+    engine_env = {}
+    if a.ld_library_path:  # Not PyTorch's side: its Python loads the machine's own libraries.
+        engine_env["LD_LIBRARY_PATH"] = ":".join(
+            p for p in (a.ld_library_path, os.environ.get("LD_LIBRARY_PATH", "")) if p)
     rows = []
     turn = 0
     for model in names:
@@ -207,7 +214,9 @@ def bench(a, tmp):
                 for side in order:
                     sampler = GpuSampler()
                     try:
-                        outs = run_ranks(argv[side], world, {}, tmp, timeout=600)
+                        outs = run_ranks(argv[side], world,
+                                         {} if side == "pytorch" else engine_env, tmp,
+                                         timeout=600)
                     finally:
                         g = sampler.stop()
                     rate = trainer_rate(outs, 1) if side == "ddp-trainer" else loop_rate(outs)

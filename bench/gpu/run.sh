@@ -4,20 +4,36 @@
 # (docs/torch.md, "The GPU check"). From the repository's root, after bench/gpu/pack.sh
 # made .gpu-carry/ (carried along with the tree):
 #
-#   bash bench/gpu/run.sh              # results in $OUT (or ./gpu-out)
-#   bash bench/gpu/run.sh --dry-run    # the same on a machine without a GPU (CI): CPU, Gloo
+#   bash bench/gpu/run.sh                 # results in $OUT (or ./gpu-out)
+#   bash bench/gpu/run.sh --build-there   # build the engine there even if a prebuilt one loads
+#   bash bench/gpu/run.sh --dry-run       # the same on a machine without a GPU (CI): CPU, Gloo
 #
 # 1. unpacks the carried .deb files (dpkg -x; a Python fallback where dpkg is missing);
-# 2. builds libddp, ddp-trainer, the GPU bench program and the GPU tests against that
-#    machine's torch (DDP_ENGINE_ONLY: nothing else of ddp, only what was carried);
-# 3. runs the GPU tests (ctest -L gpu): on a GPU none may skip;
+# 2. takes the engine pack.sh carried prebuilt (.gpu-carry/prebuilt.tar.xz: ddp-trainer,
+#    the GPU bench program and the GPU tests, built against the same torch wheel) if every
+#    library it needs loads there; else (and always with --dry-run or --build-there) builds
+#    libddp, ddp-trainer, the GPU bench program and the GPU tests against that machine's
+#    torch (DDP_ENGINE_ONLY: nothing else of ddp, only what was carried);
+# 3. runs the GPU tests (ctest -L gpu, or the prebuilt test program): on a GPU none may skip;
 # 4. runs the GPU bench (bench/gpu/bench.py): ddp-trainer and a libddp program against
-#    PyTorch's DDP, NCCL at world 1 and Gloo's CUDA path at world 2 on the one GPU.
-# Everything it prints goes to $OUT/run.log too; it stops at the first failure.
+#    PyTorch's DDP, NCCL at world 1 and Gloo's CUDA path at world 2 on the one GPU;
+# 5. runs the full stack (bench/gpu/stack.py): the carried ddp-coordinator, ddp-worker and
+#    ddpctl (.gpu-carry/stack.tar.xz, built on Debian 12 with their libraries) running jobs
+#    whose trainers are step 2's ddp-trainer, on the carried Fashion-MNIST.
+# Everything it prints goes to $OUT/run.log too. A failed build stops it; steps 3 to 5 each
+# run whatever the others gave, and it exits 1 at the end naming those that failed.
+# DDP_GPU_STEPS (default tests,bench,stack) picks which of steps 3 to 5 run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dry_run=0
-[[ ${1:-} == --dry-run ]] && dry_run=1
+build_there=0
+for arg in "$@"; do
+  case $arg in
+    --dry-run) dry_run=1 ;;
+    --build-there) build_there=1 ;;
+    *) echo "run.sh: unknown argument '$arg' (--dry-run, --build-there)" >&2; exit 2 ;;
+  esac
+done
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
 exec > >(tee -a "$out/run.log") 2>&1
@@ -27,11 +43,14 @@ root=$work/root
 build=$work/build
 start=$(date +%s)
 step() { echo "== $(( $(date +%s) - start )) s: $*"; }
+failed=()
 
 step "the machine"
 nproc
 "$python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
 "gpu", torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)'
+echo "glibc $(getconf GNU_LIBC_VERSION 2>/dev/null || echo unknown); $(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME")"
+torch_lib=$("$python" -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')
 if (( ! dry_run )); then
   nvidia-smi -L
   "$python" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else "torch sees no GPU")'
@@ -60,29 +79,114 @@ PY
   fi
 done
 
-step "configure (DDP_ENGINE_ONLY, torch from $python, dependencies from $root only)"
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDDP_ENGINE_ONLY=ON \
-  -DDDP_TORCH_PYTHON="$python" -DDDP_TORCH_VERSION= -DDDP_REQUIRE_CUDA=ON \
-  -DCMAKE_PREFIX_PATH="$root/usr" -DCMAKE_IGNORE_PREFIX_PATH=/usr \
-  -DCMAKE_LIBRARY_PATH="$root/usr/lib/x86_64-linux-gnu" -DCMAKE_INCLUDE_PATH="$root/usr/include"
+# What the engine's programs load beyond their RUNPATH: torch's libraries, and the carried
+# packages' (absl's own libraries need each other, and a prebuilt engine's RUNPATH names
+# this machine's paths, not that one's).
+root_lib=$root/usr/lib/x86_64-linux-gnu
+prebuilt=0
+if (( ! dry_run && ! build_there )) && [[ -f .gpu-carry/prebuilt.tar.xz ]]; then
+  step "the prebuilt engine (.gpu-carry/prebuilt.tar.xz) into $work/prebuilt"
+  rm -rf "$work/prebuilt" && mkdir -p "$work/prebuilt"
+  tar -C "$work/prebuilt" -xJf .gpu-carry/prebuilt.tar.xz
+  cat "$work/prebuilt/VERSION" 2>/dev/null || true
+  missing=$(LD_LIBRARY_PATH="$torch_lib:$root_lib:$work/prebuilt/lib" \
+            ldd "$work"/prebuilt/bin/* 2>&1 | grep 'not found' | sort -u || true)
+  built_for=$(sed -n 's/^torch //p' "$work/prebuilt/VERSION" 2>/dev/null || true)
+  here=$("$python" -c 'import torch; print(torch.__version__)')
+  if [[ -n $built_for && $built_for != "$here" ]]; then
+    missing="built against torch $built_for, this machine has $here"
+  fi
+  if [[ -z $missing ]]; then
+    echo "every library of the prebuilt engine loads here: using it (--build-there builds instead)"
+    build=$work/prebuilt
+    prebuilt=1
+  else
+    echo "the prebuilt engine does not fit here, building it instead:"
+    echo "$missing"
+  fi
+fi
+engine_ld=$torch_lib:$root_lib:$build/lib
 
-step "build"
-cmake --build "$build" --target ddp-trainer ddp-bench-gpu libddp_cuda_test -j"$(nproc)"
+if (( ! prebuilt )); then
+  step "configure (DDP_ENGINE_ONLY, torch from $python, dependencies from $root only)"
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDDP_ENGINE_ONLY=ON \
+    -DDDP_TORCH_PYTHON="$python" -DDDP_TORCH_VERSION= -DDDP_REQUIRE_CUDA=ON \
+    -DCMAKE_PREFIX_PATH="$root/usr" -DCMAKE_IGNORE_PREFIX_PATH=/usr \
+    -DCMAKE_LIBRARY_PATH="$root_lib" -DCMAKE_INCLUDE_PATH="$root/usr/include"
+
+  step "build"
+  cmake --build "$build" --target ddp-trainer ddp-bench-gpu libddp_cuda_test -j"$(nproc)"
+fi
 nccl=$(nm -DC "$build"/lib/libddp.so | grep -c 'c10d::ProcessGroupNCCL::ProcessGroupNCCL' || true)
 (( nccl > 0 )) || { echo "libddp.so does not use c10d::ProcessGroupNCCL: the NCCL path was compiled out"; exit 1; }
 echo "libddp.so uses c10d::ProcessGroupNCCL (the NCCL path is compiled in)"
 
-step "the GPU tests"
-ctest --test-dir "$build" -L gpu --output-on-failure -V | tee "$out/gpu_tests.log" | grep -E '^\s*[0-9]+: \[ +(OK|SKIPPED|FAILED) +\]|tests passed|Skipped|Failed' || true
-grep -q '100% tests passed' "$out/gpu_tests.log" || { echo "the GPU tests failed"; exit 1; }
-if (( ! dry_run )) && grep -q '\[  SKIPPED \]' "$out/gpu_tests.log"; then
-  echo "a GPU test skipped on a machine with a GPU"; exit 1
-fi
+gpu_tests() {
+  if (( prebuilt )); then  # No CTest files: the one test program, as ctest runs it.
+    LD_LIBRARY_PATH=$engine_ld timeout 300 "$build/bin/libddp_cuda_test" > "$out/gpu_tests.log" 2>&1
+    local rc=$?
+    grep -E '^\[ +(OK|SKIPPED|FAILED|PASSED) +\]' "$out/gpu_tests.log" || true
+    (( rc == 0 )) || { echo "the GPU tests failed (exit $rc)"; return 1; }
+  else
+    LD_LIBRARY_PATH=$engine_ld ctest --test-dir "$build" -L gpu --output-on-failure -V |
+      tee "$out/gpu_tests.log" |
+      grep -E '^\s*[0-9]+: \[ +(OK|SKIPPED|FAILED) +\]|tests passed|Skipped|Failed' || true
+    grep -q '100% tests passed' "$out/gpu_tests.log" || { echo "the GPU tests failed"; return 1; }
+  fi
+  if (( ! dry_run )) && grep -q '\[  SKIPPED \]' "$out/gpu_tests.log"; then
+    echo "a GPU test skipped on a machine with a GPU"; return 1
+  fi
+}
 
-step "the GPU bench"
-bench_args=(--build "$build" --out "$out" --python "$python")
-(( dry_run )) && bench_args+=(--dry-run)
-"$python" bench/gpu/bench.py "${bench_args[@]}"
+gpu_bench() {
+  local args=(--build "$build" --out "$out" --python "$python" --ld-library-path "$engine_ld")
+  (( dry_run )) && args+=(--dry-run)
+  "$python" bench/gpu/bench.py "${args[@]}"
+}
+
+full_stack() {
+  if [[ ! -f .gpu-carry/stack.tar.xz ]]; then
+    echo "no .gpu-carry/stack.tar.xz (pack.sh packs it from build/bin)"
+    (( dry_run )) && { echo "dry run: the full stack skipped"; return 0; }
+    return 1
+  fi
+  local stack=$work/stack data=.gpu-carry/fashion-mnist
+  rm -rf "$stack" && mkdir -p "$stack"
+  tar -C "$stack" -xJf .gpu-carry/stack.tar.xz
+  if [[ ! -d $data ]] && (( dry_run )); then
+    data=${DDP_FMNIST:-/usr/share/datasets/fashion-mnist}
+  fi
+  # The control plane loads only its own lib/ (and glibc, libstdc++, libgcc_s of the machine).
+  if ! LD_LIBRARY_PATH=$stack/lib "$stack/bin/ddpctl" --version; then
+    echo "the carried control plane does not load here:"
+    LD_LIBRARY_PATH=$stack/lib ldd "$stack"/bin/* | grep 'not found' | sort -u
+    return 1
+  fi
+  # The worker gets the engine's libraries first and the control plane's last: its trainers
+  # inherit its LD_LIBRARY_PATH, and torch's and this machine's libraries must win there.
+  local args=(--bin "$stack/bin" --trainer "$build/bin/ddp-trainer" --data "$data" --out "$out"
+              --ctl-lib "$stack/lib" --trainer-lib "$engine_ld" --python "$python")
+  (( dry_run )) && args+=(--dry-run)
+  "$python" bench/gpu/stack.py "${args[@]}"
+}
+
+steps=,${DDP_GPU_STEPS:-tests,bench,stack},
+if [[ $steps == *,tests,* ]]; then
+  step "the GPU tests"
+  gpu_tests || failed+=("the GPU tests")
+fi
+if [[ $steps == *,bench,* ]]; then
+  step "the GPU bench"
+  gpu_bench || failed+=("the GPU bench")
+fi
+if [[ $steps == *,stack,* ]]; then
+  step "the full stack"
+  full_stack || failed+=("the full stack")
+fi
 
 step "done: $out"
 ls -la "$out"
+if (( ${#failed[@]} )); then
+  printf 'run.sh: failed: %s\n' "$(IFS=,; echo "${failed[*]}")"
+  exit 1
+fi
