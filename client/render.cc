@@ -181,6 +181,14 @@ std::vector<std::string> RenderWatch(const v1::Job& job, const ProgressEstimator
   std::vector<std::vector<std::string>> rows = {
       {"RANK", "WORKER", "STATE", "EPOCH", "STEP", "LOSS", "SAMPLES/S", "STEP MS", "COMM MS",
        "UPDATED"}};
+  // GPU ranks get their GPU's columns: memory their tensors hold now (of the most they
+  // held) from the trainer, and the GPU's utilization from the worker's NVML.
+  bool gpu = false;
+  for (const auto& [rank, m] : by_rank) gpu = gpu || m->has_gpu_memory_allocated_mib();
+  if (attempt != nullptr) {
+    for (const v1::RankAssignment& r : attempt->ranks()) gpu = gpu || r.has_gpu_utilization_pct();
+  }
+  if (gpu) rows[0].insert(rows[0].end() - 1, {"GPU MEM MIB", "GPU UTIL"});
   // Stragglers and stale ranks get a NOTE column (only while there is something to note).
   const std::map<int, std::string> notes = RankNotes(job, now);
   if (!notes.empty()) rows[0].push_back("NOTE");
@@ -196,6 +204,17 @@ std::vector<std::string> RenderWatch(const v1::Job& job, const ProgressEstimator
                       m ? Metric(m->step_ms(), "%.1f") : "-",
                       m ? Metric(m->comm_ms(), "%.1f") : "-",
                       m ? Ago(m->update_ms(), now) : "-"});
+      if (gpu) {
+        std::vector<std::string>& row = rows.back();
+        row.insert(row.end() - 1,
+                   {m && m->has_gpu_memory_allocated_mib()
+                        ? absl::StrFormat("%.0f/%.0f", m->gpu_memory_allocated_mib(),
+                                          m->gpu_memory_peak_mib())
+                        : "-",
+                    r.has_gpu_utilization_pct()
+                        ? absl::StrFormat("%.0f%%", r.gpu_utilization_pct())
+                        : "-"});
+      }
       if (auto n = notes.find(r.rank()); n != notes.end()) rows.back().push_back(n->second);
     }
   }
@@ -245,6 +264,10 @@ std::vector<std::string> RenderWatchLines(const v1::Job& job, const v1::Job* pre
         m.rank(), m.epoch(), m.step() + 1, m.steps(), Metric(m.loss(), "%.4f"),
         WithThousands(m.samples_per_s()), Metric(m.step_ms(), "%.1f"),
         Metric(m.comm_ms(), "%.1f")));
+    if (m.has_gpu_memory_allocated_mib()) {
+      absl::StrAppendFormat(&lines.back(), " gpu_mem_mib %.0f gpu_peak_mib %.0f",
+                            m.gpu_memory_allocated_mib(), m.gpu_memory_peak_mib());
+    }
     if (auto n = notes.find(m.rank()); n != notes.end()) absl::StrAppend(&lines.back(), "  ", n->second);
   }
   const int seen = previous ? previous->epoch_history_size() : 0;
@@ -396,7 +419,7 @@ std::string RenderWorkers(const std::vector<v1::Worker>& workers, absl::Time now
       {"WORKER", "STATE", "ADDRESS", "SLOTS", "FREE", "GPUS", "LABELS", "LAST HEARTBEAT",
        "VERSION", "JOBS"}};
   std::vector<std::vector<std::string>> gpus = {
-      {"WORKER", "GPU", "MODEL", "MEMORY", "UUID", "JOB", "RANK"}};
+      {"WORKER", "GPU", "MODEL", "MEMORY", "USED", "UTIL", "UUID", "JOB", "RANK"}};
   std::string quarantines;  // One line per quarantined worker, with its reason.
   std::string maintenance;  // One line per cordoned or draining worker.
   for (const v1::Worker& w : workers) {
@@ -412,6 +435,11 @@ std::string RenderWorkers(const std::vector<v1::Worker>& workers, absl::Time now
       free_gpus += g.job_id().empty() ? 1 : 0;
       gpus.push_back({w.name(), absl::StrCat(g.index()), g.model(),
                       absl::StrFormat("%.0f GiB", static_cast<double>(g.memory_bytes()) / (1 << 30)),
+                      g.has_memory_used_bytes()
+                          ? absl::StrFormat("%.1f GiB",
+                                            static_cast<double>(g.memory_used_bytes()) / (1 << 30))
+                          : "-",
+                      g.has_utilization_percent() ? absl::StrCat(g.utilization_percent(), "%") : "-",
                       g.uuid(), g.job_id().empty() ? "-" : g.job_id(),
                       g.job_id().empty() ? "-" : absl::StrCat(g.rank())});
     }

@@ -127,6 +127,22 @@ class ScrapeView final : public prometheus::Collectable {
     MetricFamily global = Family("ddp_rank_global_step",
                                  "A running rank's last step, counted over epochs.",
                                  MetricType::Gauge);
+    MetricFamily gpu_allocated = Family(
+        "ddp_rank_gpu_memory_allocated_bytes",
+        "A running rank's GPU memory held by tensors at its last step (its CUDA allocator's).",
+        MetricType::Gauge);
+    MetricFamily gpu_reserved = Family(
+        "ddp_rank_gpu_memory_reserved_bytes",
+        "A running rank's GPU memory held by its CUDA caching allocator at its last step.",
+        MetricType::Gauge);
+    MetricFamily gpu_peak =
+        Family("ddp_rank_gpu_memory_peak_bytes",
+               "The most GPU memory a running rank's tensors held so far.", MetricType::Gauge);
+    MetricFamily gpu_util = Family(
+        "ddp_rank_gpu_utilization_ratio",
+        "A running rank's GPU busy fraction over NVML's last sample period, from its "
+        "worker's last heartbeat.",
+        MetricType::Gauge);
     for (const CoordinatorMetrics::Rank& r : c.ranks) {
       if (!r.has_metrics) continue;  // No step yet: no series rather than a made-up zero.
       std::vector<ClientMetric::Label> labels = {
@@ -134,7 +150,22 @@ class ScrapeView final : public prometheus::Collectable {
       AddGauge(sps, labels, r.metrics.samples_per_s());
       AddGauge(loss, labels, r.metrics.loss());
       AddGauge(step, labels, r.metrics.step_ms() / 1000.0);
-      AddGauge(global, std::move(labels), static_cast<double>(r.metrics.global_step()));
+      AddGauge(global, labels, static_cast<double>(r.metrics.global_step()));
+      constexpr double kMiB = 1024.0 * 1024.0;
+      if (r.metrics.has_gpu_memory_allocated_mib()) {
+        AddGauge(gpu_allocated, labels, r.metrics.gpu_memory_allocated_mib() * kMiB);
+      }
+      if (r.metrics.has_gpu_memory_reserved_mib()) {
+        AddGauge(gpu_reserved, labels, r.metrics.gpu_memory_reserved_mib() * kMiB);
+      }
+      if (r.metrics.has_gpu_memory_peak_mib()) {
+        AddGauge(gpu_peak, labels, r.metrics.gpu_memory_peak_mib() * kMiB);
+      }
+    }
+    for (const CoordinatorMetrics::Rank& r : c.ranks) {
+      if (!r.gpu_utilization_pct) continue;
+      AddGauge(gpu_util, {{"job_id", r.job_id}, {"rank", absl::StrCat(r.rank)}, {"worker", r.worker}},
+               *r.gpu_utilization_pct / 100.0);
     }
     out.push_back(std::move(sps));
     // Worker labels, as kube-state-metrics' kube_node_labels: one series per labelled
@@ -159,6 +190,10 @@ class ScrapeView final : public prometheus::Collectable {
     out.push_back(std::move(loss));
     out.push_back(std::move(step));
     out.push_back(std::move(global));
+    // A family without series is left out (an empty family is not valid exposition).
+    for (MetricFamily* f : {&gpu_allocated, &gpu_reserved, &gpu_peak, &gpu_util}) {
+      if (!f->metric.empty()) out.push_back(std::move(*f));
+    }
     return out;
   }
 

@@ -13,7 +13,9 @@ report too) a line is written whole only up to PIPE_BUF (4096 bytes), as for any
     {"type": "step", "loss": 0.42, "epoch": 0, "step": 3, "steps": 28, "time": 1718000000.5}
 
   step:        loss (required, a number); epoch, step (0-based within the epoch), steps (per
-               epoch), global_step (integers); samples_per_s, step_ms, comm_ms, lr (numbers)
+               epoch), global_step (integers); samples_per_s, step_ms, comm_ms, lr,
+               gpu_memory_allocated_mib, gpu_memory_reserved_mib, gpu_memory_peak_mib
+               (numbers; gpu_memory() fills the last three on a GPU)
   epoch:       epoch (integer); train_loss, val_loss, val_accuracy (numbers, 0..1 for accuracy)
   checkpoint:  path (a string); epoch, step, global_step (integers)
 
@@ -47,10 +49,13 @@ import sys
 import threading
 import time
 
-__all__ = ["enabled", "step", "epoch", "checkpoint", "notice", "should_checkpoint"]
+__all__ = ["enabled", "step", "epoch", "checkpoint", "notice", "should_checkpoint",
+           "gpu_memory"]
 
 _INT_FIELDS = frozenset(("epoch", "step", "steps", "global_step"))
 _NUM_FIELDS = frozenset(("loss", "samples_per_s", "step_ms", "comm_ms", "lr",
+                         "gpu_memory_allocated_mib", "gpu_memory_reserved_mib",
+                         "gpu_memory_peak_mib",
                          "train_loss", "val_loss", "val_accuracy", "time"))
 _MAX_LINE = 64 * 1024
 _UNSET = object()
@@ -149,6 +154,20 @@ def _emit(kind, fields):
 def step(loss, **fields):
     """One training step of this rank: loss, and epoch, step, steps, samples_per_s, ..."""
     _emit("step", dict(loss=loss, **fields))
+
+
+def gpu_memory(device=None):
+    """This process's CUDA memory in MiB as step() fields (torch.cuda.memory_allocated,
+    memory_reserved, max_memory_allocated), or {} without torch or a GPU in use:
+    ddp_report.step(loss, **ddp_report.gpu_memory())."""
+    import sys
+    torch = sys.modules.get("torch")  # Never imported here: only if the program has it.
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return {}
+    mib = 1024.0 * 1024.0
+    return {"gpu_memory_allocated_mib": torch.cuda.memory_allocated(device) / mib,
+            "gpu_memory_reserved_mib": torch.cuda.memory_reserved(device) / mib,
+            "gpu_memory_peak_mib": torch.cuda.max_memory_allocated(device) / mib}
 
 
 def epoch(epoch=None, **fields):

@@ -211,6 +211,19 @@ def loss_fn(kind, out, y, reduction="mean"):
     return F.binary_cross_entropy_with_logits(out.reshape(-1), y, reduction=reduction)
 
 
+# train.precision: bf16 -> torch.autocast("cpu", torch.bfloat16) around each forward and
+# its loss (training and validation), as ddp-trainer's Autocast; fp32 -> nothing.
+AUTOCAST_DTYPE = None
+
+
+def autocast():
+    import contextlib
+    import torch
+    if AUTOCAST_DTYPE is None:
+        return contextlib.nullcontext()
+    return torch.autocast("cpu", dtype=AUTOCAST_DTYPE)
+
+
 def validate(ddp, val, rank, world, batch_size, kind):
     """ddp-trainer's validation: rank r evaluates val[r::world] (no padding) through the
     DDP module in eval mode, in chunks of max(batch_size, 256); totals are all-reduced."""
@@ -225,8 +238,9 @@ def validate(ddp, val, rank, world, batch_size, kind):
         for i in range(0, len(idx), chunk):
             sel = idx[i:i + chunk]
             bx, by = vx.index_select(0, sel), vy.index_select(0, sel)
-            out = ddp(bx)
-            loss_sum += loss_fn(kind, out, by, reduction="sum").item()
+            with autocast():
+                out = ddp(bx)
+                loss_sum += loss_fn(kind, out, by, reduction="sum").item()
             if kind == "cross_entropy":
                 correct += out.argmax(1).eq(by).sum().item()
             elif kind == "bce_with_logits":
@@ -252,7 +266,10 @@ def child(args):
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     spec, opt = load_spec(args.spec)
     os.chdir(os.path.dirname(os.path.abspath(args.spec)))
+    global AUTOCAST_DTYPE
     train = spec["train"]
+    if train.get("precision", "fp32") == "bf16":
+        AUTOCAST_DTYPE = torch.bfloat16
     threads = args.threads or train.get("threads") or max(1, (os.cpu_count() or 1) // world)
     torch.set_num_threads(threads)
     x, y, val, num_classes = load_data(spec, train["loss"])
@@ -296,7 +313,8 @@ def child(args):
             for j, (bx, by) in enumerate(group):
                 sync = j == len(group) - 1
                 with contextlib.nullcontext() if sync else ddp.no_sync():
-                    loss = loss_fn(train["loss"], ddp(bx), by)
+                    with autocast():
+                        loss = loss_fn(train["loss"], ddp(bx), by)
                     (loss if len(group) == 1 else loss / len(group)).backward()
                 total += loss.item()
                 samples += bx.shape[0]

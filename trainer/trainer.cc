@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <new>
+#include <optional>
 #include <thread>
 
 #include "absl/status/status.h"
@@ -20,6 +21,7 @@
 #include "absl/time/time.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "ddp/autocast.h"
 #include "ddp/distributed_data_parallel.h"
 #include "ddp/lr_schedule.h"
 #include "ddp/process_group.h"
@@ -27,6 +29,7 @@
 #include "libddp/engine/checkpoint.h"
 #include "libddp/engine/checkpoint_keeper.h"
 #include "libddp/engine/comm.h"
+#include "libddp/engine/gpu_memory.h"
 #include "libddp/engine/optimizer.h"
 #include "libddp/engine/recovery.h"
 #include "libddp/engine/reducer.h"
@@ -422,6 +425,7 @@ void TrainerImpl::EmitStart() {
   e.backend = device_.backend;
   e.intra_node_comm = group_->intra_node_comm();
   e.device = device_.device.str();
+  e.precision = spec_.train.precision == Precision::kBf16 ? "bf16" : "fp32";
   e.model = model_->Describe();
   e.params = CountParameters(*model_);
   e.train_samples = data_.train.size();
@@ -482,8 +486,14 @@ absl::Status TrainerImpl::TakeStep(const std::vector<int64_t>& order, int64_t fi
     std::optional<DataParallel::NoSync> no_sync;
     if (j != num_micro - 1) no_sync.emplace(ddp_->no_sync());
     DDP_RETURN_IF_ERROR(ddp_->impl().PrepareForward());
-    at::Tensor out = model_->Forward(xd);
-    at::Tensor l = Loss(spec_.train.loss, out, yd, /*sum=*/false);
+    at::Tensor l;
+    {
+      // torch.autocast's scope: the forward and the loss; backward outside it.
+      std::optional<Autocast> autocast;
+      if (spec_.train.precision == Precision::kBf16) autocast.emplace(device_.device);
+      at::Tensor out = model_->Forward(xd);
+      l = Loss(spec_.train.loss, out, yd, /*sum=*/false);
+    }
     try {
       if (num_micro == 1) {
         l.backward();
@@ -564,6 +574,13 @@ absl::Status TrainerImpl::TrainEpoch(int64_t epoch, int64_t first_step) {
       e.step_ms = step_ms;
       e.comm_ms = comm_ms;
       e.lr = lr;
+      if (device_.device.is_cuda()) {
+        if (std::optional<GpuMemoryStats> m = GpuMemoryOf(device_.device.index())) {
+          e.gpu_memory_allocated_mib = m->allocated_mib;
+          e.gpu_memory_reserved_mib = m->reserved_mib;
+          e.gpu_memory_peak_mib = m->peak_mib;
+        }
+      }
       events_.Emit(e);
       window_samples_ = 0;
       window_start_ = Clock::now();
@@ -604,8 +621,11 @@ absl::Status TrainerImpl::EndEpoch(int64_t epoch, bool complete, bool checkpoint
       const int64_t n = std::min<int64_t>(bs, static_cast<int64_t>(idx.size() - b));
       auto [x, y] = batches.Gather(idx.data() + b, n);
       at::Tensor yd = y.to(device_.device);
+      std::optional<Autocast> autocast;
+      if (spec_.train.precision == Precision::kBf16) autocast.emplace(device_.device);
       at::Tensor out = model_->Forward(x.to(device_.device));
       val_loss += Loss(spec_.train.loss, out, yd, /*sum=*/true).item<double>();
+      autocast.reset();
       if (spec_.train.loss == LossKind::kCrossEntropy) {
         correct += out.argmax(1).eq(yd).sum().item<double>();
       } else if (spec_.train.loss == LossKind::kBceWithLogits) {

@@ -39,7 +39,7 @@ sys.path.insert(0, HERE)
 import models  # noqa: E402
 
 BATCH = {"mlp": 64, "cnn": 64, "resnet18": 128}
-STEPS = {"mlp": 400, "cnn": 300, "resnet18": 100}
+STEPS = {"mlp": 2000, "cnn": 1000, "resnet18": 200}
 CONFIGS = {"nccl-w1": ("nccl", 1), "gloo-w2": ("gloo", 2)}
 SIDES = ("pytorch", "libddp", "ddp-trainer")
 
@@ -216,7 +216,7 @@ def bench(a, tmp):
                     try:
                         outs = run_ranks(argv[side], world,
                                          {} if side == "pytorch" else engine_env, tmp,
-                                         timeout=600)
+                                         timeout=120)
                     finally:
                         g = sampler.stop()
                     rate = trainer_rate(outs, 1) if side == "ddp-trainer" else loop_rate(outs)

@@ -79,6 +79,7 @@ struct StartEvent {
   std::string backend;
   std::string intra_node_comm;
   std::string device;
+  std::string precision;
   std::string model;
   int64_t params = 0;
   int64_t train_samples = 0;
@@ -97,6 +98,7 @@ struct StartEvent {
     v("intra_node_comm", s.intra_node_comm,
       "`shm`, or the backend's name: see [Communication](#communication)");
     v("device", s.device, "");
+    v("precision", s.precision, "`fp32`, or `bf16`: autocast with fp32 master weights");
     v("model", s.model, "");
     v("params", s.params, "");
     v("train_samples", s.train_samples, "");
@@ -134,6 +136,10 @@ struct StepEvent {
   double step_ms = 0;
   double comm_ms = 0;
   double lr = 0;
+  // The rank's GPU, as its CUDA caching allocator sees it (null on the CPU).
+  std::optional<double> gpu_memory_allocated_mib;
+  std::optional<double> gpu_memory_reserved_mib;
+  std::optional<double> gpu_memory_peak_mib;
   template <typename S, typename V>
   static void Fields(S& s, V&& v) {
     v("epoch", s.epoch, "");
@@ -145,6 +151,12 @@ struct StepEvent {
     v("step_ms", s.step_ms, "");
     v("comm_ms", s.comm_ms, "");
     v("lr", s.lr, "");
+    v("gpu_memory_allocated_mib", s.gpu_memory_allocated_mib,
+      "held by tensors now, as `torch.cuda.memory_allocated`; null on the CPU");
+    v("gpu_memory_reserved_mib", s.gpu_memory_reserved_mib,
+      "held by the caching allocator, as `memory_reserved`; null on the CPU");
+    v("gpu_memory_peak_mib", s.gpu_memory_peak_mib,
+      "the most held by tensors so far, as `max_memory_allocated`; null on the CPU");
   }
 };
 

@@ -602,13 +602,10 @@ void ParseTrain(Reader& r, const YAML::Node& root, JobSpec* spec) {
     if (precision == "fp32") {
       t.precision = Precision::kFp32;
     } else if (precision == "bf16") {
-      // Accepting it would train in fp32 without saying so: refuse until the CUDA
-      // autocast path exists and has run on a GPU.
-      r.Error(n["precision"], "train.precision",
-              "bf16 is not supported yet: ddp-trainer trains in fp32 (use precision: fp32)");
+      t.precision = Precision::kBf16;
     } else {
       r.Error(n["precision"], "train.precision",
-              absl::StrCat("must be fp32 (got '", precision, "')"));
+              absl::StrCat("must be fp32 or bf16 (got '", precision, "')"));
     }
   }
   std::string intra;

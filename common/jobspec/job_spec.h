@@ -25,7 +25,9 @@ namespace ddp {
 enum class Backend { kAuto, kNccl, kGloo };
 enum class LossKind { kCrossEntropy, kMse, kBceWithLogits };
 enum class OptimizerKind { kSgd, kAdam, kAdamW };
-enum class Precision { kFp32 };  // bf16 is refused until the CUDA autocast path exists.
+// fp32, or bf16: autocast to bfloat16 with fp32 master weights (torch.autocast's rule:
+// matmuls and convolutions in bf16, reductions and losses in fp32).
+enum class Precision { kFp32, kBf16 };
 // How ranks on one node reduce gradients: auto (shared memory for CPU tensors when a
 // node runs more than one rank, else the backend), shm (required), gloo (the backend).
 enum class IntraNodeComm { kAuto, kShm, kGloo };

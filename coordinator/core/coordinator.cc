@@ -516,6 +516,11 @@ v1::Job Coordinator::SummaryLocked(const JobRecord& rec) {
       const WorkerRecord* w = registry_.Find(r.worker());
       if (w != nullptr && registry_.RankMayLive(*w, key, r)) {
         ++live;
+        const v1::GpuUsage* gpu = r.gpu_uuid().empty() ? nullptr : w->GpuUsageOf(r.gpu_uuid());
+        if (gpu != nullptr && !IsTerminal(a.state())) {
+          r.set_gpu_utilization_pct(gpu->utilization_percent());
+          r.set_gpu_memory_used_mib(static_cast<double>(gpu->memory_used_bytes()) / (1 << 20));
+        }
       } else if (!r.exited() && IsTerminal(a.state())) {
         r.set_lost(true);  // Not "running": nobody runs it, and how it ended is unknown.
       }

@@ -86,6 +86,10 @@ CoordinatorMetrics Coordinator::Metrics() {
         rank.job_id = id;
         rank.rank = r.rank();
         rank.worker = r.worker();
+        const WorkerRecord* w = r.gpu_uuid().empty() ? nullptr : registry_.Find(r.worker());
+        if (const v1::GpuUsage* u = w ? w->GpuUsageOf(r.gpu_uuid()) : nullptr) {
+          rank.gpu_utilization_pct = u->utilization_percent();
+        }
       }
     }
   }

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,7 @@ struct CoordinatorMetrics {
     std::string worker;
     bool has_metrics = false;
     v1::RankMetrics metrics;
+    std::optional<double> gpu_utilization_pct;  // Its GPU's, per its worker's NVML.
   };
   std::vector<Rank> ranks;
   // The labels of each registered worker that has any (--label), by worker name.

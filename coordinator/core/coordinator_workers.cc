@@ -165,6 +165,9 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::HeartbeatLocked(
     worker.free_ports.assign(req.free_ports().begin(), req.free_ports().end());
     if (ports_.WaitsOn(req.worker()) && !worker.free_ports.empty()) schedule_dirty_ = true;
   }
+  if (req.gpu_usage_size() > 0 || !worker.gpu_usage.empty()) {
+    worker.gpu_usage.assign(req.gpu_usage().begin(), req.gpu_usage().end());
+  }
   if (req.stopping_grace_ms() > 0 && !worker.stopping) {
     // Before `leaving` below: the attempts that can move at a checkpoint wait for it.
     worker.stopping = true;

@@ -144,6 +144,13 @@ absl::Status EventHub::Ingest(const std::vector<v1::ReportedEvent>& events,
         m.set_samples_per_s(step.samples_per_s());
         m.set_step_ms(step.step_ms());
         m.set_comm_ms(step.comm_ms());
+        if (step.has_gpu_memory_allocated_mib()) {
+          m.set_gpu_memory_allocated_mib(step.gpu_memory_allocated_mib());
+        }
+        if (step.has_gpu_memory_reserved_mib()) {
+          m.set_gpu_memory_reserved_mib(step.gpu_memory_reserved_mib());
+        }
+        if (step.has_gpu_memory_peak_mib()) m.set_gpu_memory_peak_mib(step.gpu_memory_peak_mib());
         m.set_update_ms(now_ms);
         if (ev.attempt() > feed.metrics_attempt) {
           feed.metrics_attempt = ev.attempt();

@@ -450,6 +450,10 @@ void WorkerRegistry::ShowGpuHolders(const WorkerRecord& w, v1::Worker* view) con
   for (v1::GpuDevice& g : *view->mutable_gpu_devices()) {
     g.clear_job_id();
     g.clear_rank();
+    if (const v1::GpuUsage* u = w.GpuUsageOf(g.uuid())) {
+      g.set_utilization_percent(u->utilization_percent());
+      g.set_memory_used_bytes(u->memory_used_bytes());
+    }
     for (const auto& [key, task] : w.gpu_holders) {
       for (size_t l = 0; l < task.gpu_uuids.size() && l < task.ranks.size(); ++l) {
         if (task.gpu_uuids[l] != g.uuid()) continue;

@@ -75,6 +75,14 @@ struct WorkerRecord {
   // It got SIGTERM (HeartbeatRequest.stopping_grace_ms): its attempts were told.
   bool stopping = false;
   std::vector<int32_t> free_ports;  // From its last heartbeat.
+  std::vector<v1::GpuUsage> gpu_usage;  // Its GPUs per NVML, from its last heartbeat.
+  // The sample of GPU `uuid`, or null.
+  const v1::GpuUsage* GpuUsageOf(const std::string& uuid) const {
+    for (const v1::GpuUsage& u : gpu_usage) {
+      if (u.uuid() == uuid) return &u;
+    }
+    return nullptr;
+  }
   std::map<TaskKey, v1::TaskStatus> reported;  // Its last heartbeat's tasks.
   // Tasks handed to it in its last heartbeat reply that it had not reported (with
   // their rank counts): their trainers may be starting whatever became of their

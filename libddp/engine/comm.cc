@@ -182,13 +182,28 @@ class DonePendingSum : public PendingSum {
 
 class WorkPendingSum : public PendingSum {
  public:
-  WorkPendingSum(c10::intrusive_ptr<c10d::Work> work, std::chrono::milliseconds timeout)
-      : work_(std::move(work)), timeout_(timeout) {}
-  absl::Status Wait() override { return WaitWork(work_, timeout_, "all-reduce"); }
+  // `stream_ordered`: an NCCL all-reduce of GPU tensors, waited on as PyTorch's DDP
+  // does: the current CUDA stream waits for NCCL's, and the host goes on (no sync per
+  // bucket; what reads the gradients is queued behind the all-reduce). Its timeout is
+  // then NCCL's watchdog's (the group's collective timeout), which ends the process.
+  // Otherwise (Gloo) the host waits, up to the collective timeout.
+  WorkPendingSum(c10::intrusive_ptr<c10d::Work> work, std::chrono::milliseconds timeout,
+                 bool stream_ordered)
+      : work_(std::move(work)), timeout_(timeout), stream_ordered_(stream_ordered) {}
+  absl::Status Wait() override {
+    if (!stream_ordered_) return WaitWork(work_, timeout_, "all-reduce");
+    try {
+      work_->wait();  // No timeout: in LibTorch 2.x a timeout makes wait() block the host.
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat("all-reduce failed: ", FirstLine(e)));
+    }
+    return absl::OkStatus();
+  }
 
  private:
   c10::intrusive_ptr<c10d::Work> work_;
   std::chrono::milliseconds timeout_;
+  bool stream_ordered_;
 };
 
 class ShmPendingSum : public PendingSum {
@@ -287,12 +302,12 @@ absl::StatusOr<Comm> Comm::Connect(const Environment& env, const DeviceChoice& d
                                                                env.world_size, opts);
     } else {
 #if DDP_WITH_CUDA
-      // A dead or hung peer must surface as an exception from wait() within the
-      // collective timeout (a retryable exit 1 that names the collective), not as the
-      // NCCL watchdog's abort or a silent hang: blocking wait (TORCH_ prefix in 2.x,
-      // bare in 1.13). A job's own `env` may still set either variable.
-      setenv("TORCH_NCCL_BLOCKING_WAIT", "1", /*overwrite=*/0);
-      setenv("NCCL_BLOCKING_WAIT", "1", /*overwrite=*/0);
+      // The gradient buckets' all-reduces are stream-ordered (WorkPendingSum): a dead or
+      // hung peer there ends the process through NCCL's watchdog after the collective
+      // timeout (its message names the collective; exit by SIGABRT, a retryable failure).
+      // The other collectives (set-up, buffers, sums) wait on the host with the timeout
+      // and fail with an exception that names them. TORCH_NCCL_BLOCKING_WAIT=1 in a
+      // job's `env` makes every wait block the host, as before decision 147.
       auto opts = c10d::ProcessGroupNCCL::Options::create();
       opts->timeout = collective_timeout;
       c.backend_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(c.store_, env.rank,
@@ -415,7 +430,9 @@ std::unique_ptr<PendingSum> Comm::StartSum(const at::Tensor& flat) {
   opts.reduceOp = c10d::ReduceOp::SUM;
   opts.timeout = timeout_;
   try {
-    return std::make_unique<WorkPendingSum>(backend_->allreduce(tensors, opts), timeout_);
+    const bool stream_ordered = flat.is_cuda() && backend_name_ == "nccl";
+    return std::make_unique<WorkPendingSum>(backend_->allreduce(tensors, opts), timeout_,
+                                            stream_ordered);
   } catch (const std::exception& e) {
     return std::make_unique<DonePendingSum>(
         absl::UnavailableError(absl::StrCat("all-reduce failed to start: ", FirstLine(e))));

@@ -7,11 +7,13 @@
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
+#include <optional>
 #include <string>
 
 #include "common/contract/events.h"
 #include "common/contract/launch_env.h"
 #include "common/json_writer.h"
+#include "libddp/engine/gpu_memory.h"
 
 namespace ddp {
 namespace {
@@ -42,6 +44,16 @@ void Optional(JsonObject& o, const char* key, double v) {
 }
 
 }  // namespace
+
+GpuMemory gpu_memory(int device) {
+  GpuMemory out;
+  if (std::optional<GpuMemoryStats> m = GpuMemoryOf(device)) {
+    out.allocated_mib = m->allocated_mib;
+    out.reserved_mib = m->reserved_mib;
+    out.peak_mib = m->peak_mib;
+  }
+  return out;
+}
 
 Reporter::Reporter() : fd_(FdFromEnvironment()) {}
 Reporter::Reporter(int fd) : fd_(fd) {}
@@ -90,6 +102,9 @@ void Reporter::step(const StepReport& r) {
   Optional(o, "step_ms", r.step_ms);
   Optional(o, "comm_ms", r.comm_ms);
   Optional(o, "lr", r.lr);
+  Optional(o, "gpu_memory_allocated_mib", r.gpu_memory_allocated_mib);
+  Optional(o, "gpu_memory_reserved_mib", r.gpu_memory_reserved_mib);
+  Optional(o, "gpu_memory_peak_mib", r.gpu_memory_peak_mib);
   o.Add("time", Now());
   Write(o.Line());
 }

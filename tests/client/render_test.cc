@@ -72,6 +72,26 @@ TEST(RenderTest, WatchShowsEveryRankWithLossThroughputAndProgress) {
   EXPECT_THAT(all, HasSubstr("0.3s ago"));
 }
 
+TEST(RenderTest, WatchShowsGpuColumnsOnlyForGpuRanks) {
+  const absl::Time now = absl::FromUnixSeconds(1800000000);
+  v1::Job job = RunningJob(now);
+  ProgressEstimator progress;
+  const std::string cpu = absl::StrJoin(RenderWatch(job, progress, now, false), "\n");
+  EXPECT_THAT(cpu, testing::Not(HasSubstr("GPU")));
+  for (int r = 0; r < 2; ++r) {
+    job.mutable_metrics(r)->set_gpu_memory_allocated_mib(1200 + r);
+    job.mutable_metrics(r)->set_gpu_memory_reserved_mib(2048);
+    job.mutable_metrics(r)->set_gpu_memory_peak_mib(1800);
+  }
+  job.mutable_attempts(0)->mutable_ranks(0)->set_gpu_utilization_pct(91);
+  std::vector<std::string> lines = RenderWatch(job, progress, now, false);
+  EXPECT_THAT(lines, Contains(testing::ContainsRegex("COMM MS +GPU MEM MIB +GPU UTIL +UPDATED")));
+  EXPECT_THAT(lines, Contains(testing::ContainsRegex("^0 .* 0.7 +1200/1800 +91% +0.3s ago")));
+  EXPECT_THAT(lines, Contains(testing::ContainsRegex("^1 .* 0.7 +1201/1800 +- +0.3s ago")));
+  const std::vector<std::string> plain = RenderWatchLines(job, nullptr, now);
+  EXPECT_THAT(plain, Contains(HasSubstr("gpu_mem_mib 1200 gpu_peak_mib 1800")));
+}
+
 TEST(RenderTest, PlainWatchLinesOnlyReportChanges) {
   const absl::Time now = absl::FromUnixSeconds(1800000000);
   v1::Job before = RunningJob(now);
@@ -156,6 +176,8 @@ TEST(RenderTest, WorkersShowEachGpuAndWhoHoldsIt) {
     if (i == 1) {
       g->set_job_id("cnn-x1y2z");
       g->set_rank(3);
+      g->set_utilization_percent(93);  // The worker's NVML sample.
+      g->set_memory_used_bytes(int64_t{12} << 30);
     }
   }
   v1::Worker cpu;
@@ -169,8 +191,11 @@ TEST(RenderTest, WorkersShowEachGpuAndWhoHoldsIt) {
   EXPECT_THAT(out, testing::ContainsRegex("gpu-a +alive .* 1/2 "));
   EXPECT_THAT(out, testing::ContainsRegex("cpu-b +alive .* 0 "));
   // One row per GPU with model, memory and holder.
-  EXPECT_THAT(out, testing::ContainsRegex("gpu-a +0 +NVIDIA H100 80GB HBM3 +80 GiB +GPU-0a1b +- +-"));
-  EXPECT_THAT(out, testing::ContainsRegex("gpu-a +1 +NVIDIA H100 80GB HBM3 +80 GiB +GPU-2c3d +cnn-x1y2z +3"));
+  // One row per GPU with model, memory, use (when sampled) and holder.
+  EXPECT_THAT(out, testing::ContainsRegex(
+                       "gpu-a +0 +NVIDIA H100 80GB HBM3 +80 GiB +- +- +GPU-0a1b +- +-"));
+  EXPECT_THAT(out, testing::ContainsRegex(
+                       "gpu-a +1 +NVIDIA H100 80GB HBM3 +80 GiB +12.0 GiB +93% +GPU-2c3d +cnn-x1y2z +3"));
 }
 
 TEST(RenderTest, WorkersShowTheirLabelsAndJobsTheirPriorityAndSelector) {

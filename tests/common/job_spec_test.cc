@@ -108,11 +108,20 @@ TEST(JobSpecTest, ZeroBatchSizeNamesTheFieldAndItsLine) {
                              HasSubstr("job.yaml:6: train.batch_size: must be > 0 (got 0)")));
 }
 
-TEST(JobSpecTest, Bf16IsRefusedUntilItIsImplemented) {
-  auto spec = ParseJobSpec("name: d\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n"
-                           "train:\n  precision: bf16\n");
-  EXPECT_THAT(spec, StatusIs(absl::StatusCode::kInvalidArgument,
-                             HasSubstr("job.yaml:5: train.precision: bf16 is not supported yet")));
+TEST(JobSpecTest, PrecisionIsFp32OrBf16) {
+  DDP_ASSERT_OK_AND_ASSIGN(JobSpec fp32, ParseJobSpec("name: d\nmodel: {mlp: {}}\n"
+                                                      "data: {synthetic: {}}\n"
+                                                      "train: {batch_size: 8}\n"));
+  EXPECT_EQ(fp32.train.precision, Precision::kFp32);
+  DDP_ASSERT_OK_AND_ASSIGN(JobSpec bf16, ParseJobSpec("name: d\nmodel: {mlp: {}}\n"
+                                                      "data: {synthetic: {}}\n"
+                                                      "train: {batch_size: 8, precision: bf16}\n"));
+  EXPECT_EQ(bf16.train.precision, Precision::kBf16);
+  auto fp16 = ParseJobSpec("name: d\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n"
+                           "train:\n  batch_size: 8\n  precision: fp16\n");
+  EXPECT_THAT(fp16, StatusIs(absl::StatusCode::kInvalidArgument,
+                             HasSubstr("job.yaml:6: train.precision: must be fp32 or bf16 "
+                                       "(got 'fp16')")));
 }
 
 TEST(JobSpecTest, IntraNodeCommDefaultsToAutoAndNamesBadValues) {

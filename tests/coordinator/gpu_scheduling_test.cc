@@ -81,6 +81,72 @@ TEST_F(GpuSchedulingTest, TwoJobsOnAFourGpuNodeGetDisjointGpus) {
   EXPECT_EQ(holders[tb->gpu_uuids(1)], b + "/1");
 }
 
+// GPU metrics where each is known: the worker's NVML sample (sent with its heartbeat)
+// shows on its GPUs in ListWorkers and on the rank holding each GPU, and reaches the
+// Prometheus collection; the trainer's allocator memory (its step events) shows in the
+// rank's latest metrics.
+TEST_F(GpuSchedulingTest, GpuUseFromHeartbeatsAndStepsShowsOnTheRanksHoldingThem) {
+  Register("g1", 2);
+  const std::string a = Submit(GpuJob("1"));
+  std::vector<v1::Task> tasks = Heartbeat("g1");
+  ASSERT_NE(TaskOf(a, tasks), nullptr);
+  const v1::Task task = *TaskOf(a, tasks);
+  ASSERT_EQ(task.gpu_uuids_size(), 1);
+  const std::string held = task.gpu_uuids(0);
+  EXPECT_FALSE(Get(a).attempts(0).ranks(0).has_gpu_utilization_pct()) << "no sample yet";
+
+  v1::HeartbeatRequest req;
+  req.set_worker("g1");
+  req.set_incarnation(Incarnation("g1"));
+  *req.add_tasks() = Running(task);
+  for (const auto& [uuid, holder] : Holders("g1")) {
+    v1::GpuUsage* u = req.add_gpu_usage();
+    u->set_uuid(uuid);
+    u->set_utilization_percent(uuid == held ? 87 : 0);
+    u->set_memory_used_bytes(uuid == held ? (int64_t{3} << 30) : 0);
+  }
+  ASSERT_TRUE(coordinator_->Heartbeat(req).ok());
+
+  const v1::RankAssignment rank = Get(a).attempts(0).ranks(0);
+  EXPECT_DOUBLE_EQ(rank.gpu_utilization_pct(), 87);
+  EXPECT_DOUBLE_EQ(rank.gpu_memory_used_mib(), 3072);
+  auto workers = coordinator_->ListWorkers({});
+  ASSERT_TRUE(workers.ok()) << workers.status();
+  int sampled = 0;
+  for (const v1::GpuDevice& g : workers->workers(0).gpu_devices()) {
+    ASSERT_TRUE(g.has_utilization_percent()) << g.uuid();
+    sampled += 1;
+    EXPECT_EQ(g.utilization_percent(), g.uuid() == held ? 87 : 0);
+    EXPECT_EQ(g.memory_used_bytes(), g.uuid() == held ? (int64_t{3} << 30) : 0);
+  }
+  EXPECT_EQ(sampled, 2);
+
+  v1::TrainerEvent step;
+  step.mutable_step()->set_loss(0.5);
+  step.mutable_step()->set_gpu_memory_allocated_mib(100);
+  step.mutable_step()->set_gpu_memory_reserved_mib(128);
+  step.mutable_step()->set_gpu_memory_peak_mib(150);
+  ASSERT_TRUE(ReportEvents("g1", a, 1, 0, {step}).ok());
+  const v1::Job job = Get(a);
+  ASSERT_EQ(job.metrics_size(), 1);
+  EXPECT_DOUBLE_EQ(job.metrics(0).gpu_memory_allocated_mib(), 100);
+  EXPECT_DOUBLE_EQ(job.metrics(0).gpu_memory_reserved_mib(), 128);
+  EXPECT_DOUBLE_EQ(job.metrics(0).gpu_memory_peak_mib(), 150);
+
+  const CoordinatorMetrics m = coordinator_->Metrics();
+  ASSERT_EQ(m.ranks.size(), 1u);
+  ASSERT_TRUE(m.ranks[0].gpu_utilization_pct.has_value());
+  EXPECT_DOUBLE_EQ(*m.ranks[0].gpu_utilization_pct, 87);
+  EXPECT_DOUBLE_EQ(m.ranks[0].metrics.gpu_memory_peak_mib(), 150);
+
+  // A CPU job's rank on the same node shows no GPU use.
+  const std::string cpu = Submit(GpuJob("1", "gloo"));
+  tasks = Heartbeat("g1", {Running(task)});
+  ASSERT_NE(TaskOf(cpu, tasks), nullptr);
+  Heartbeat("g1", {Running(task), Running(*TaskOf(cpu, tasks))});
+  EXPECT_FALSE(Get(cpu).attempts(0).ranks(0).has_gpu_utilization_pct());
+}
+
 TEST_F(GpuSchedulingTest, AutoRunsOneRankPerFreeGpu) {
   Register("g1", 4);
   const std::string a = Submit(GpuJob("1"));

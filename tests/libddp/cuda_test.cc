@@ -8,10 +8,19 @@
 // model, parameters, data and steps must give the same losses within float tolerance.
 #include <ddp/ddp.h>
 #include <netinet/in.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <sys/socket.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <cmath>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -50,70 +59,163 @@ struct TrainRun {
   std::vector<std::string> errors;
 };
 
-// `world` ranks (threads) train a 8-16-3 MLP with SGD for `steps` steps, rank r on rows
-// r, r + world, ... of fixed data. Parameters are set from a formula (no random
-// generator: threads would race on it), and DDP broadcasts rank 0's anyway.
-TrainRun Train(int world, const std::string& backend, const std::string& device, int steps) {
+// What one rank saw: the mean loss over ranks per step, its backend and device.
+struct RankRun {
+  std::vector<double> losses;
+  std::string backend;
+  at::Device device = at::kCPU;
+};
+
+// Rank `r` of `world` trains a 8-16-3 MLP with SGD for `steps` steps on rows r, r + world,
+// ... of fixed data. Parameters are set from a formula (no random generator: threads
+// would race on it), and DDP broadcasts rank 0's anyway. Throws what libddp throws.
+RankRun TrainRank(int r, int world, int port, const std::string& backend,
+                  const std::string& device, int steps, bool bf16) {
   const at::Tensor x = at::linspace(-2.0, 2.0, 64 * 8).reshape({64, 8}).sin();
   const at::Tensor y = at::arange(64).remainder(3);
+  ddp::Environment env;
+  env.rank = env.local_rank = r;
+  env.world_size = env.local_world_size = world;
+  env.master_addr = "127.0.0.1";
+  env.master_port = port;
+  env.node = "cuda-test";
+  ddp::ProcessGroupOptions o;
+  o.backend = backend;
+  o.device = device;
+  o.intra_node_comm = "gloo";  // The backend's own path, on either device.
+  auto group = ddp::ProcessGroup::create(env, o);
+  RankRun run;
+  run.backend = group->backend();
+  run.device = group->device();
+  torch::nn::Sequential net(torch::nn::Linear(8, 16), torch::nn::Tanh(),
+                            torch::nn::Linear(16, 3));
+  {
+    torch::NoGradGuard no_grad;
+    int i = 0;
+    for (auto& p : net->parameters()) {
+      p.copy_(at::linspace(-0.5, 0.5, p.numel()).reshape(p.sizes()) * (1 + i++ % 3));
+    }
+  }
+  ddp::DistributedDataParallel model(net, group);
+  torch::optim::SGD opt(model.module()->parameters(), torch::optim::SGDOptions(0.1));
+  for (int step = 0; step < steps; ++step) {
+    const at::Tensor rows = at::arange(r, 64, world);
+    const at::Tensor xb = x.index_select(0, rows).to(group->device());
+    const at::Tensor yb = y.index_select(0, rows).to(group->device());
+    at::Tensor loss;
+    {
+      std::optional<ddp::Autocast> autocast;
+      if (bf16) autocast.emplace(group->device());
+      loss = torch::nn::functional::cross_entropy(model(xb), yb);
+    }
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+    run.losses.push_back(group->sum({loss.item<double>()})[0] / world);
+  }
+  group->barrier();
+  return run;
+}
+
+// `world` ranks as threads of this process, each with its own process group.
+TrainRun Train(int world, const std::string& backend, const std::string& device, int steps,
+               bool bf16 = false) {
   const int port = FreePort();
-  TrainRun run;
-  std::vector<std::vector<double>> losses(world);
+  std::vector<RankRun> runs(world);
   std::vector<std::string> errors(world);
-  std::vector<std::string> backends(world);
-  std::vector<at::Device> devices(world, at::kCPU);
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       try {
-        ddp::Environment env;
-        env.rank = env.local_rank = r;
-        env.world_size = env.local_world_size = world;
-        env.master_addr = "127.0.0.1";
-        env.master_port = port;
-        env.node = "cuda-test";
-        ddp::ProcessGroupOptions o;
-        o.backend = backend;
-        o.device = device;
-        o.intra_node_comm = "gloo";  // The backend's own path, on either device.
-        auto group = ddp::ProcessGroup::create(env, o);
-        backends[r] = group->backend();
-        devices[r] = group->device();
-        torch::nn::Sequential net(torch::nn::Linear(8, 16), torch::nn::Tanh(),
-                                  torch::nn::Linear(16, 3));
-        {
-          torch::NoGradGuard no_grad;
-          int i = 0;
-          for (auto& p : net->parameters()) {
-            p.copy_(at::linspace(-0.5, 0.5, p.numel()).reshape(p.sizes()) * (1 + i++ % 3));
-          }
-        }
-        ddp::DistributedDataParallel model(net, group);
-        torch::optim::SGD opt(model.module()->parameters(), torch::optim::SGDOptions(0.1));
-        for (int step = 0; step < steps; ++step) {
-          const at::Tensor rows = at::arange(r, 64, world);
-          const at::Tensor xb = x.index_select(0, rows).to(group->device());
-          const at::Tensor yb = y.index_select(0, rows).to(group->device());
-          at::Tensor loss = torch::nn::functional::cross_entropy(model(xb), yb);
-          opt.zero_grad();
-          loss.backward();
-          opt.step();
-          losses[r].push_back(group->sum({loss.item<double>()})[0] / world);
-        }
-        group->barrier();
+        runs[r] = TrainRank(r, world, port, backend, device, steps, bf16);
       } catch (const std::exception& e) {
         errors[r] = e.what();
       }
     });
   }
   for (auto& t : threads) t.join();
+  TrainRun run;
   for (int r = 0; r < world; ++r) {
     if (!errors[r].empty()) run.errors.push_back("rank " + std::to_string(r) + ": " + errors[r]);
   }
-  run.losses = losses[0];
-  run.backend = backends[0];
-  run.device = devices[0];
+  run.losses = runs[0].losses;
+  run.backend = runs[0].backend;
+  run.device = runs[0].device;
   return run;
+}
+
+// `world` ranks as processes of their own: this test program again, running
+// CudaTest.DISABLED_RankProcess with the rank's environment; rank 0 writes what it saw
+// to a file. Several ranks on one GPU over Gloo's CUDA path hang as threads of one
+// process (seen on an H200: the two ranks' CUDA copies and Gloo's threads deadlock), and
+// a user's ranks are processes anyway, as under ddp-worker and torchrun.
+TrainRun TrainInProcesses(int world, const std::string& backend, const std::string& device,
+                          int steps) {
+  const int port = FreePort();
+  char dir_template[] = "/tmp/ddp-cuda-test-XXXXXX";
+  const std::string dir = mkdtemp(dir_template);
+  const std::string out = dir + "/rank0";
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      setenv("DDP_CUDA_TEST_RANK", std::to_string(r).c_str(), 1);
+      setenv("DDP_CUDA_TEST_WORLD", std::to_string(world).c_str(), 1);
+      setenv("DDP_CUDA_TEST_PORT", std::to_string(port).c_str(), 1);
+      setenv("DDP_CUDA_TEST_BACKEND", backend.c_str(), 1);
+      setenv("DDP_CUDA_TEST_DEVICE", device.c_str(), 1);
+      setenv("DDP_CUDA_TEST_STEPS", std::to_string(steps).c_str(), 1);
+      setenv("DDP_CUDA_TEST_OUT", out.c_str(), 1);
+      execl("/proc/self/exe", "libddp_cuda_test", "--gtest_also_run_disabled_tests",
+            "--gtest_filter=CudaTest.DISABLED_RankProcess", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  TrainRun run;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  for (int r = 0; r < world; ++r) {
+    int status = 0;
+    while (waitpid(pids[r], &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        for (pid_t p : pids) kill(p, SIGKILL);
+        waitpid(pids[r], &status, 0);
+        run.errors.push_back("rank " + std::to_string(r) + ": still running after 120 s");
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
+      run.errors.push_back("rank " + std::to_string(r) + ": exit " +
+                           std::to_string(WEXITSTATUS(status)));
+    }
+  }
+  std::ifstream in(out);
+  std::string backend_seen, device_seen;
+  in >> backend_seen >> device_seen;
+  for (double loss; in >> loss;) run.losses.push_back(loss);
+  if (!backend_seen.empty()) {
+    run.backend = backend_seen;
+    run.device = at::Device(device_seen);
+  }
+  std::remove(out.c_str());
+  rmdir(dir.c_str());
+  return run;
+}
+
+TEST(CudaTest, DISABLED_RankProcess) {  // Run by TrainInProcesses only.
+  auto env = [](const char* name) { return std::string(getenv(name) ? getenv(name) : ""); };
+  ASSERT_FALSE(env("DDP_CUDA_TEST_OUT").empty()) << "started by TrainInProcesses only";
+  const int rank = std::stoi(env("DDP_CUDA_TEST_RANK"));
+  const RankRun run = TrainRank(rank, std::stoi(env("DDP_CUDA_TEST_WORLD")),
+                                std::stoi(env("DDP_CUDA_TEST_PORT")), env("DDP_CUDA_TEST_BACKEND"),
+                                env("DDP_CUDA_TEST_DEVICE"), std::stoi(env("DDP_CUDA_TEST_STEPS")),
+                                /*bf16=*/false);
+  if (rank != 0) return;
+  std::ofstream out(env("DDP_CUDA_TEST_OUT"));
+  out << run.backend << " " << run.device.str() << "\n";
+  out.precision(17);
+  for (double loss : run.losses) out << loss << "\n";
 }
 
 void ExpectSameLosses(const TrainRun& gpu, const TrainRun& cpu, int steps) {
@@ -146,10 +248,49 @@ TEST(CudaTest, NcclAtWorldOneTrainsAsTheCpuPathDoes) {
 
 TEST(CudaTest, TwoRanksShareOneGpuOverGloo) {
   REQUIRE_GPU();
-  const TrainRun gpu = Train(2, "gloo", "cuda", 20);
+  const TrainRun gpu = TrainInProcesses(2, "gloo", "cuda", 20);
   EXPECT_EQ(gpu.backend, "gloo");
   EXPECT_TRUE(gpu.device.is_cuda()) << gpu.device;
   ExpectSameLosses(gpu, Train(2, "gloo", "cpu", 20), 20);
+}
+
+TEST(CudaTest, GpuMemoryIsWhatTheCachingAllocatorHolds) {
+  REQUIRE_GPU();
+  const ddp::GpuMemory before = ddp::gpu_memory(0);
+  at::Tensor t = at::ones({16, 1024, 1024}, at::TensorOptions().device(at::kCUDA, 0));  // 64 MiB
+  const ddp::GpuMemory held = ddp::gpu_memory(0);
+  EXPECT_GE(held.allocated_mib, 64.0);
+  EXPECT_GE(held.reserved_mib, held.allocated_mib);
+  EXPECT_GE(held.peak_mib, held.allocated_mib);
+  if (!std::isnan(before.allocated_mib)) {
+    EXPECT_NEAR(held.allocated_mib - before.allocated_mib, 64.0, 0.5);
+  }
+  t.reset();
+  const ddp::GpuMemory after = ddp::gpu_memory(0);
+  EXPECT_LT(after.allocated_mib, held.allocated_mib);
+  EXPECT_GE(after.peak_mib, 64.0);  // The peak stays.
+}
+
+TEST(CudaTest, Bf16AutocastOnTheGpuTrainsCloseToFp32) {
+  REQUIRE_GPU();
+  const at::Tensor a = at::ones({8, 8}, at::TensorOptions().device(at::kCUDA, 0));
+  {
+    ddp::Autocast autocast(a.device());
+    EXPECT_EQ(at::mm(a, a).scalar_type(), at::kBFloat16);
+  }
+  EXPECT_EQ(at::mm(a, a).scalar_type(), at::kFloat);
+  const TrainRun bf16 = Train(1, "nccl", "cuda", 20, /*bf16=*/true);
+  const TrainRun fp32 = Train(1, "nccl", "cuda", 20);
+  ASSERT_THAT(bf16.errors, ::testing::IsEmpty());
+  ASSERT_THAT(fp32.errors, ::testing::IsEmpty());
+  ASSERT_EQ(bf16.losses.size(), 20u);
+  double apart = 0;
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_NEAR(bf16.losses[i], fp32.losses[i], 0.05) << "step " << i;
+    apart = std::max(apart, std::abs(bf16.losses[i] - fp32.losses[i]));
+  }
+  EXPECT_GT(apart, 0.0) << "bf16 gave fp32's losses bit for bit: autocast did not take effect";
+  EXPECT_LT(bf16.losses.back(), bf16.losses.front()) << "the model did not learn in bf16";
 }
 
 TEST(CudaTest, TheCpuReferenceRunsEverywhere) {
@@ -164,6 +305,13 @@ TEST(CudaTest, TheCpuReferenceRunsEverywhere) {
   const TrainRun one = Train(1, "gloo", "cpu", 20);
   ASSERT_THAT(one.errors, ::testing::IsEmpty());
   for (int i = 0; i < 20; ++i) EXPECT_NEAR(two.losses[i], one.losses[i], 1e-5) << "step " << i;
+  // Ranks as processes (the GPU's two-rank test) train as ranks as threads do.
+  const TrainRun procs = TrainInProcesses(2, "gloo", "cpu", 20);
+  ASSERT_THAT(procs.errors, ::testing::IsEmpty());
+  EXPECT_EQ(procs.backend, "gloo");
+  EXPECT_TRUE(procs.device.is_cpu());
+  ASSERT_EQ(procs.losses.size(), 20u);
+  for (int i = 0; i < 20; ++i) EXPECT_DOUBLE_EQ(procs.losses[i], two.losses[i]) << "step " << i;
 }
 
 TEST(CudaTest, WithoutAGpuCudaIsRefusedByName) {

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -129,6 +130,8 @@ TEST(ReporterTest, WritesLinesTheAgentAccepts) {
     s.step = 2;
     s.steps = 10;
     s.lr = 0.1;
+    s.gpu_memory_allocated_mib = 512;
+    s.gpu_memory_peak_mib = 700;
     report.step(s);
     EpochReport e;
     e.epoch = 1;
@@ -158,9 +161,58 @@ TEST(ReporterTest, WritesLinesTheAgentAccepts) {
       EXPECT_DOUBLE_EQ(event.step().loss(), 0.25);
       EXPECT_EQ(event.step().steps(), 10);
       EXPECT_THAT(line, ::testing::Not(HasSubstr("samples_per_s")));  // Unset: not sent.
+      EXPECT_DOUBLE_EQ(event.step().gpu_memory_allocated_mib(), 512);
+      EXPECT_DOUBLE_EQ(event.step().gpu_memory_peak_mib(), 700);
+      EXPECT_FALSE(event.step().has_gpu_memory_reserved_mib());
     }
   }
   EXPECT_EQ(types, (std::vector<std::string>{"step", "epoch", "checkpoint", "error", "done"}));
+}
+
+TEST(GpuMemoryTest, UnsetWithoutAGpu) {
+  if (torch::cuda::is_available()) GTEST_SKIP() << "a GPU is visible: libddp_cuda_test covers it";
+  const GpuMemory m = gpu_memory();
+  EXPECT_TRUE(std::isnan(m.allocated_mib));
+  EXPECT_TRUE(std::isnan(m.reserved_mib));
+  EXPECT_TRUE(std::isnan(m.peak_mib));
+}
+
+// ddp::Autocast is torch.autocast: inside, a matmul of fp32 tensors runs in bf16;
+// nesting restores the enclosing state; after it, everything is fp32 again, and the
+// parameters and their gradients stayed fp32 (the "master weights").
+TEST(AutocastTest, ScopesBf16AsTorchAutocastDoes) {
+  const torch::Tensor a = torch::ones({4, 4});
+  EXPECT_EQ(torch::mm(a, a).scalar_type(), torch::kFloat);
+  {
+    Autocast outer(torch::kCPU);
+    EXPECT_EQ(torch::mm(a, a).scalar_type(), torch::kBFloat16);
+    {
+      Autocast inner(torch::kCPU);
+      EXPECT_EQ(torch::mm(a, a).scalar_type(), torch::kBFloat16);
+    }
+    EXPECT_EQ(torch::mm(a, a).scalar_type(), torch::kBFloat16);  // Still the outer's.
+  }
+  EXPECT_EQ(torch::mm(a, a).scalar_type(), torch::kFloat);
+  torch::nn::Linear layer(4, 2);
+  torch::Tensor out;
+  {
+    Autocast autocast(torch::kCPU);
+    out = layer(a);
+  }
+  EXPECT_EQ(out.scalar_type(), torch::kBFloat16);
+  out.sum().backward();
+  EXPECT_EQ(layer->weight.scalar_type(), torch::kFloat);
+  EXPECT_EQ(layer->weight.grad().scalar_type(), torch::kFloat);
+}
+
+TEST(AutocastTest, WhatItCannotDoIsNamed) {
+  EXPECT_THAT([] { Autocast a(torch::kCPU, torch::kHalf); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("float16 on the CPU is not offered")));
+  EXPECT_THAT([] { Autocast a(torch::kCPU, torch::kDouble); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("is not a lower precision")));
+  EXPECT_THAT([] { Autocast a(torch::Device("meta")); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("is neither the CPU nor a CUDA GPU")));
+  EXPECT_EQ(torch::mm(torch::ones({2, 2}), torch::ones({2, 2})).scalar_type(), torch::kFloat);
 }
 
 TEST(ReporterTest, AClosedReaderStopsReportingWithoutKillingTheProgram) {

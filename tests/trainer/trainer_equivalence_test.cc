@@ -2,6 +2,7 @@
 // real Gloo groups, compared with PyTorch's own DDP (fixtures) and with
 // single-process training on the concatenated batch.
 #include <ATen/ATen.h>
+#include <torch/version.h>
 
 #include <cmath>
 #include <map>
@@ -276,6 +277,63 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) {
       return std::get<0>(info.param) + "_" + std::get<1>(info.param);
     });
+
+// train.precision: bf16 trains as PyTorch's DDP under torch.autocast("cpu", bfloat16)
+// around each forward and its loss: the same per-step losses and validation, against
+// the PyTorch of this build's own version (bf16 kernels of 1.13 and 2.x differ by about
+// 1e-3, more than their fp32 results do). The same job in fp32 differs, so autocast did
+// take effect.
+TEST(TrainerBf16Test, PerStepLossesMatchPyTorchUnderAutocast) {
+  const std::string fixtures = testing::SourceDir() + "/tests/fixtures/";
+  const std::string file = TORCH_VERSION_MAJOR >= 2 ? "torch2/synthetic_bf16.losses.json"
+                                                    : "synthetic_bf16.losses.json";
+  auto reference = testing::ParseJson(testing::ReadFile(fixtures + file));
+  ASSERT_TRUE(reference.ok()) << file << ": " << reference.status();
+  const auto& ranks = reference->struct_value().fields().at("ranks").struct_value().fields();
+  const std::string spec = testing::ReadFile(fixtures + "synthetic_bf16.yaml");
+  ASSERT_NE(spec.find("precision: bf16"), std::string::npos);
+  const std::string dir = testing::MakeTempDir("bf16");
+  testing::WriteFile(dir + "/bf16.yaml", spec);
+  testing::WriteFile(dir + "/fp32.yaml",
+                     absl::StrReplaceAll(spec, {{"precision: bf16", "precision: fp32"}}));
+  auto run = [&](const std::string& name) {
+    testing::TrainerLaunch launch;
+    launch.spec_path = dir + "/" + name;
+    launch.world_size = 2;
+    return testing::RunTrainers(launch);
+  };
+  DDP_ASSERT_OK_AND_ASSIGN(auto bf16, run("bf16.yaml"));
+  DDP_ASSERT_OK_AND_ASSIGN(auto fp32, run("fp32.yaml"));
+  double most_apart = 0;  // bf16 against fp32, over every rank's steps.
+  for (const RankResult& r : bf16) {
+    ASSERT_TRUE(r.exit.ok()) << r.stderr_text;
+    EXPECT_EQ(r.OfType("start")[0].String("precision"), "bf16");
+    const auto& expected =
+        ranks.at(std::to_string(r.rank)).struct_value().fields().at("losses").list_value();
+    auto steps = r.OfType("step");
+    ASSERT_EQ(fp32[r.rank].rank, r.rank);
+    auto steps32 = fp32[r.rank].OfType("step");
+    ASSERT_EQ(static_cast<int>(steps.size()), expected.values_size()) << "rank " << r.rank;
+    ASSERT_EQ(steps32.size(), steps.size());
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const auto& row = expected.values(static_cast<int>(i)).list_value();
+      EXPECT_NEAR(steps[i].Number("loss"), row.values(2).number_value(), 1e-5)
+          << "rank " << r.rank << " step " << i;
+      most_apart = std::max(most_apart, std::abs(steps[i].Number("loss") - steps32[i].Number("loss")));
+    }
+    if (r.rank != 0) continue;
+    const auto& expected_epochs = ranks.at("0").struct_value().fields().at("epochs").list_value();
+    auto epochs = r.OfType("epoch");
+    ASSERT_EQ(static_cast<int>(epochs.size()), expected_epochs.values_size());
+    for (size_t i = 0; i < epochs.size(); ++i) {
+      const auto& row = expected_epochs.values(static_cast<int>(i)).list_value();
+      EXPECT_NEAR(epochs[i].Number("val_loss"), row.values(1).number_value(), 1e-5);
+      EXPECT_NEAR(epochs[i].Number("val_accuracy"), row.values(2).number_value(), 1e-9);
+    }
+  }
+  EXPECT_EQ(fp32[0].OfType("start")[0].String("precision"), "fp32");
+  EXPECT_GT(most_apart, 1e-4) << "bf16 gave fp32's losses: autocast did not take effect";
+}
 
 }  // namespace
 }  // namespace ddp

@@ -265,6 +265,25 @@ absl::Status Agent::HeartbeatOnce(absl::Duration deadline) {
     held_exits_ = held_exits_ || holds;
     if (task->Finished() && !holds) sent_finished.insert(key);
   }
+  if (options_.gpu_inventory != nullptr && !options_.gpus.empty()) {
+    // A failed sample is left out (the coordinator keeps none rather than a stale one);
+    // NVML's own message is logged once.
+    auto usage = options_.gpu_inventory->Usage();
+    if (usage.ok()) {
+      for (const GpuUsage& u : *usage) {
+        const bool offered = std::any_of(options_.gpus.begin(), options_.gpus.end(),
+                                         [&](const GpuDevice& g) { return g.uuid == u.uuid; });
+        if (!offered) continue;
+        v1::GpuUsage* g = req.add_gpu_usage();
+        g->set_uuid(u.uuid);
+        g->set_memory_used_bytes(u.memory_used_bytes);
+        g->set_utilization_percent(u.utilization_percent);
+      }
+    } else if (!gpu_usage_warned_) {
+      gpu_usage_warned_ = true;
+      DDP_LOG(WARNING) << "GPU use not sent with heartbeats: " << usage.status().message();
+    }
+  }
   for (int i = 0; i < kFreePorts; ++i) {
     auto port = PickFreePort("0.0.0.0");
     if (port.ok()) req.add_free_ports(*port);

@@ -55,6 +55,8 @@ struct AgentOptions {
   std::string gloo_socket_ifname;
   int slots = 1;
   std::vector<GpuDevice> gpus;  // The node's GPUs (GpuInventory); empty on a CPU node.
+  // Asked for the offered GPUs' use (NVML) for each heartbeat; null: none sent.
+  std::shared_ptr<GpuInventory> gpu_inventory;
   int cpus = 1;                // Cores for trainers; split evenly over slots.
   std::string trainer_path;
   std::string work_dir;
@@ -160,6 +162,7 @@ class Agent {
   // Finished tasks no longer wanted, kept until one heartbeat has reported them.
   std::map<TaskKey, bool> reported_finished_;
   bool held_exits_ = false;     // The last heartbeat held back some exit.
+  std::atomic<bool> gpu_usage_warned_{false};  // NVML failed a sample once (logged).
   bool heartbeat_now_ = false;  // Something must be told at once (a task failed to start).
   absl::Notification stop_;
   std::string leaving_;  // Loop thread: HeartbeatRequest.leaving once shutting down.

@@ -194,7 +194,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
   opts.python_path =
       options.python_path.empty() ? DefaultPythonPath(argv0) : options.python_path;
   if (options.environ != nullptr) opts.trainer_env = TrainerBaseEnv(options.environ, options.pass_env);
-  std::unique_ptr<GpuInventory> gpus = DiscoverGpus();
+  std::shared_ptr<GpuInventory> gpus = DiscoverGpus();
+  opts.gpu_inventory = gpus;
   auto selected = SelectGpus(gpus->Devices(), options.gpus);
   if (!selected.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--gpus: ", selected.status().message()));

@@ -356,6 +356,10 @@
         m ? thousands(m.samples_per_s) : '-',
         m ? fixed(m.step_ms, 1) : '-',
         m ? fixed(m.comm_ms, 1) : '-',
+        // The trainer's CUDA allocator (now/peak) and the worker's NVML; '-' on the CPU.
+        m && m.gpu_memory_allocated_mib !== undefined
+            ? fixed(m.gpu_memory_allocated_mib, 0) + '/' + fixed(m.gpu_memory_peak_mib, 0) : '-',
+        r.gpu_utilization_pct !== undefined ? fixed(r.gpu_utilization_pct, 0) + '%' : '-',
         m ? ago(num(m.update_ms), now) : '-',
       ];
     }));

@@ -7,6 +7,7 @@
 #ifndef DDP_DDP_H_
 #define DDP_DDP_H_
 
+#include "ddp/autocast.h"
 #include "ddp/checkpoint.h"
 #include "ddp/distributed_data_parallel.h"
 #include "ddp/environment.h"

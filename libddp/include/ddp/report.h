@@ -28,7 +28,21 @@ struct StepReport {
   double step_ms = kUnset;
   double comm_ms = kUnset;
   double lr = kUnset;
+  // The rank's GPU memory: fill them from gpu_memory() (left unset on the CPU).
+  double gpu_memory_allocated_mib = kUnset;
+  double gpu_memory_reserved_mib = kUnset;
+  double gpu_memory_peak_mib = kUnset;
 };
+
+// GPU `device` of this process (-1: the current one) as its CUDA caching allocator
+// sees it, in MiB: torch.cuda.memory_allocated, memory_reserved, max_memory_allocated.
+// All unset (NaN) in a build without CUDA or before anything was put on the GPU.
+struct GpuMemory {
+  double allocated_mib = kUnset;
+  double reserved_mib = kUnset;
+  double peak_mib = kUnset;
+};
+GpuMemory gpu_memory(int device = -1);
 
 struct EpochReport {
   int64_t epoch = -1;
