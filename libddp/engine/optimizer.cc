@@ -3,6 +3,10 @@
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
+#include <ATen/ops/_foreach_add.h>
+#include <ATen/ops/_foreach_mul.h>
+
+#include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "libddp/engine/torch_compat.h"
@@ -58,6 +62,65 @@ void SaveStates(torch::optim::Optimizer& opt, const std::vector<at::Tensor>& par
   }
 }
 
+// torch.optim.SGD's multi-tensor path (_multi_tensor_sgd), which PyTorch takes by default
+// when every parameter is on a GPU: the same update, element for element, as
+// torch::optim::SGD's loop over the parameters, in a few kernel launches for all of them
+// instead of two or three per parameter. Its state is SGD's own (SGDParamState), so
+// checkpoints and OptimizerStateDict see a torch::optim::SGD.
+class MultiTensorSgd final : public torch::optim::SGD {
+ public:
+  using torch::optim::SGD::SGD;
+
+  at::Tensor step(LossClosure closure = nullptr) override {
+    at::NoGradGuard no_grad;
+    at::Tensor loss = {};
+    if (closure != nullptr) {
+      at::AutoGradMode enable_grad(true);
+      loss = closure();
+    }
+    for (auto& group : param_groups_) {
+      const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
+      std::vector<at::Tensor> params, grads;
+      for (const at::Tensor& p : group.params()) {
+        if (!p.grad().defined()) continue;
+        params.push_back(p);
+        grads.push_back(p.grad());
+      }
+      if (params.empty()) continue;
+      if (o.weight_decay() != 0) grads = at::_foreach_add(grads, params, o.weight_decay());
+      std::vector<at::Tensor> steps = grads;  // What each parameter moves by, times -lr.
+      if (o.momentum() != 0) {
+        // A parameter's first step takes its gradient as the buffer (as SGD's loop does);
+        // the others update theirs together.
+        std::vector<at::Tensor> bufs, buf_grads;
+        std::vector<at::Tensor> all_bufs(params.size());
+        for (size_t i = 0; i < params.size(); ++i) {
+          auto key = OptimizerStateKey(*this, params[i]);
+          auto it = state_.find(key);
+          if (it == state_.end()) {
+            auto s = std::make_unique<torch::optim::SGDParamState>();
+            s->momentum_buffer(at::clone(grads[i]).detach());
+            all_bufs[i] = s->momentum_buffer();
+            state_[key] = std::move(s);
+          } else {
+            all_bufs[i] =
+                static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer();
+            bufs.push_back(all_bufs[i]);
+            buf_grads.push_back(grads[i]);
+          }
+        }
+        if (!bufs.empty()) {
+          at::_foreach_mul_(bufs, o.momentum());
+          at::_foreach_add_(bufs, buf_grads, 1 - o.dampening());
+        }
+        steps = o.nesterov() ? at::_foreach_add(grads, all_bufs, o.momentum()) : all_bufs;
+      }
+      at::_foreach_add_(params, steps, -o.lr());
+    }
+    return loss;
+  }
+};
+
 }  // namespace
 
 absl::StatusOr<OptimizerSpec> OptimizerSpecOf(torch::optim::Optimizer& opt) {
@@ -100,14 +163,22 @@ absl::StatusOr<OptimizerSpec> OptimizerSpecOf(torch::optim::Optimizer& opt) {
 }
 
 std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const OptimizerSpec& spec,
-                                                       const std::vector<at::Tensor>& params) {
+                                                       const std::vector<at::Tensor>& params,
+                                                       std::optional<bool> multi_tensor) {
+  // PyTorch's default (torch.optim's _default_to_fused_or_foreach): the multi-tensor
+  // path when every parameter is on a GPU.
+  const bool foreach = multi_tensor.value_or(
+      !params.empty() &&
+      std::all_of(params.begin(), params.end(), [](const at::Tensor& p) { return p.is_cuda(); }));
   switch (spec.kind) {
-    case OptimizerKind::kSgd:
-      return std::make_unique<torch::optim::SGD>(
-          params, torch::optim::SGDOptions(spec.lr)
-                      .momentum(spec.momentum)
-                      .nesterov(spec.nesterov)
-                      .weight_decay(spec.weight_decay));
+    case OptimizerKind::kSgd: {
+      auto options = torch::optim::SGDOptions(spec.lr)
+                         .momentum(spec.momentum)
+                         .nesterov(spec.nesterov)
+                         .weight_decay(spec.weight_decay);
+      if (foreach) return std::make_unique<MultiTensorSgd>(params, options);
+      return std::make_unique<torch::optim::SGD>(params, options);
+    }
     case OptimizerKind::kAdam:
       return std::make_unique<torch::optim::Adam>(
           params, torch::optim::AdamOptions(spec.lr)

@@ -12,6 +12,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -24,8 +25,12 @@ namespace ddp {
 // param group; INVALID_ARGUMENT naming what is not supported otherwise.
 absl::StatusOr<OptimizerSpec> OptimizerSpecOf(torch::optim::Optimizer& optimizer);
 
-std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const OptimizerSpec& spec,
-                                                       const std::vector<at::Tensor>& params);
+// `multi_tensor`: SGD's update for all parameters in a few kernels (torch.optim's
+// foreach path), the same values as the loop over parameters; unset: PyTorch's default,
+// when every parameter is on a GPU. Adam and AdamW loop over parameters either way.
+std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(
+    const OptimizerSpec& spec, const std::vector<at::Tensor>& params,
+    std::optional<bool> multi_tensor = std::nullopt);
 
 // `params` must be the optimizer's parameters in the order it was made with.
 c10::IValue OptimizerStateDict(const OptimizerSpec& spec, torch::optim::Optimizer& optimizer,

@@ -12,8 +12,9 @@ What it checks (each failure is printed and makes the exit status 1):
   1. without a token the page and the API are refused (401), in the browser too;
   2. /jobs/JOB?token=... sets an HttpOnly, SameSite=Strict cookie and redirects to
      the address without the token;
-  3. the rank table shows rank 0 and rank 1 with their workers, and its step and loss
-     cells change between two reads a few seconds apart (the page redraws);
+  3. the rank table shows rank 0 and rank 1 with their workers (and no GPU memory or
+     utilization: they train on the CPU), and its step and loss cells change between
+     two reads a few seconds apart (the page redraws);
   4. both charts draw a line for each rank; the attempts table and the output appear;
   5. the front page lists the job and both workers.
 It prints one JSON object (what it saw) on stdout and saves a screenshot of the job
@@ -125,7 +126,8 @@ def main():
                 ".map(tr => [...tr.cells].map(td => td.textContent))", selector)
 
         def rows():
-            return {cells[0]: cells for cells in table("#ranks") if len(cells) == 10}
+            # RANK WORKER STATE EPOCH STEP LOSS SAMPLES/S STEP-MS COMM-MS GPU-MEM GPU-UTIL UPDATED
+            return {cells[0]: cells for cells in table("#ranks") if len(cells) == 12}
 
         def wait(pred, timeout=30):
             end = time.time() + timeout
@@ -146,10 +148,12 @@ def main():
                   "the ranks' workers are not w1 and w2: %s" % first)
             check(first["0"][2] == "running" and first["1"][2] == "running",
                   "the ranks are not shown running: %s" % first)
+            check(all(first[k][9] == "-" and first[k][10] == "-" for k in ("0", "1")),
+                  "CPU ranks show GPU memory or utilization: %s" % first)
         time.sleep(3)
         second = wait(lambda: (lambda r: r if {"0", "1"} <= set(r) and any(
-            (r[k][3], r[k][4], r[k][5]) != (first.get(k, [""] * 10)[3], first.get(k, [""] * 10)[4],
-                                            first.get(k, [""] * 10)[5]) for k in ("0", "1"))
+            (r[k][3], r[k][4], r[k][5]) != (first.get(k, [""] * 12)[3], first.get(k, [""] * 12)[4],
+                                            first.get(k, [""] * 12)[5]) for k in ("0", "1"))
             else None)(rows()), timeout=20)
         seen["second"] = second
         check(second is not None, "the rank table did not change in 20 s: %s" % rows())

@@ -1,7 +1,11 @@
 // In-process tests of the trainer's building blocks against PyTorch's behaviour.
+#include <torch/optim/sgd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <tuple>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
@@ -10,6 +14,7 @@
 #include "tests/common/status_matchers.h"
 #include "tests/trainer/trainer_harness.h"
 #include "libddp/engine/checkpoint.h"
+#include "libddp/engine/optimizer.h"
 #include "trainer/dataset.h"
 #include "libddp/engine/reducer.h"
 #include "libddp/engine/sampler.h"
@@ -213,6 +218,61 @@ TEST(CheckpointSchemaTest, AnotherModelIsRefusedAndAnotherDataOrderIsNoticed) {
   SamplerState unknown = in.sampler;
   unknown.train_samples = -1;  // A format 1 file.
   EXPECT_TRUE(SameDataOrder(unknown, in.sampler));
+}
+
+// SGD's multi-tensor update (PyTorch's default on a GPU) gives the loop over
+// parameters' values bit for bit: weight decay, momentum, Nesterov, a parameter whose
+// first gradient comes late, and the momentum buffers a checkpoint keeps.
+TEST(MultiTensorSgdTest, EqualsTheLoopOverParametersBitForBit) {
+  for (const auto& [momentum, nesterov, weight_decay] :
+       std::vector<std::tuple<double, bool, double>>{
+           {0.9, false, 0.0}, {0.9, true, 1e-4}, {0.0, false, 0.01}, {0.5, false, 0.0}}) {
+    SCOPED_TRACE(::testing::Message() << "momentum " << momentum << " nesterov " << nesterov
+                                      << " weight_decay " << weight_decay);
+    OptimizerSpec spec;
+    spec.kind = OptimizerKind::kSgd;
+    spec.lr = 0.1;
+    spec.momentum = momentum;
+    spec.nesterov = nesterov;
+    spec.weight_decay = weight_decay;
+    auto make_params = [] {
+      std::vector<at::Tensor> ps;
+      for (int i = 0; i < 3; ++i) {
+        ps.push_back(at::linspace(-1, 1, 6 + i).sin().mul(i + 1).set_requires_grad(true));
+      }
+      return ps;
+    };
+    std::vector<at::Tensor> loop_params = make_params(), foreach_params = make_params();
+    auto loop = MakeOptimizer(spec, loop_params, /*multi_tensor=*/false);
+    auto foreach = MakeOptimizer(spec, foreach_params, /*multi_tensor=*/true);
+    ASSERT_NE(dynamic_cast<torch::optim::SGD*>(foreach.get()), nullptr);
+    for (int step = 0; step < 5; ++step) {
+      for (size_t i = 0; i < loop_params.size(); ++i) {
+        // Parameter 2 has no gradient in the first two steps (its buffer starts late).
+        if (i == 2 && step < 2) continue;
+        const at::Tensor g = at::linspace(0.3, -0.7, loop_params[i].numel()).mul(step + 1).cos();
+        loop_params[i].mutable_grad() = g.clone();
+        foreach_params[i].mutable_grad() = g.clone();
+      }
+      loop->step();
+      foreach->step();
+      for (size_t i = 0; i < loop_params.size(); ++i) {
+        EXPECT_TRUE(at::equal(loop_params[i], foreach_params[i])) << "step " << step << " param " << i;
+      }
+    }
+    const c10::IValue a = OptimizerStateDict(spec, *loop, loop_params);
+    const c10::IValue b = OptimizerStateDict(spec, *foreach, foreach_params);
+    const auto sa = a.toGenericDict().at("state").toGenericDict();
+    const auto sb = b.toGenericDict().at("state").toGenericDict();
+    ASSERT_EQ(sa.size(), sb.size());
+    for (const auto& entry : sa) {
+      const auto other = sb.at(entry.key()).toGenericDict();
+      for (const auto& field : entry.value().toGenericDict()) {
+        EXPECT_TRUE(at::equal(field.value().toTensor(), other.at(field.key()).toTensor()))
+            << field.key().toStringRef();
+      }
+    }
+  }
 }
 
 }  // namespace
