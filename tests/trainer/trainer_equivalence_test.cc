@@ -281,7 +281,10 @@ INSTANTIATE_TEST_SUITE_P(
 // train.precision: bf16 trains as PyTorch's DDP under torch.autocast("cpu", bfloat16)
 // around each forward and its loss: the same per-step losses and validation, against
 // the PyTorch of this build's own version (bf16 kernels of 1.13 and 2.x differ by about
-// 1e-3, more than their fp32 results do). The same job in fp32 differs, so autocast did
+// 1e-3, more than their fp32 results do). Within 5e-5, not fp32's 1e-5: a last-bit
+// difference in an fp32 weight can round its bf16 cast the other way (seen once in 60
+// steps against 2.11: 1.7e-5). bf16 and fp32 runs of the job differ by up to 2.4e-3
+// (median 2e-4), so the same job in fp32 must differ by more than 1e-3: autocast did
 // take effect.
 TEST(TrainerBf16Test, PerStepLossesMatchPyTorchUnderAutocast) {
   const std::string fixtures = testing::SourceDir() + "/tests/fixtures/";
@@ -317,7 +320,7 @@ TEST(TrainerBf16Test, PerStepLossesMatchPyTorchUnderAutocast) {
     ASSERT_EQ(steps32.size(), steps.size());
     for (size_t i = 0; i < steps.size(); ++i) {
       const auto& row = expected.values(static_cast<int>(i)).list_value();
-      EXPECT_NEAR(steps[i].Number("loss"), row.values(2).number_value(), 1e-5)
+      EXPECT_NEAR(steps[i].Number("loss"), row.values(2).number_value(), 5e-5)
           << "rank " << r.rank << " step " << i;
       most_apart = std::max(most_apart, std::abs(steps[i].Number("loss") - steps32[i].Number("loss")));
     }
@@ -327,12 +330,12 @@ TEST(TrainerBf16Test, PerStepLossesMatchPyTorchUnderAutocast) {
     ASSERT_EQ(static_cast<int>(epochs.size()), expected_epochs.values_size());
     for (size_t i = 0; i < epochs.size(); ++i) {
       const auto& row = expected_epochs.values(static_cast<int>(i)).list_value();
-      EXPECT_NEAR(epochs[i].Number("val_loss"), row.values(1).number_value(), 1e-5);
+      EXPECT_NEAR(epochs[i].Number("val_loss"), row.values(1).number_value(), 5e-5);
       EXPECT_NEAR(epochs[i].Number("val_accuracy"), row.values(2).number_value(), 1e-9);
     }
   }
   EXPECT_EQ(fp32[0].OfType("start")[0].String("precision"), "fp32");
-  EXPECT_GT(most_apart, 1e-4) << "bf16 gave fp32's losses: autocast did not take effect";
+  EXPECT_GT(most_apart, 1e-3) << "bf16 gave fp32's losses: autocast did not take effect";
 }
 
 }  // namespace
