@@ -324,6 +324,12 @@ TEST_F(CommandJobTest, ARestartedWorkerEndsWhatItsKilledPredecessorsRanksLeftBeh
     int pid;
     ~KillAtEnd() { ::kill(pid, SIGKILL); }
   } guard{child};
+  // The shell's `mv` may not have been reaped yet when the pid file appears: wait for
+  // the rank and its child alone.
+  const absl::Time settled = absl::Now() + absl::Seconds(10);
+  while (ProcessesOf(id, 1).size() != 2u && absl::Now() < settled) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
   ASSERT_EQ(ProcessesOf(id, 1).size(), 2u) << "the rank and its child";
 
   worker->Signal(SIGKILL);
