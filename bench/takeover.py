@@ -321,7 +321,9 @@ class Postgres:
                         "listen_addresses = '127.0.0.1'\n"
                         f"unix_socket_directories = '{self.root}'\n"
                         "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
-                        "shared_buffers = 16MB\nmax_connections = 50\n")
+                        "shared_buffers = 16MB\nmax_connections = 50\n"
+                        # Under the data dir, not /dev/shm (a killed server leaves those).
+                        "dynamic_shared_memory_type = mmap\n")
             for attempt in range(3):
                 self.port = free_port(taken)
                 try:

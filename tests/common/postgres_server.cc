@@ -264,7 +264,11 @@ absl::Status PostgresServer::InitDb() {
        << "synchronous_commit = off\n"
        << "full_page_writes = off\n"
        << "shared_buffers = 16MB\n"
-       << "max_connections = 50\n";
+       << "max_connections = 50\n"
+       // Dynamic shared memory as files under the data directory, which goes with the
+       // temp dir: POSIX segments (/dev/shm/PostgreSQL.*) outlive a server killed or
+       // stopped in immediate mode.
+       << "dynamic_shared_memory_type = mmap\n";
   conf.close();
   if (!conf) {
     return absl::InternalError(

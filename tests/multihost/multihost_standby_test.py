@@ -72,7 +72,10 @@ def main(tmp):
         hosts.spawn(0, as_nobody + [os.path.join(PG_BIN, "postgres"), "-D", pgdata,
                                     "-p", str(PG_PORT), "-c", "listen_addresses=" + db,
                                     "-c", "unix_socket_directories=" + pgdata,
-                                    "-c", "fsync=off"],
+                                    "-c", "fsync=off",
+                                    # Segments under pgdata, not /dev/shm: the server
+                                    # is killed with its host at the end.
+                                    "-c", "dynamic_shared_memory_type=mmap"],
                     log=os.path.join(tmp, "postgres.log"))
         hosts.wait_listening(0, db, PG_PORT)
         r = hosts.run(0, as_nobody + [os.path.join(PG_BIN, "createdb"), "-h", db, "-p",
