@@ -146,9 +146,9 @@ TrainRun Train(int world, const std::string& backend, const std::string& device,
 
 // `world` ranks as processes of their own: this test program again, running
 // CudaTest.DISABLED_RankProcess with the rank's environment; rank 0 writes what it saw
-// to a file. Several ranks on one GPU over Gloo's CUDA path hang as threads of one
-// process (seen on an H200: the two ranks' CUDA copies and Gloo's threads deadlock), and
-// a user's ranks are processes anyway, as under ddp-worker and torchrun.
+// to a file. Two ranks on one GPU over Gloo's CUDA path hung as threads of one process
+// (seen on an H200, for 300 s, cause not established; as processes they pass), and a
+// user's ranks are processes anyway, as under ddp-worker and torchrun.
 TrainRun TrainInProcesses(int world, const std::string& backend, const std::string& device,
                           int steps) {
   const int port = FreePort();
