@@ -144,9 +144,11 @@ class ScrapeView final : public prometheus::Collectable {
         "worker's last heartbeat.",
         MetricType::Gauge);
     for (const CoordinatorMetrics::Rank& r : c.ranks) {
-      if (!r.has_metrics) continue;  // No step yet: no series rather than a made-up zero.
       std::vector<ClientMetric::Label> labels = {
           {"job_id", r.job_id}, {"rank", absl::StrCat(r.rank)}, {"worker", r.worker}};
+      // The worker's NVML sample, whether or not the rank has stepped yet.
+      if (r.gpu_utilization_pct) AddGauge(gpu_util, labels, *r.gpu_utilization_pct / 100.0);
+      if (!r.has_metrics) continue;  // No step yet: no series rather than a made-up zero.
       AddGauge(sps, labels, r.metrics.samples_per_s());
       AddGauge(loss, labels, r.metrics.loss());
       AddGauge(step, labels, r.metrics.step_ms() / 1000.0);
@@ -161,11 +163,6 @@ class ScrapeView final : public prometheus::Collectable {
       if (r.metrics.has_gpu_memory_peak_mib()) {
         AddGauge(gpu_peak, labels, r.metrics.gpu_memory_peak_mib() * kMiB);
       }
-    }
-    for (const CoordinatorMetrics::Rank& r : c.ranks) {
-      if (!r.gpu_utilization_pct) continue;
-      AddGauge(gpu_util, {{"job_id", r.job_id}, {"rank", absl::StrCat(r.rank)}, {"worker", r.worker}},
-               *r.gpu_utilization_pct / 100.0);
     }
     out.push_back(std::move(sps));
     // Worker labels, as kube-state-metrics' kube_node_labels: one series per labelled
@@ -190,7 +187,8 @@ class ScrapeView final : public prometheus::Collectable {
     out.push_back(std::move(loss));
     out.push_back(std::move(step));
     out.push_back(std::move(global));
-    // A family without series is left out (an empty family is not valid exposition).
+    // The GPU families only where some rank has a GPU: a CPU cluster's scrape stays as
+    // it was.
     for (MetricFamily* f : {&gpu_allocated, &gpu_reserved, &gpu_peak, &gpu_util}) {
       if (!f->metric.empty()) out.push_back(std::move(*f));
     }
