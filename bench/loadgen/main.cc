@@ -359,6 +359,9 @@ int main(int argc, char** argv) {
   flags.Bool("heartbeat-stream", &o.sim.stream,
              "heartbeats over one WorkerService.HeartbeatStream per agent, as ddp-worker sends "
              "them (default: a unary Heartbeat call each, as agents before the stream did)");
+  flags.Int("witness-port", &o.sim.witness_port,
+            "the health port each agent names, so the coordinator hands out witnesses as "
+            "it does to ddp-workers, which serve one by default (0: none)");
   flags.Duration("warmup", &o.warmup, "after registering, before measuring");
   flags.Duration("duration", &o.duration, "the measurement window");
   flags.Int("coordinator-pid", &o.coordinator_pid,

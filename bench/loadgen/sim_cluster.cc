@@ -184,6 +184,7 @@ void SimCluster::Register(Agent& agent, std::function<void(grpc::Status)> done) 
   call->req.set_hostname(agent.name);
   call->req.set_slots(options_.slots);
   call->req.set_version("ddp-loadgen");
+  call->req.set_witness_port(options_.witness_port);
   CallStarted();
   agent.stub->async()->Register(
       &call->ctx, &call->req, &call->resp, [this, call, &agent, done](grpc::Status st) {

@@ -53,6 +53,11 @@ struct SimOptions {
   // Heartbeats over one WorkerService.HeartbeatStream per agent (as ddp-worker sends
   // them) instead of a unary call each (the previous design, and old agents).
   bool stream = false;
+  // The health port each agent names at Register (witness_port): ddp-worker serves one
+  // by default, so the coordinator picks each agent's witnesses among the others as it
+  // does for real workers (nothing listens there: simulated agents never ask them).
+  // 0: none, as workers started without a health service.
+  int witness_port = 29500;
 };
 
 // What happened in a measurement window.
