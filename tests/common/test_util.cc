@@ -1,5 +1,6 @@
 #include "tests/common/test_util.h"
 
+#include <dirent.h>
 #include <ftw.h>
 #include <unistd.h>
 
@@ -8,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <vector>
 
@@ -69,6 +71,31 @@ std::string ReadFile(const std::string& path) {
   std::stringstream buf;
   buf << in.rdbuf();
   return buf.str();
+}
+
+bool WaitUntilStopped(pid_t pid, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  const std::string tasks = absl::StrCat("/proc/", pid, "/task");
+  while (true) {
+    DIR* dir = ::opendir(tasks.c_str());
+    if (dir == nullptr) return false;  // Gone.
+    bool all_stopped = true;
+    int threads = 0;
+    while (dirent* e = ::readdir(dir)) {
+      if (e->d_name[0] == '.') continue;
+      std::ifstream stat(absl::StrCat(tasks, "/", e->d_name, "/stat"));
+      std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+      // "TID (COMM) STATE ...": COMM may hold anything, the state follows its last ')'.
+      const size_t paren = text.rfind(')');
+      if (paren == std::string::npos || paren + 2 >= text.size()) continue;  // Just exited.
+      ++threads;
+      if (text[paren + 2] != 'T') all_stopped = false;
+    }
+    ::closedir(dir);
+    if (threads > 0 && all_stopped) return true;
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
 }
 
 }  // namespace ddp::testing

@@ -2,7 +2,11 @@
 #ifndef DDP_TESTS_COMMON_TEST_UTIL_H_
 #define DDP_TESTS_COMMON_TEST_UTIL_H_
 
+#include <sys/types.h>
+
 #include <string>
+
+#include "absl/time/time.h"
 
 namespace ddp::testing {
 
@@ -16,6 +20,13 @@ void RemoveTree(const std::string& dir);
 // Writes `text` to `path`, creating parent directories; aborts on failure.
 void WriteFile(const std::string& path, const std::string& text);
 std::string ReadFile(const std::string& path);
+
+// Waits until every thread of `pid` is stopped (state T in /proc/PID/task/*/stat), as
+// after SIGSTOP: kill() returns before each thread has stopped, and a thread running
+// on another CPU (of a virtual machine, whose interrupt can wait for the host) can
+// still answer a call for a few milliseconds. False at the timeout, or once `pid` is
+// gone.
+bool WaitUntilStopped(pid_t pid, absl::Duration timeout);
 
 }  // namespace ddp::testing
 

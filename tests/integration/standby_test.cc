@@ -261,6 +261,8 @@ TEST_F(StandbyTest, APausedLeaderIsDeposedWritesNothingAndStepsDownWhenResumed) 
   ASSERT_TRUE(c.WaitFor(id, SteppedPast(100)).ok());
 
   c.coordinator(*leader)->Signal(SIGSTOP);
+  // Not asked before it is stopped: a thread of it could still answer for a moment.
+  ASSERT_TRUE(testing::WaitUntilStopped(c.coordinator(*leader)->pid(), absl::Seconds(10)));
   auto next = c.Leader(absl::Seconds(30));
   ASSERT_TRUE(next.ok()) << next.status();
   ASSERT_EQ(*next, standby);
