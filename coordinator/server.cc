@@ -4,6 +4,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/server_builder.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "absl/strings/ascii.h"
@@ -144,7 +145,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       std::make_unique<JobServiceImpl>(s->coordinator_.get(), s->hub_.get(), s->auth_.get(),
                                        options.streams);
   s->worker_service_ =
-      std::make_unique<WorkerServiceImpl>(s->coordinator_.get(), s->auth_.get());
+      std::make_unique<WorkerServiceImpl>(
+          s->coordinator_.get(), s->auth_.get(),
+          options.heartbeat_stream_queues > 0
+              ? options.heartbeat_stream_queues
+              : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u)));
   s->metrics_ = std::make_unique<CoordinatorMetricsExporter>(s->coordinator_.get());
   if (!options.metrics_listen.empty()) {
     auto metrics_server = MetricsServer::Start(options.metrics_listen);
@@ -183,6 +188,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   builder.AddListeningPort(options.listen, *credentials, &s->port_);
   builder.RegisterService(s->job_service_.get());
   builder.RegisterService(s->worker_service_.get());
+  s->worker_service_->AddStreamQueues(builder);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> counting;
   counting.push_back(s->metrics_->InterceptorFactory());
   builder.experimental().SetInterceptorCreators(std::move(counting));
@@ -191,6 +197,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen,
                                                ": is another coordinator running there?"));
   }
+  s->worker_service_->StartStreams();
   if (!options.health_listen.empty()) {
     auto health = HealthServer::Start(options.health_listen);
     if (!health.ok()) return health.status();
@@ -322,6 +329,7 @@ void CoordinatorServer::Shutdown() {
     if (coordinator_) coordinator_->CloseLongPolls();
     if (worker_service_) worker_service_->CloseStreams();
     if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    if (worker_service_) worker_service_->StopStreams();
     dashboard_.reset();  // Waits for requests in progress; they read coordinator_.
     if (health_) health_->Shutdown();
   });

@@ -55,6 +55,11 @@ struct CoordinatorServerOptions {
   CoordinatorOptions timing;
   RetentionOptions retention;
   absl::Duration tick = absl::Milliseconds(100);  // Housekeeping period.
+  // Completion queues (each with its thread) heartbeat streams are spread over
+  // (coordinator/rpc/heartbeat_streams.h); 0: one per core, at most 8. Measured on 2
+  // cores at 10,000 streams: 1 queue 0.75 core, 2 0.58, 4 0.65, 8 0.72
+  // (docs/benchmarks.md).
+  int heartbeat_stream_queues = 0;
   ServerTlsOptions tls;  // --tls-cert, --tls-key, --tls-ca
   AuthOptions auth;      // --auth-token-file (client_certificates follows --tls-ca)
   UsageLimits usage;     // --max-queued-jobs[-per-user], --max-log-bytes-per-job

@@ -23,6 +23,7 @@
 #include "coordinator/core/coordinator.h"
 #include "coordinator/core/event_hub.h"
 #include "coordinator/rpc/fanout.h"
+#include "coordinator/rpc/heartbeat_streams.h"
 #include "ddp/v1/job_service.grpc.pb.h"
 #include "ddp/v1/worker_service.grpc.pb.h"
 
@@ -100,10 +101,12 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   FanOutExecutor fanout_;  // Runs WatchJob's and StreamLogs' pulls and writes.
 };
 
-class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
+class WorkerServiceImpl final : public WorkerServiceBase {
  public:
-  WorkerServiceImpl(Coordinator* coordinator, const Authorizer* auth)
-      : coordinator_(coordinator), auth_(auth) {}
+  // `stream_queues`: the completion queues (and threads) heartbeat streams are spread
+  // over (heartbeat_streams.h).
+  WorkerServiceImpl(Coordinator* coordinator, const Authorizer* auth, int stream_queues)
+      : coordinator_(coordinator), auth_(auth), streams_(this, coordinator, auth, stream_queues) {}
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
                                      const v1::RegisterRequest* req,
@@ -111,8 +114,6 @@ class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
                                       const v1::HeartbeatRequest* req,
                                       v1::HeartbeatResponse* resp) override;
-  grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse>* HeartbeatStream(
-      grpc::CallbackServerContext* ctx) override;
   grpc::ServerUnaryReactor* ReportEvents(grpc::CallbackServerContext* ctx,
                                          const v1::ReportEventsRequest* req,
                                          v1::ReportEventsResponse* resp) override;
@@ -122,17 +123,19 @@ class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
   grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* ctx, const v1::LeaveRequest* req,
                                   v1::LeaveResponse* resp) override;
 
-  // Ends every open heartbeat stream, and refuses new ones (shutting down: a stream
-  // would otherwise hold the server's shutdown to its deadline).
-  void CloseStreams();
+  // Heartbeat streams' life with the server's: their completion queues are added
+  // before it is built, they are accepted once it started, closed before its Shutdown
+  // (open streams would hold it to its deadline; new ones are refused) and the queues
+  // drained after it.
+  void AddStreamQueues(grpc::ServerBuilder& builder) { streams_.AddTo(builder); }
+  void StartStreams() { streams_.Start(); }
+  void CloseStreams() { streams_.Close(); }
+  void StopStreams() { streams_.Stop(); }
 
  private:
-  friend class HeartbeatStreamReactor;
   Coordinator* const coordinator_;
   const Authorizer* const auth_;
-  absl::Mutex streams_mu_;
-  std::set<grpc::CallbackServerContext*> streams_ ABSL_GUARDED_BY(streams_mu_);
-  bool closing_ ABSL_GUARDED_BY(streams_mu_) = false;
+  HeartbeatStreams streams_;
 };
 
 }  // namespace ddp
