@@ -87,6 +87,8 @@ struct PlotOptions {
 };
 // client/plot_command.cc
 int Plot(CtlContext& ctx, const std::string& job_id, const PlotOptions& options);
+// client/tensorboard_command.cc: the job's stored history as DIR/JOB/, a TensorBoard run.
+int Tensorboard(CtlContext& ctx, const std::string& job_id, const std::string& dir);
 
 }  // namespace ddp
 

@@ -159,6 +159,16 @@ const std::vector<Verb>& Verbs() {
        [](CtlContext* ctx, const CtlFlags& f, const Args& a) {
          return Plot(*ctx, a[0], {f.output, f.width, f.height});
        }},
+      {"tensorboard", "JOB DIR", 2, true,
+       "export the job's metrics as a TensorBoard run (DIR/JOB)",
+       "Every stored step of every rank (loss, samples/s, step and communication time\n"
+       "against the global step), each epoch's summary, and the attempts and live\n"
+       "recoveries as text, in DIR/JOB/events.out.tfevents.ddpctl; a finished job or a\n"
+       "running one (export again to refresh). Then: tensorboard --logdir DIR",
+       "ddpctl tensorboard cancer-ddp-3yxyd runs/", NoFlags, AnyOutput,
+       [](CtlContext* ctx, const CtlFlags&, const Args& a) {
+         return Tensorboard(*ctx, a[0], a[1]);
+       }},
       {"completion", "bash|zsh", 1, false, "print a shell completion script",
        "Load it in the current shell, or install it for every session:\n"
        "  source <(ddpctl completion bash)\n"

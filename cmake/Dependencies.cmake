@@ -40,5 +40,9 @@ find_program(DDP_PYTHON3 NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)
 if(NOT DDP_PYTHON3)
   find_program(DDP_PYTHON3 python3)
 endif()
+# The interpreter with the readers the tests check exports against (PyPI's tensorboard),
+# in a venv of its own: scripts/install_test_tools.sh makes it.
+set(DDP_TOOLS_PYTHON "${PROJECT_SOURCE_DIR}/.venv-tools/bin/python" CACHE FILEPATH
+    "python with PyPI's tensorboard, for the export tests")
 
 find_program(GRPC_CPP_PLUGIN grpc_cpp_plugin REQUIRED)

@@ -17,6 +17,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$here"
 torch2=${DDP_TORCH2:-$([ $# -eq 0 ] && echo 1 || echo 0)}
 bash scripts/install_deps.sh
+# TensorBoard's reader, which the export test reads `ddpctl tensorboard`'s files with.
+bash scripts/install_test_tools.sh
 # The venv first: the Debian flavour's command-job test runs a PyTorch 2.x script in it.
 [ "$torch2" != 1 ] || bash scripts/install_torch2.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDDP_FUZZ=ON
