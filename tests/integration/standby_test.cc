@@ -157,7 +157,8 @@ TEST_F(StandbyTest, ALeaderStoppedWithSigtermHandsOverAndNoRankIsTouched) {
     EXPECT_NE(*next, *leader);
     std::cerr << "round " << round << ": the standby served " << absl::Now() - stopped
               << " after the SIGTERM\n";
-    EXPECT_TRUE(c.coordinator(*leader)->Wait().ok()) << "a clean stop";
+    const ExitStatus exited = c.coordinator(*leader)->Wait();
+    EXPECT_TRUE(exited.ok()) << "a clean stop: " << exited.ToString() << "\n" << c.coordinator_log(*leader);
     past += 150;
     ASSERT_TRUE(c.WaitFor(id, SteppedPast(past)).ok()) << "training goes on under the new leader";
     ASSERT_TRUE(c.StartCoordinatorAt(*leader).ok());

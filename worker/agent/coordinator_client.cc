@@ -341,6 +341,10 @@ class FollowingClient final : public CoordinatorClient {
     if (current_ != from) {
       DDP_LOG(INFO) << "coordinator " << addresses_[from] << ": " << why.message() << "; trying "
                     << addresses_[current_];
+      // Tried at the next call, not after the reconnect backoff its channel may still
+      // wait out from when that coordinator was down (a restart, a hand-over): it may
+      // lead by now. The calls are paced by the heartbeat interval already.
+      clients_[current_]->Reconnect();
     }
   }
 
