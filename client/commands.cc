@@ -44,6 +44,16 @@ std::string ToJson(const google::protobuf::Message& m) {
   return s;
 }
 
+int OutcomeCode(v1::JobState s) {
+  switch (s) {
+    case v1::SUCCEEDED: return kCtlOk;
+    case v1::CANCELLED: return kCtlCancelled;
+    default: return kCtlFailed;
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<v1::Job> FetchJob(CtlContext& ctx, const std::string& job_id, bool history) {
   grpc::ClientContext rpc;
   SetDeadline(rpc);
@@ -56,16 +66,6 @@ absl::StatusOr<v1::Job> FetchJob(CtlContext& ctx, const std::string& job_id, boo
   SanitizeMessage(&job);
   return job;
 }
-
-int OutcomeCode(v1::JobState s) {
-  switch (s) {
-    case v1::SUCCEEDED: return kCtlOk;
-    case v1::CANCELLED: return kCtlCancelled;
-    default: return kCtlFailed;
-  }
-}
-
-}  // namespace
 
 CtlContext MakeContext(const std::string& coordinator, bool json, bool tty, std::ostream* out,
                        std::ostream* err) {

@@ -58,6 +58,10 @@ absl::StatusOr<CtlContext> MakeSecureContext(const std::string& coordinator,
                                              const ChannelSecurity& security, bool json,
                                              bool tty, std::ostream* out, std::ostream* err);
 
+// GetJob (with the stored metric history when `history`), its text made safe for a
+// terminal (sanitize.h).
+absl::StatusOr<v1::Job> FetchJob(CtlContext& ctx, const std::string& job_id, bool history);
+
 // Prints `status` as ddpctl's error message and returns the exit code for it.
 int ReportError(CtlContext& ctx, const absl::Status& status, const std::string& job_id = "");
 // Says the coordinator stayed away past reconnect_for; returns kCtlLost.

@@ -11,17 +11,15 @@
 // and renamed over the previous export, so exporting again (a running job) replaces it.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <set>
 
-#include <grpcpp/client_context.h>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/commands.h"
-#include "common/rpc/status.h"
 #include "common/tensorboard/event_file.h"
 
 namespace ddp {
@@ -76,14 +74,10 @@ int Tensorboard(CtlContext& ctx, const std::string& job_id, const std::string& d
     *ctx.err << "ddpctl tensorboard: DIR must not be empty\n";
     return kCtlUsage;
   }
-  grpc::ClientContext rpc;
-  rpc.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
-  v1::GetJobRequest req;
-  req.set_job_id(job_id);
-  req.set_metric_history(true);
-  v1::Job job;
-  absl::Status st = FromGrpcStatus(ctx.stub->GetJob(&rpc, req, &job));
-  if (!st.ok()) return ReportError(ctx, st, job_id);
+  // What `ddpctl get --history` shows.
+  auto fetched = FetchJob(ctx, job_id, /*history=*/true);
+  if (!fetched.ok()) return ReportError(ctx, fetched.status(), job_id);
+  const v1::Job& job = *fetched;
 
   tensorboard::EventFile file(Seconds(job.submit_ms()));
   std::set<int> ranks;
