@@ -1,0 +1,187 @@
+"""A real ddp cluster on loopback for the Python client's tests: build/bin/ddp-coordinator
+on a free port with a temporary state directory and N build/bin/ddp-worker processes,
+as tests/integration/local_cluster.cc starts them (fast heartbeats; optionally TLS,
+worker certificates and tokens from scripts/make_certs.sh). Everything it starts is
+stopped, and its directory removed, by stop() (also when start() fails half-way).
+"""
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def port_is_free(port):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def free_port(taken):
+    # Below the ephemeral range: connecting to a closed ephemeral port on loopback can
+    # "succeed" by TCP self-connect (local_cluster.cc picks ports the same way).
+    for _ in range(200):
+        port = random.randint(20000, 32000)
+        if port not in taken and port_is_free(port):
+            taken.add(port)
+            return port
+    raise RuntimeError("no free port")
+
+
+def stage_example(source_dir, name, dir):
+    """Copies examples/<name> into dir/examples with dir/data linked to the repository's
+    data/, so its relative paths resolve and its checkpoints stay out of the source tree
+    (local_cluster.cc's StageExample); returns the copy's path."""
+    os.makedirs(os.path.join(dir, "examples"), exist_ok=True)
+    data = os.path.join(dir, "data")
+    if not os.path.exists(data):
+        os.symlink(os.path.join(source_dir, "data"), data)
+    copy = os.path.join(dir, "examples", name)
+    shutil.copyfile(os.path.join(source_dir, "examples", name), copy)
+    return copy
+
+
+class Cluster:
+    def __init__(self, bin_dir, source_dir, workers=2, secure=False):
+        self.bin_dir = os.path.abspath(bin_dir)
+        self.source_dir = os.path.abspath(source_dir)
+        self.n_workers = workers
+        self.secure = secure
+        self.dir = tempfile.mkdtemp(prefix="ddp-pyclient-")
+        self.procs = []  # (name, Popen, log path)
+        self.ports = set()
+        self.port = None
+
+    @property
+    def address(self):
+        return "127.0.0.1:%d" % self.port
+
+    @property
+    def certs(self):
+        return os.path.join(self.dir, "certs")
+
+    def _spawn(self, name, argv):
+        log = os.path.join(self.dir, name + ".log")
+        with open(log, "wb") as out:
+            # A session of its own: stop() signals the process group, so trainers a
+            # worker left behind go too.
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, cwd=self.dir,
+                                    start_new_session=True)
+        self.procs.append((name, proc, log))
+        return proc
+
+    def start(self):
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self):
+        for binary in ("ddp-coordinator", "ddp-worker", "ddp-trainer"):
+            path = os.path.join(self.bin_dir, binary)
+            if not os.access(path, os.X_OK):
+                raise RuntimeError("%s is missing: build it first (cmake --build build "
+                                   "--target %s)" % (path, binary))
+        if self.secure:
+            argv = ["bash", os.path.join(self.source_dir, "scripts", "make_certs.sh"),
+                    self.certs]
+            for i in range(self.n_workers):
+                argv += ["--worker", "w%d" % (i + 1)]
+            made = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+            if made.returncode != 0:
+                raise RuntimeError("make_certs.sh failed: " + made.stderr)
+        self.port = free_port(self.ports)
+        argv = [os.path.join(self.bin_dir, "ddp-coordinator"), "--listen", self.address,
+                "--state-dir", os.path.join(self.dir, "state"), "--rpc-deadline=100ms",
+                "--heartbeat-interval=200ms", "--heartbeat-timeout=2000ms"]
+        if self.secure:
+            c = self.certs
+            argv += ["--tls-cert", c + "/coordinator.pem", "--tls-key", c + "/coordinator.key",
+                     "--tls-ca", c + "/ca.pem", "--auth-token-file", c + "/tokens"]
+        coordinator = self._spawn("coordinator", argv)
+        deadline = time.monotonic() + 20
+        while True:
+            if coordinator.poll() is not None:
+                raise RuntimeError("the coordinator exited (%s): %s" %
+                                   (coordinator.returncode, self.log("coordinator")))
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the coordinator did not come up: " +
+                                       self.log("coordinator"))
+                time.sleep(0.1)
+        for i in range(self.n_workers):
+            name = "w%d" % (i + 1)
+            argv = [os.path.join(self.bin_dir, "ddp-worker"), "--coordinator", self.address,
+                    "--name", name, "--slots", "1", "--cpus", "1", "--stop-grace", "3s",
+                    "--work-dir", os.path.join(self.dir, name),
+                    "--health-listen", "127.0.0.1:%d" % free_port(self.ports)]
+            if self.secure:
+                c = self.certs
+                argv += ["--tls-ca", c + "/ca.pem", "--tls-cert", "%s/%s.pem" % (c, name),
+                         "--tls-key", "%s/%s.key" % (c, name)]
+            self._spawn(name, argv)
+
+    def wait_for_workers(self, client, timeout=30):
+        """Until `client` sees every worker registered and alive."""
+        deadline = time.monotonic() + timeout
+        while True:
+            alive = [w for w in client.workers() if w["alive"]]
+            if len(alive) >= self.n_workers:
+                return alive
+            if time.monotonic() > deadline:
+                raise RuntimeError("%d of %d workers alive after %ds:\n%s" %
+                                   (len(alive), self.n_workers, timeout, self.logs()))
+            time.sleep(0.2)
+
+    def token_file(self, role):
+        return os.path.join(self.certs, role + ".token")
+
+    def log(self, name):
+        for n, _, path in self.procs:
+            if n == name:
+                with open(path, errors="replace") as f:
+                    return f.read()[-4000:]
+        return ""
+
+    def logs(self):
+        return "\n".join("--- %s ---\n%s" % (n, self.log(n)) for n, _, _ in self.procs)
+
+    def stop(self):
+        # Workers first (they stop their trainers), then the coordinator.
+        for _, proc, _ in reversed(self.procs):
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 15
+        for _, proc, _ in self.procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for _, proc, _ in self.procs:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # Its group: leftovers included.
+            except (ProcessLookupError, PermissionError):
+                pass
+            if proc.poll() is None:
+                proc.wait(timeout=10)
+        self.procs = []
+        if os.environ.get("DDP_KEEP_TEST_DIR"):
+            print("kept", self.dir, file=sys.stderr)
+        else:
+            shutil.rmtree(self.dir, ignore_errors=True)
