@@ -12,7 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/commands.h"
-#include "client/plot/png.h"
+#include "client/plot/image.h"
 #include "client/plot/term_chart.h"
 #include "common/rpc/status.h"
 
@@ -87,18 +87,12 @@ int Plot(CtlContext& ctx, const std::string& job_id, const PlotOptions& options)
   layout.width = options.width;
   layout.height = options.height;
   const plot::Drawing drawing = plot::LayoutPlot(*data, layout);
-  std::string bytes;
-  if (svg) {
-    bytes = plot::RenderSvg(drawing);
-  } else {
-    auto encoded = plot::EncodePng(plot::Rasterize(drawing));
-    if (!encoded.ok()) {
-      *ctx.err << "ddpctl: " << encoded.status().message() << "\n";
-      return kCtlFailed;
-    }
-    bytes = *std::move(encoded);
+  auto bytes = plot::RenderImage(drawing, svg ? plot::ImageFormat::kSvg : plot::ImageFormat::kPng);
+  if (!bytes.ok()) {
+    *ctx.err << "ddpctl: " << bytes.status().message() << "\n";
+    return kCtlFailed;
   }
-  if (absl::Status w = WriteAtomically(target, bytes); !w.ok()) {
+  if (absl::Status w = WriteAtomically(target, *bytes); !w.ok()) {
     *ctx.err << "ddpctl: " << w.message() << ": check the directory exists and is writable\n";
     return kCtlFailed;
   }

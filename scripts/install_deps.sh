@@ -13,6 +13,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libyaml-cpp-dev libsqlite3-dev zlib1g-dev
   libsystemd-dev                        # sd_notify readiness (Type=notify units)
+  libcairo2-dev fonts-dejavu-core       # ddpctl plot's PNG and SVG pictures, and their font
   systemd zsh                           # tests: systemd-analyze verify, zsh completion
   prometheus-cpp-dev                    # the daemons' /metrics endpoints
   libcivetweb-dev                       # the coordinator's web dashboard (--http-listen)

@@ -1,7 +1,6 @@
-// A vector drawing as plain data: what `ddpctl plot` lays out, and what the SVG
-// writer (here) and the PNG rasterizer (png.h) render. Pure: no I/O, so tests check
-// the drawing itself (which series, how many points, which colour) as well as the
-// bytes each renderer makes of it.
+// A vector drawing as plain data: what `ddpctl plot` lays out, and what image.h draws
+// as a PNG or an SVG with cairo. Pure: no I/O, so tests check the drawing itself
+// (which series, how many points, which colour) as well as the pictures made of it.
 #ifndef DDP_CLIENT_PLOT_DRAWING_H_
 #define DDP_CLIENT_PLOT_DRAWING_H_
 
@@ -60,9 +59,6 @@ struct Drawing {
   std::vector<Polyline> polylines;
   std::vector<Text> texts;
 };
-
-// A standalone SVG 1.1 document.
-std::string RenderSvg(const Drawing& drawing);
 
 }  // namespace ddp::plot
 

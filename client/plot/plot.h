@@ -1,7 +1,7 @@
 // `ddpctl plot`: a job's training curves. Two pure steps, each tested on its own:
 //
 //   v1::Job (GetJob with metric_history) ──ExtractPlotData──▶ PlotData (series)
-//   PlotData ──LayoutPlot──▶ Drawing ──RenderSvg / RenderPng──▶ file
+//   PlotData ──LayoutPlot──▶ Drawing ──RenderImage (image.h, cairo)──▶ PNG or SVG
 //   PlotData ──RenderTerminalChart (term_chart.h)──▶ Unicode text
 //
 // Restarted attempts resume from a checkpoint and redo the steps after it, so a

@@ -1,17 +1,20 @@
 // ddpctl plot: series from a job's history, the drawing laid out from them, and the
-// SVG and PNG made of it, read back by an independent checker (tests/client/
-// check_plot.py: Python's XML parser and its own PNG decoder).
+// SVG and PNG cairo draws of it, read back by an independent checker (tests/client/
+// check_plot.py: Python's XML parser and its own PNG decoder) and compared with the
+// drawing: every line where the layout put it, in its colour, anti-aliased.
 #include "client/plot/plot.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "client/plot/png.h"
+#include "client/plot/image.h"
 #include "client/plot/term_chart.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -168,71 +171,304 @@ TEST(LayoutTest, RankColoursStayDistinctPastThePalette) {
   EXPECT_EQ(seen.size(), 64u);
 }
 
-TEST(SvgTest, ParsesAsXmlWithOnePolylinePerRankAndTheRightPointCounts) {
-  auto data = ExtractPlotData(RestartedJob());
-  ASSERT_TRUE(data.ok());
-  Drawing d = LayoutPlot(*data);
-  d.texts.push_back({{10, 10}, "a <tricky> & \"quoted\" \x01name", {}, 11, Anchor::kStart});
-  const std::string dir = testing::MakeTempDir("svg");
-  const std::string path = dir + "/plot.svg";
-  testing::WriteFile(path, RenderSvg(d));
-  CmdResult r = RunCommand(absl::StrCat(Checker(), " svg ", path, " 2>&1"));
-  std::filesystem::remove_all(dir);
-  ASSERT_EQ(r.rc, 0) << r.out;
-  std::map<std::string, std::vector<std::string>> lines;  // class -> [points, stroke]
-  std::map<std::string, int> count;
-  for (absl::string_view l : absl::StrSplit(r.out, '\n', absl::SkipEmpty())) {
+// What check_plot.py read from an SVG.
+struct SvgLine {
+  std::string stroke;
+  double width = 0;
+  bool dashed = false;
+  std::vector<Point> points;
+};
+struct SvgText {
+  std::string fill;
+  int glyphs = 0;
+  double first_x = 0, last_x = 0, y = 0;
+};
+struct SvgContents {
+  int width = 0, height = 0;
+  std::vector<SvgLine> lines;
+  std::vector<SvgText> texts;
+};
+
+SvgContents ReadSvg(const std::string& checker_output) {
+  SvgContents svg;
+  for (absl::string_view l : absl::StrSplit(checker_output, '\n', absl::SkipEmpty())) {
     std::vector<std::string> f = absl::StrSplit(l, '|');
-    ASSERT_EQ(f.size(), 3u) << l;
-    lines[f[0]] = {f[1], f[2]};
-    ++count[f[0]];
-  }
-  for (int rank = 0; rank < 2; ++rank) {
-    for (const char* panel : {"loss", "throughput"}) {
-      const std::string cls = absl::StrCat(panel, " rank-", rank);
-      ASSERT_TRUE(lines.count(cls)) << cls;
-      EXPECT_EQ(count[cls], 1) << cls;
-      EXPECT_EQ(lines[cls][0], "15");
-      EXPECT_EQ(lines[cls][1], RankColor(rank).Hex());
+    if (f[0] == "size" && f.size() == 3) {
+      svg.width = std::stoi(f[1]);
+      svg.height = std::stoi(f[2]);
+    } else if (f[0] == "line" && f.size() == 5) {
+      SvgLine line{f[1], std::stod(f[2]), f[3] == "1", {}};
+      for (absl::string_view xy : absl::StrSplit(f[4], ' ', absl::SkipEmpty())) {
+        std::vector<std::string> c = absl::StrSplit(xy, ',');
+        line.points.push_back({std::stod(c.at(0)), std::stod(c.at(1))});
+      }
+      svg.lines.push_back(std::move(line));
+    } else if (f[0] == "text" && f.size() == 6) {
+      svg.texts.push_back(
+          {f[1], std::stoi(f[2]), std::stod(f[3]), std::stod(f[4]), std::stod(f[5])});
+    } else {
+      ADD_FAILURE() << "checker line: " << l;
     }
   }
-  EXPECT_EQ(lines["val-loss"][0], "3");
+  return svg;
 }
 
-TEST(PngTest, HasTheRightSizeAndEachRanksColourAlongItsLine) {
+double Distance(Point p, Point a, Point b) {
+  const double dx = b.x - a.x, dy = b.y - a.y, len2 = dx * dx + dy * dy;
+  const double t = len2 > 0 ? std::clamp(((p.x - a.x) * dx + (p.y - a.y) * dy) / len2, 0.0, 1.0) : 0;
+  return std::hypot(p.x - (a.x + t * dx), p.y - (a.y + t * dy));
+}
+
+// Whether `svg` is `line` drawn: same colour, width and dashes, through the same
+// points. cairo leaves out a vertex that only continues a straight line, so the SVG's
+// vertices are some of the drawing's, in order, the first and the last among them,
+// and each of the drawing's points lies on the SVG's line. Grid and axis lines are
+// moved onto pixel centres (by at most half a pixel) to stay crisp.
+bool Draws(const SvgLine& svg, const Polyline& line) {
+  if (svg.stroke != line.color.Hex() || std::fabs(svg.width - line.width) > 1e-6 ||
+      svg.dashed != line.dashed || svg.points.size() < 2 ||
+      svg.points.size() > line.points.size()) {
+    return false;
+  }
+  const double tolerance = line.width <= 1 ? 0.51 : 0.02;
+  auto same = [tolerance](Point a, Point b) {
+    return std::fabs(a.x - b.x) <= tolerance && std::fabs(a.y - b.y) <= tolerance;
+  };
+  size_t next = 0;  // The drawing's point the next SVG vertex may be.
+  for (size_t i = 0; i < svg.points.size(); ++i) {
+    while (next < line.points.size() && !same(svg.points[i], line.points[next])) ++next;
+    if (next == line.points.size()) return false;
+    if ((i == 0 && next != 0) || (i + 1 == svg.points.size() && next + 1 != line.points.size())) {
+      return false;
+    }
+    ++next;
+  }
+  for (const Point& p : line.points) {
+    double nearest = std::numeric_limits<double>::infinity();
+    for (size_t i = 1; i < svg.points.size(); ++i) {
+      nearest = std::min(nearest, Distance(p, svg.points[i - 1], svg.points[i]));
+    }
+    if (nearest > tolerance * 1.5) return false;
+  }
+  return true;
+}
+
+// Characters, not bytes: one glyph each.
+int Utf8Chars(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += (static_cast<unsigned char>(c) & 0xc0) != 0x80;
+  return n;
+}
+
+TEST(SvgTest, EveryLineAndLabelOfTheDrawingIsInTheSvgWhereTheLayoutPutIt) {
+  auto data = ExtractPlotData(RestartedJob());
+  ASSERT_TRUE(data.ok());
+  const Drawing d = LayoutPlot(*data);
+  auto bytes = RenderImage(d, ImageFormat::kSvg);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  const std::string dir = testing::MakeTempDir("svg");
+  testing::WriteFile(dir + "/plot.svg", *bytes);
+  CmdResult r = RunCommand(absl::StrCat(Checker(), " svg ", dir, "/plot.svg 2>&1"));
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const SvgContents svg = ReadSvg(r.out);
+  EXPECT_EQ(svg.width, d.width);
+  EXPECT_EQ(svg.height, d.height);
+
+  // Each polyline once, in drawing order (later lines on top), and nothing else.
+  std::vector<const Polyline*> drawn;
+  for (const Polyline& p : d.polylines) {
+    if (p.points.size() >= 2) drawn.push_back(&p);  // A single point draws nothing.
+  }
+  ASSERT_EQ(svg.lines.size(), drawn.size());
+  for (size_t i = 0; i < drawn.size(); ++i) {
+    EXPECT_TRUE(Draws(svg.lines[i], *drawn[i]))
+        << "polyline " << i << " (" << drawn[i]->cls << ") drawn as " << svg.lines[i].stroke
+        << ", " << svg.lines[i].points.size() << " points";
+  }
+  // Each label as a run of glyphs in its colour on its baseline, anchored as laid out.
+  ASSERT_EQ(svg.texts.size(), d.texts.size());
+  for (size_t i = 0; i < d.texts.size(); ++i) {
+    const Text& t = d.texts[i];
+    const SvgText& g = svg.texts[i];
+    SCOPED_TRACE(t.text);
+    EXPECT_EQ(g.fill, t.color.Hex());
+    EXPECT_EQ(g.glyphs, Utf8Chars(t.text));
+    EXPECT_NEAR(g.y, t.at.y, 0.01);
+    switch (t.anchor) {
+      case Anchor::kStart:
+        EXPECT_NEAR(g.first_x, t.at.x, 0.01);
+        break;
+      case Anchor::kMiddle:
+        if (g.glyphs > 1) {
+          EXPECT_LT(g.first_x, t.at.x);
+        }
+        EXPECT_LT(g.last_x, t.at.x + t.size * Utf8Chars(t.text));
+        EXPECT_GT(g.last_x, t.at.x - t.size);
+        break;
+      case Anchor::kEnd:
+        EXPECT_LT(g.first_x, t.at.x);
+        EXPECT_LT(g.last_x, t.at.x);  // The last glyph starts before the anchor...
+        EXPECT_GT(g.last_x, t.at.x - t.size);  // ...and ends at it.
+        break;
+    }
+  }
+}
+
+TEST(SvgTest, UserTextWithMarkupControlCharactersAndBadUtf8StillMakesAWholePicture) {
+  Drawing d;
+  d.width = d.height = 200;
+  // Invalid UTF-8 would put cairo in an error state and end the drawing there.
+  d.texts.push_back({{10, 20}, "a <tricky> & \"quoted\" \x01name\xff", {1, 2, 3}, 11,
+                     Anchor::kStart});
+  d.texts.push_back({{10, 40}, "after", {4, 5, 6}, 11, Anchor::kStart});
+  for (ImageFormat f : {ImageFormat::kSvg, ImageFormat::kPng}) {
+    auto bytes = RenderImage(d, f);
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+  }
+  const std::string dir = testing::MakeTempDir("svg");
+  testing::WriteFile(dir + "/plot.svg", *RenderImage(d, ImageFormat::kSvg));
+  CmdResult r = RunCommand(absl::StrCat(Checker(), " svg ", dir, "/plot.svg 2>&1"));
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(r.rc, 0) << r.out;  // Parses as XML.
+  const SvgContents svg = ReadSvg(r.out);
+  ASSERT_EQ(svg.texts.size(), 2u);
+  // The control character dropped, the invalid byte shown as U+FFFD.
+  EXPECT_EQ(svg.texts[0].glyphs, Utf8Chars("a <tricky> & \"quoted\" name?"));
+  EXPECT_EQ(svg.texts[1].fill, "#040506");
+  EXPECT_EQ(svg.texts[1].glyphs, 5);
+}
+
+// A decoded PNG (check_plot.py's PPM).
+struct Pixels {
+  int width = 0, height = 0;
+  std::string rgb;
+  Color At(int x, int y) const {
+    const size_t i = (static_cast<size_t>(y) * width + x) * 3;
+    return {static_cast<uint8_t>(rgb[i]), static_cast<uint8_t>(rgb[i + 1]),
+            static_cast<uint8_t>(rgb[i + 2])};
+  }
+};
+
+Pixels DecodePng(const std::string& png) {
+  Pixels px;
+  const std::string dir = testing::MakeTempDir("png");
+  testing::WriteFile(dir + "/plot.png", png);
+  CmdResult r =
+      RunCommand(absl::StrCat(Checker(), " png ", dir, "/plot.png ", dir, "/plot.ppm 2>&1"));
+  const std::string ppm = testing::ReadFile(dir + "/plot.ppm");
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(r.rc, 0) << r.out;
+  if (sscanf(r.out.c_str(), "%d %d", &px.width, &px.height) != 2) return {};
+  const std::string header = absl::StrCat("P6\n", px.width, " ", px.height, "\n255\n");
+  EXPECT_EQ(ppm.size(), header.size() + static_cast<size_t>(px.width) * px.height * 3);
+  if (ppm.size() < header.size()) return {};
+  px.rgb = ppm.substr(header.size());
+  return px;
+}
+
+// How much of `ink` over white a pixel shows: 1 where the colour is painted fully, 0
+// on bare white, in between where anti-aliasing blends the two; -1 where the pixel is
+// not on the way from white to `ink` (another colour).
+double Coverage(Color px, Color ink) {
+  const double d[3] = {ink.r - 255.0, ink.g - 255.0, ink.b - 255.0};
+  const double p[3] = {px.r - 255.0, px.g - 255.0, px.b - 255.0};
+  const double dd = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
+  const double c = (p[0] * d[0] + p[1] * d[1] + p[2] * d[2]) / dd;
+  double off = 0;
+  for (int k = 0; k < 3; ++k) off += (p[k] - c * d[k]) * (p[k] - c * d[k]);
+  return std::sqrt(off) <= 8 ? c : -1;
+}
+
+TEST(PngTest, EachRanksLineIsPaintedInItsColourWhereTheLayoutPutItAntiAliased) {
   auto data = ExtractPlotData(RestartedJob());
   ASSERT_TRUE(data.ok());
   LayoutOptions options;
   options.width = 640;
   options.height = 480;
   const Drawing d = LayoutPlot(*data, options);
-  auto png = EncodePng(Rasterize(d));
-  ASSERT_TRUE(png.ok());
-  const std::string dir = testing::MakeTempDir("png");
-  testing::WriteFile(dir + "/plot.png", *png);
-  CmdResult r = RunCommand(absl::StrCat(Checker(), " png ", dir, "/plot.png ", dir, "/plot.ppm 2>&1"));
-  ASSERT_EQ(r.rc, 0) << r.out;
-  EXPECT_EQ(r.out, "640 480\n");
-  const std::string ppm = testing::ReadFile(dir + "/plot.ppm");
-  std::filesystem::remove_all(dir);
-  const std::string header = "P6\n640 480\n255\n";
-  ASSERT_EQ(ppm.size(), header.size() + 640 * 480 * 3);
-  auto pixel = [&](int x, int y) {
-    const size_t i = header.size() + (static_cast<size_t>(y) * 640 + x) * 3;
-    return Color{static_cast<uint8_t>(ppm[i]), static_cast<uint8_t>(ppm[i + 1]),
-                 static_cast<uint8_t>(ppm[i + 2])};
-  };
+  auto png = RenderImage(d, ImageFormat::kPng);
+  ASSERT_TRUE(png.ok()) << png.status();
+  const Pixels px = DecodePng(*png);
+  ASSERT_EQ(px.width, 640);
+  ASSERT_EQ(px.height, 480);
+  EXPECT_EQ(px.At(1, 1), d.background);
+
   for (int rank = 0; rank < 2; ++rank) {
     for (const char* panel : {"loss", "throughput"}) {
+      SCOPED_TRACE(absl::StrCat(panel, " rank ", rank));
       const Polyline* line = WithClass(d, absl::StrCat(panel, " rank-", rank)).at(0);
+      // At every vertex, the pixel under it (or one beside it, the line being 1.5
+      // pixels wide) shows the rank's colour at least at half strength.
       int hits = 0;
       for (const Point& p : line->points) {
-        hits += pixel(static_cast<int>(std::lround(p.x)), static_cast<int>(std::lround(p.y))) ==
-                RankColor(rank);
+        double best = -1;
+        for (int dy = -1; dy <= 1; ++dy) {
+          for (int dx = -1; dx <= 1; ++dx) {
+            best = std::max(best, Coverage(px.At(static_cast<int>(p.x) + dx,
+                                                 static_cast<int>(p.y) + dy),
+                                           line->color));
+          }
+        }
+        hits += best >= 0.5;
       }
-      EXPECT_EQ(hits, 15) << panel << " rank " << rank;
+      EXPECT_EQ(hits, 15);
+      // Along its segments, edges blended with the white: anti-aliasing.
+      int blended = 0;
+      for (size_t i = 1; i < line->points.size(); ++i) {
+        const Point a = line->points[i - 1], b = line->points[i];
+        for (double f = 0.1; f < 0.95; f += 0.1) {
+          const int x = static_cast<int>(a.x + f * (b.x - a.x));
+          const int y = static_cast<int>(a.y + f * (b.y - a.y));
+          for (int dy = -2; dy <= 2; ++dy) {
+            const double c = Coverage(px.At(x, y + dy), line->color);
+            blended += c > 0.1 && c < 0.9;
+          }
+        }
+      }
+      EXPECT_GT(blended, 20);
     }
   }
+
+  // The title in a real font: solid and blended ink pixels along its baseline.
+  const Text& title = d.texts.at(0);
+  ASSERT_EQ(title.text, data->title);
+  int solid = 0, edge = 0;
+  for (int y = static_cast<int>(title.at.y) - title.size; y <= title.at.y + 3; ++y) {
+    for (int x = static_cast<int>(title.at.x); x < title.at.x + 200; ++x) {
+      const double c = Coverage(px.At(x, y), title.color);
+      solid += c >= 0.9;
+      edge += c > 0.1 && c < 0.9;
+    }
+  }
+  EXPECT_GT(solid, 100);
+  EXPECT_GT(edge, 100);
+  // Nothing left of the title's start in its band but the background.
+  for (int y = static_cast<int>(title.at.y) - title.size; y <= title.at.y + 3; ++y) {
+    for (int x = 0; x < title.at.x - 2; ++x) EXPECT_EQ(px.At(x, y), d.background) << x << "," << y;
+  }
+}
+
+TEST(PngTest, GridAndAxisLinesAreCrispOnePixelLines) {
+  auto data = ExtractPlotData(RestartedJob());
+  ASSERT_TRUE(data.ok());
+  const Drawing d = LayoutPlot(*data);
+  auto png = RenderImage(d, ImageFormat::kPng);
+  ASSERT_TRUE(png.ok()) << png.status();
+  const Pixels px = DecodePng(*png);
+  ASSERT_EQ(px.width, d.width);
+  const Polyline* axis = WithClass(d, "axis").at(0);
+  // The x axis: a horizontal run from the corner; the row under it is left white.
+  const Point corner = axis->points[1], end = axis->points[2];
+  const int row = static_cast<int>(corner.y);
+  int full = 0, below = 0;
+  for (int x = static_cast<int>(corner.x) + 5; x < end.x - 5; ++x) {
+    full += Coverage(px.At(x, row), axis->color) > 0.95;
+    below += px.At(x, row + 1) == d.background;
+  }
+  const int n = static_cast<int>(end.x - 5) - static_cast<int>(corner.x) - 5;
+  EXPECT_GT(full, n * 9 / 10);
+  EXPECT_GT(below, n * 9 / 10);
 }
 
 TEST(TerminalChartTest, DrawsBrailleCurvesEpochSparklinesAndRestarts) {
