@@ -39,6 +39,7 @@ def stage_example(source_dir, name, dir):
     """Copies examples/<name> into dir/examples with dir/data linked to the repository's
     data/, so its relative paths resolve and its checkpoints stay out of the source tree
     (local_cluster.cc's StageExample); returns the copy's path."""
+    source_dir = os.path.abspath(source_dir)
     os.makedirs(os.path.join(dir, "examples"), exist_ok=True)
     data = os.path.join(dir, "data")
     if not os.path.exists(data):
