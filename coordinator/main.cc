@@ -27,6 +27,7 @@
 #include "common/version.h"
 #include "coordinator/server.h"
 #include "coordinator/standby.h"
+#include "coordinator/tracking/tensorboard_writer.h"
 
 int main(int argc, char** argv) {
   if (ddp::VersionRequested(argc, argv)) {
@@ -90,6 +91,9 @@ int main(int argc, char** argv) {
                "HOST:PORT to serve the read-only web dashboard on (http://HOST:PORT/; port 0: "
                "any free port; the same tokens and roles as the gRPC reads; plain HTTP, so a "
                "loopback address unless --insecure)");
+  flags.String("tensorboard-dir", &opts.tensorboard_dir,
+               "directory to write every job's TensorBoard run into as its points are stored "
+               "(DIR/JOB/events.out.tfevents.*; point `tensorboard --logdir DIR` at it)");
   flags.Int("max-queued-jobs", &opts.usage.queued_jobs,
             "jobs that may wait in the queue; a submission past it is refused");
   flags.Int("max-queued-jobs-per-user", &opts.usage.queued_jobs_per_user,
@@ -166,6 +170,13 @@ int main(int argc, char** argv) {
     setrlimit(RLIMIT_NOFILE, &files);
   }
 
+  // Checked here, not only when the server starts: a coordinator in standby starts it
+  // when it takes over.
+  if (!opts.tensorboard_dir.empty()) {
+    if (absl::Status st = ddp::TensorBoardWriter::CheckDirectory(opts.tensorboard_dir); !st.ok()) {
+      return ddp::daemon::StartError("ddp-coordinator", st);
+    }
+  }
   if (!opts.store_uri.empty()) return ddp::RunStandbyCoordinator(opts, signals, argv);
 
   auto server = ddp::CoordinatorServer::Start(opts);

@@ -16,6 +16,7 @@
 #include "coordinator/metrics.h"
 #include "coordinator/rpc/request_limits.h"
 #include "coordinator/store/postgres_store.h"
+#include "coordinator/tracking/tensorboard_writer.h"
 
 namespace ddp {
 
@@ -141,6 +142,17 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   s->quota_flags_ = options.quota_flags;
   s->quota_file_ = options.quota_file;
   if (absl::Status st = s->coordinator_->Recover(); !st.ok()) return st;
+  if (!options.tensorboard_dir.empty()) {
+    Coordinator* coordinator = s->coordinator_.get();
+    TensorBoardWriter::Options tb;
+    tb.dir = options.tensorboard_dir;
+    auto writer = TensorBoardWriter::Start(
+        tb,
+        [coordinator](const std::string& id) { return coordinator->GetJob(id); });
+    if (!writer.ok()) return writer.status();
+    s->tensorboard_ = *std::move(writer);
+    s->hub_->AddSink(s->tensorboard_.get());
+  }
   s->job_service_ =
       std::make_unique<JobServiceImpl>(s->coordinator_.get(), s->hub_.get(), s->auth_.get(),
                                        options.streams);
@@ -342,6 +354,10 @@ void CoordinatorServer::Wait() {
 CoordinatorServer::~CoordinatorServer() {
   Shutdown();
   Wait();
+  if (tensorboard_) {
+    hub_->RemoveSink(tensorboard_.get());
+    tensorboard_.reset();  // Writes what it has queued.
+  }
 }
 
 }  // namespace ddp

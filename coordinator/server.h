@@ -28,6 +28,7 @@ namespace ddp {
 class CoordinatorMetricsExporter;  // coordinator/metrics.h
 class MetricsServer;               // common/metrics/metrics_server.h
 class DashboardServer;             // coordinator/http/dashboard_server.h
+class TensorBoardWriter;           // coordinator/tracking/tensorboard_writer.h
 
 // Coordinators in standby over a PostgreSQL store (coordinator/standby.h).
 struct LeaseOptions {
@@ -78,6 +79,9 @@ struct CoordinatorServerOptions {
   // same tokens and roles as the gRPC reads. Plain HTTP: loopback only unless
   // --insecure. Empty: none.
   std::string http_listen;
+  // --tensorboard-dir: every job as a TensorBoard run there, written as its points are
+  // stored (coordinator/tracking/tensorboard_writer.h). Empty: none.
+  std::string tensorboard_dir;
   // --quota OWNER=SLOTS entries and --quota-file: usage.quotas holds both as read at
   // start; ReloadQuotas() reads the file again.
   std::vector<std::string> quota_flags;
@@ -137,6 +141,8 @@ class CoordinatorServer {
   std::shared_ptr<Store> store_;
   std::unique_ptr<EventHub> hub_;
   std::unique_ptr<Coordinator> coordinator_;
+  // A sink of hub_'s that reads coordinator_: taken off the hub and destroyed first.
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
   std::unique_ptr<CoordinatorMetricsExporter> metrics_;
   std::unique_ptr<MetricsServer> metrics_server_;  // Scrapes read coordinator_.
   std::unique_ptr<DashboardServer> dashboard_;     // Reads coordinator_, hub_, auth_.

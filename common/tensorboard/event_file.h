@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "absl/status/status.h"
 
@@ -40,13 +41,21 @@ std::string TextEvent(double wall_time, int64_t step, std::string_view tag, std:
 
 // An event file built in memory and written in one go: `Write` puts it at `path`
 // through a temporary file renamed over it, so TensorBoard never reads half a file and
-// an export written again replaces the previous one.
+// an export written again replaces the previous one. Default-constructed, it is a
+// batch of events to append to a file begun elsewhere (`Take` them).
 class EventFile {
  public:
+  EventFile() = default;                 // No file_version event: a batch to append.
   explicit EventFile(double wall_time);  // Starts with the file_version event.
   void Scalar(double wall_time, int64_t step, std::string_view tag, float value);
   void Text(double wall_time, int64_t step, std::string_view tag, std::string_view text);
   absl::Status Write(const std::string& path) const;
+
+  // The records so far, leaving the buffer empty.
+  std::string Take() {
+    events_ = 0;
+    return std::exchange(bytes_, {});
+  }
 
   const std::string& bytes() const { return bytes_; }
   int64_t events() const { return events_; }

@@ -97,10 +97,21 @@ void EventHub::Unsubscribe(const std::string& job_id, const Listener* listener) 
   }
 }
 
+void EventHub::AddSink(Sink* sink) {
+  absl::MutexLock lock(&sinks_mu_);
+  sinks_.push_back(sink);
+}
+
+void EventHub::RemoveSink(Sink* sink) {
+  absl::MutexLock lock(&sinks_mu_);
+  sinks_.erase(std::remove(sinks_.begin(), sinks_.end(), sink), sinks_.end());
+}
+
 absl::Status EventHub::Ingest(const std::vector<v1::ReportedEvent>& events,
                               const std::vector<BatchMark>& marks) {
   std::vector<std::shared_ptr<Listener>> to_notify;
   absl::Status stored;
+  std::vector<JobOutput> outputs;
   {
     absl::MutexLock lock(&mu_);
     struct Batch {
@@ -184,7 +195,6 @@ absl::Status EventHub::Ingest(const std::vector<v1::ReportedEvent>& events,
       std::string text = DescribeEvent(e);
       if (!text.empty()) add_line("event", text);
     }
-    std::vector<JobOutput> outputs;
     outputs.reserve(batches.size());
     for (auto& [job_id, batch] : batches) {
       outputs.push_back({job_id, std::move(batch.metrics), std::move(batch.epochs),
@@ -202,6 +212,10 @@ absl::Status EventHub::Ingest(const std::vector<v1::ReportedEvent>& events,
     }
   }
   for (const auto& l : to_notify) l->Notify();
+  if (stored.ok()) {
+    absl::MutexLock lock(&sinks_mu_);
+    for (Sink* sink : sinks_) sink->Stored(outputs);
+  }
   return stored;
 }
 
@@ -212,6 +226,8 @@ void EventHub::Touch(const std::string& job_id) {
     to_notify = ListenersLocked(job_id);
   }
   for (const auto& l : to_notify) l->Notify();
+  absl::MutexLock lock(&sinks_mu_);
+  for (Sink* sink : sinks_) sink->Changed(job_id);
 }
 
 void EventHub::Fill(const std::string& job_id, int attempt, v1::Job* job) {

@@ -51,10 +51,27 @@ class EventHub {
     size_t live_log_lines = 5000;  // Per job, in memory.
   };
 
+  // Where stored points go besides watchers (coordinator/tracking/: TensorBoard's event
+  // files). Told, after the hub's lock is released, of every batch the store took
+  // (each point once: a batch the store refused is sent again by its worker, and told
+  // then) and of every change of a job (Touch). Must not block: a sink queues and
+  // does its work on a thread of its own.
+  class Sink {
+   public:
+    virtual ~Sink() = default;
+    virtual void Stored(const std::vector<JobOutput>& outputs) = 0;
+    virtual void Changed(const std::string& job_id) = 0;
+  };
+
   EventHub(Store* store, Clock* clock, Options options);
 
   void Subscribe(const std::string& job_id, std::shared_ptr<Listener> listener);
   void Unsubscribe(const std::string& job_id, const Listener* listener);
+
+  // `sink` is told from the next Ingest or Touch on; once RemoveSink returns it is told
+  // nothing more (so it may be destroyed).
+  void AddSink(Sink* sink);
+  void RemoveSink(Sink* sink);
 
   // Records workers' batches and wakes the listeners of the jobs they touched. The
   // events and `marks` (the batches' numbers) are stored in one transaction.
@@ -106,6 +123,9 @@ class EventHub {
   std::map<std::string, Feed> feeds_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::vector<std::shared_ptr<Listener>>> listeners_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> finished_ ABSL_GUARDED_BY(mu_);  // MarkFinished, until Forget.
+  // Held while sinks are told (never with mu_), so RemoveSink waits out a call.
+  absl::Mutex sinks_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::vector<Sink*> sinks_ ABSL_GUARDED_BY(sinks_mu_);
 };
 
 // A line for `ddpctl logs` describing a notable trainer event ("checkpoint saved to

@@ -1,7 +1,8 @@
 // `ddpctl tensorboard` on a job that really trained: a coordinator and two worker
 // processes run a two-rank job to the end; ddpctl exports it, and TensorBoard's own
 // reader (PyPI's tensorboard, EventAccumulator: tests/client/read_tensorboard.py) reads
-// it back against the history `ddpctl get -o json` shows.
+// it back against the history `ddpctl get -o json` shows. The coordinator also writes
+// the job's run live (--tensorboard-dir): TensorBoard reads the same points there.
 #include <sys/wait.h>
 
 #include <cmath>
@@ -16,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "tests/common/test_util.h"
 #include "tests/integration/local_cluster.h"
@@ -65,7 +67,8 @@ std::vector<std::pair<int64_t, double>> Series(const google::protobuf::Struct& r
 }
 
 TEST(TensorboardExportTest, EveryRanksLossAtEveryStoredStepReadsBackInTensorBoard) {
-  auto cluster = LocalCluster::Start({});
+  const std::string live = testing::MakeTempDir("tensorboard_live");
+  auto cluster = LocalCluster::Start({.coordinator_flags = {"--tensorboard-dir", live}});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   LocalCluster& c = **cluster;
   const std::string spec = c.dir() + "/tb.yaml";
@@ -139,7 +142,40 @@ train: {epochs: 3, batch_size: 32, optimizer: {name: adam, lr: 0.01}}
       << "the export before is still there";
 
   const std::string dir = c.dir();
-  cluster->reset();  // Stops the workers and the coordinator.
+  cluster->reset();  // Stops the workers and the coordinator (which writes what it queued).
+  std::filesystem::remove_all(dir);
+
+  // The coordinator's own run of the job, written as the points were stored: one file
+  // of its own, holding what the export holds (same tags, steps, values, wall times;
+  // the attempt's text once it ended).
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(live + "/" + id)) {
+    files.push_back(entry.path().filename());
+  }
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_THAT(files[0], ::testing::StartsWith("events.out.tfevents."));
+  EXPECT_THAT(files[0], ::testing::EndsWith(".ddp-coordinator"));
+  const google::protobuf::Struct live_run = ReadRun(live + "/" + id);
+  std::string differences;
+  google::protobuf::util::MessageDifferencer differ;
+  differ.ReportDifferencesToString(&differences);
+  EXPECT_TRUE(differ.Compare(live_run, run)) << differences;
+  for (const auto& [rank, points] : want_loss) {
+    EXPECT_EQ(Series(live_run, "scalars", absl::StrCat("loss/rank", rank)), points);
+  }
+  std::filesystem::remove_all(live);
+}
+
+TEST(TensorboardExportTest, ACoordinatorRefusesATensorBoardDirItCannotWrite) {
+  const std::string dir = testing::MakeTempDir("tensorboard_bad_dir");
+  testing::WriteFile(dir + "/a-file", "x");
+  // Run, not the test's own Run().
+  auto [rc, out] = ddp::Run(absl::StrCat(testing::BinDir(),
+                                         "/ddp-coordinator --listen 127.0.0.1:0 --state-dir ", dir,
+                                         "/state --tensorboard-dir ", dir, "/a-file/runs 2>&1"));
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_THAT(out, HasSubstr("--tensorboard-dir " + dir + "/a-file/runs"));
+  EXPECT_EQ(testing::ReadFile(dir + "/a-file"), "x");
   std::filesystem::remove_all(dir);
 }
 
