@@ -70,7 +70,7 @@ class Cluster:
 
     def _spawn(self, name, argv):
         log = os.path.join(self.dir, name + ".log")
-        with open(log, "wb") as out:
+        with open(log, "ab") as out:  # A restarted coordinator's output follows.
             # A session of its own: stop() signals the process group, so trainers a
             # worker left behind go too.
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
@@ -109,20 +109,8 @@ class Cluster:
             c = self.certs
             argv += ["--tls-cert", c + "/coordinator.pem", "--tls-key", c + "/coordinator.key",
                      "--tls-ca", c + "/ca.pem", "--auth-token-file", c + "/tokens"]
-        coordinator = self._spawn("coordinator", argv)
-        deadline = time.monotonic() + 20
-        while True:
-            if coordinator.poll() is not None:
-                raise RuntimeError("the coordinator exited (%s): %s" %
-                                   (coordinator.returncode, self.log("coordinator")))
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the coordinator did not come up: " +
-                                       self.log("coordinator"))
-                time.sleep(0.1)
+        self._coordinator_argv = argv
+        self._start_coordinator()
         for i in range(self.n_workers):
             name = "w%d" % (i + 1)
             argv = [os.path.join(self.bin_dir, "ddp-worker"), "--coordinator", self.address,
@@ -134,6 +122,31 @@ class Cluster:
                 argv += ["--tls-ca", c + "/ca.pem", "--tls-cert", "%s/%s.pem" % (c, name),
                          "--tls-key", "%s/%s.key" % (c, name)]
             self._spawn(name, argv)
+
+    def _start_coordinator(self):
+        coordinator = self._spawn("coordinator", self._coordinator_argv)
+        deadline = time.monotonic() + 20
+        while True:
+            if coordinator.poll() is not None:
+                raise RuntimeError("the coordinator exited (%s): %s" %
+                                   (coordinator.returncode, self.log("coordinator")))
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the coordinator did not come up: " +
+                                       self.log("coordinator"))
+                time.sleep(0.1)
+
+    def restart_coordinator(self):
+        """SIGTERM to the coordinator, then the same one again (port, state directory);
+        the workers and their trainers carry on meanwhile."""
+        for name, proc, _ in self.procs:
+            if name == "coordinator" and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=30)
+        self._start_coordinator()
 
     def wait_for_workers(self, client, timeout=30):
         """Until `client` sees every worker registered and alive."""
@@ -151,14 +164,15 @@ class Cluster:
         return os.path.join(self.certs, role + ".token")
 
     def log(self, name):
-        for n, _, path in self.procs:
-            if n == name:
-                with open(path, errors="replace") as f:
-                    return f.read()[-4000:]
-        return ""
+        path = os.path.join(self.dir, name + ".log")
+        if not os.path.exists(path):
+            return ""
+        with open(path, errors="replace") as f:
+            return f.read()[-4000:]
 
     def logs(self):
-        return "\n".join("--- %s ---\n%s" % (n, self.log(n)) for n, _, _ in self.procs)
+        names = sorted({n for n, _, _ in self.procs})
+        return "\n".join("--- %s ---\n%s" % (n, self.log(n)) for n in names)
 
     def stop(self):
         # Workers first (they stop their trainers), then the coordinator.

@@ -242,6 +242,93 @@ class ClientTest(unittest.TestCase):
                 os.environ["DDP_COORDINATOR"] = old
 
 
+    def test_7_watch_rides_out_a_coordinator_restart(self):
+        long_text = self.text.replace("cancer-file", "cancer-restart").replace(
+            "  epochs: 2\n", "  epochs: 1000\n")
+        job_id = self.client.submit(long_text, workdir=self.examples)
+        updates = self.client.watch(job_id, timeout=JOB_TIMEOUT)
+        before = {}
+        for u in updates:
+            before[u["rank"]] = u["global_step"]
+            if u["state"] == "RUNNING" and len(before) == 2:
+                break
+        else:
+            self.fail("the job ended before it ran: %s" % self.client.get(job_id)["reason"])
+        self.cluster.restart_coordinator()
+        restarted_ms = time.time() * 1000
+        # The same iterator goes on past the restart (a new stream), with steps the new
+        # coordinator received: the trainers kept training.
+        for u in updates:
+            if u["update_ms"] > restarted_ms and u["global_step"] > before[u["rank"]]:
+                break
+        else:
+            self.fail("no update after the coordinator restarted")
+        self.assertEqual(self.client.cancel(job_id)["state"], "CANCELLED")
+        rest = list(updates)
+        self.assertTrue(all(u["job_id"] == job_id for u in rest))
+        self.assertEqual(self.client.wait(job_id, timeout=30)["state"], "CANCELLED")
+
+
+class ClientUnitTest(unittest.TestCase):
+    """What the client decides without a coordinator."""
+
+    def test_parse_coordinators(self):
+        self.assertEqual(ddp_client.parse_coordinators(" a:1, b:2 ,"), ["a:1", "b:2"])
+        self.assertEqual(ddp_client.parse_coordinators("[::1]:29400"), ["[::1]:29400"])
+        for bad in ("", "a", "a:0", "a:x", ":1", "a:1,b"):
+            with self.assertRaises(ValueError, msg=bad):
+                ddp_client.parse_coordinators(bad)
+
+    def test_follows_the_leader_a_standby_names(self):
+        class NotLeader:
+            def __init__(self, details):
+                self._details = details
+
+            def details(self):
+                return self._details
+
+        c = ddp_client.Client("a:1,b:2,c:3")
+        self.assertEqual(c._next_coordinator(NotLeader(
+            "not the leader: lease held; the leader is at c:3")), 2)
+        # A leader not in our list, or none named: the next address.
+        self.assertEqual(c._next_coordinator(NotLeader(
+            "not the leader: lease held; the leader is at d:4")), 1)
+        self.assertEqual(c._next_coordinator(NotLeader("connection refused")), 1)
+        c.close()
+
+    def test_workdir_named_by_the_spec(self):
+        from ddp_client.client import _names_workdir
+        self.assertTrue(_names_workdir("name: x\nworkdir: /srv/x\n"))
+        self.assertTrue(_names_workdir('{"name": "x", "workdir": "/srv/x"}'))
+        self.assertTrue(_names_workdir("{name: x,\n workdir: /srv/x}"))
+        self.assertFalse(_names_workdir("name: x\n# workdir: /srv/x\n"))
+        self.assertFalse(_names_workdir("name: x\ndata: {csv: {path: workdir.csv}}\n"))
+
+    def test_messages_as_plain_values(self):
+        from ddp_client._proto.ddp.v1 import types_pb2
+        m = types_pb2.RankMetrics(rank=1, global_step=2 ** 40, loss=0.5,
+                                  gpu_memory_peak_mib=3.0)
+        d = ddp_client.message_to_dict(m)
+        self.assertEqual(d["global_step"], 2 ** 40)  # An int, not a string.
+        self.assertEqual((d["gpu_memory_peak_mib"], d["gpu_memory_allocated_mib"]), (3.0, None))
+        job = ddp_client.message_to_dict(types_pb2.Job(
+            id="j", state=types_pb2.RUNNING, node_selector={"pool": "a"},
+            metrics=[m], attempts=[types_pb2.Attempt(number=1)]))
+        self.assertEqual(job["state"], "RUNNING")
+        self.assertEqual(job["preemption"], "PREEMPT_AT_CHECKPOINT")
+        self.assertEqual(job["node_selector"], {"pool": "a"})
+        self.assertEqual(job["metrics"][0]["rank"], 1)
+        self.assertEqual(job["attempts"][0]["number"], 1)
+
+    def test_submit_refuses_what_is_not_a_spec(self):
+        c = ddp_client.Client("127.0.0.1:1")
+        with self.assertRaises(TypeError):
+            c.submit(42)
+        with self.assertRaises(ValueError):
+            c.submit({"name": "x"}, workdir="relative/dir")
+        c.close()
+
+
 class SecureClientTest(unittest.TestCase):
     """TLS (the test CA from scripts/make_certs.sh), worker certificates and tokens."""
 
