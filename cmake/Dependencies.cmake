@@ -17,6 +17,7 @@ find_package(yaml-cpp CONFIG REQUIRED)
 find_package(SQLite3 REQUIRED)
 find_package(PostgreSQL REQUIRED)  # libpq: the coordinator's PostgreSQL store (--store)
 find_package(ZLIB REQUIRED)
+find_package(CURL REQUIRED)  # libcurl: the coordinator's MLflow client (--mlflow-uri)
 find_package(OpenSSL REQUIRED)  # TLS file checks and token digests; gRPC links it too.
 
 if(DDP_FUZZ_BUILD)  # The clang fuzz build needs neither LibTorch nor GoogleTest.

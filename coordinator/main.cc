@@ -19,6 +19,8 @@
 #include <iostream>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/daemon/daemon.h"
 #include "common/flags.h"
@@ -91,6 +93,13 @@ int main(int argc, char** argv) {
                "HOST:PORT to serve the read-only web dashboard on (http://HOST:PORT/; port 0: "
                "any free port; the same tokens and roles as the gRPC reads; plain HTTP, so a "
                "loopback address unless --insecure)");
+  flags.String("mlflow-uri", &opts.timing.mlflow_uri,
+               "MLflow tracking server (http://HOST:PORT) every job is a run on, unless its "
+               "job.yaml says tracking: {mlflow: false}");
+  std::string mlflow_allow;
+  flags.String("mlflow-allow", &mlflow_allow,
+               "further MLflow servers, comma-separated, that a job may name itself "
+               "(tracking.mlflow.uri); a job naming any other is refused");
   flags.String("tensorboard-dir", &opts.tensorboard_dir,
                "directory to write every job's TensorBoard run into as its points are stored "
                "(DIR/JOB/events.out.tfevents.*; point `tensorboard --logdir DIR` at it)");
@@ -148,6 +157,9 @@ int main(int argc, char** argv) {
     opts.quota_file = quota_file;
   } else {
     return ddp::daemon::UsageError("ddp-coordinator", loaded.status(), &flags);
+  }
+  for (absl::string_view uri : absl::StrSplit(mlflow_allow, ',', absl::SkipWhitespace())) {
+    opts.timing.mlflow_allowed.emplace_back(absl::StripAsciiWhitespace(uri));
   }
   // Bad flag values, like unknown flags, exit 2 before anything starts.
   if (absl::Status st = ddp::ValidateServerOptions(opts); !st.ok()) {

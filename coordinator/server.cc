@@ -16,9 +16,19 @@
 #include "coordinator/metrics.h"
 #include "coordinator/rpc/request_limits.h"
 #include "coordinator/store/postgres_store.h"
+#include "coordinator/tracking/mlflow_tracker.h"
 #include "coordinator/tracking/tensorboard_writer.h"
 
 namespace ddp {
+
+bool IsTrackingServerUri(const std::string& uri) {
+  const size_t scheme = uri.find("://");
+  if (scheme == std::string::npos) return false;
+  const std::string name = uri.substr(0, scheme);
+  if (name != "http" && name != "https") return false;
+  if (scheme + 3 >= uri.size() || uri[scheme + 3] == '/' || uri.back() == '/') return false;
+  return uri.find_first_of(" \t\r\n") == std::string::npos;
+}
 
 absl::Status ValidateServerOptions(const CoordinatorServerOptions& options) {
   if (options.state_dir.empty() == options.store_uri.empty()) {
@@ -109,6 +119,16 @@ absl::Status ValidateServerOptions(const CoordinatorServerOptions& options) {
         "reach it through an SSH tunnel or kubectl port-forward, or pass --insecure to serve "
         "it unprotected anyway"));
   }
+  std::vector<std::string> mlflow = options.timing.mlflow_allowed;
+  if (!options.timing.mlflow_uri.empty()) mlflow.push_back(options.timing.mlflow_uri);
+  for (const std::string& uri : mlflow) {
+    if (!IsTrackingServerUri(uri)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--mlflow-uri/--mlflow-allow: '", uri,
+          "' is not an MLflow tracking server's address: give http://HOST:PORT or "
+          "https://HOST:PORT, without a trailing slash"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -152,6 +172,23 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     if (!writer.ok()) return writer.status();
     s->tensorboard_ = *std::move(writer);
     s->hub_->AddSink(s->tensorboard_.get());
+  }
+  if (!options.timing.mlflow_uri.empty() || !options.timing.mlflow_allowed.empty()) {
+    Coordinator* coordinator = s->coordinator_.get();
+    const CoordinatorOptions timing = options.timing;
+    s->mlflow_ = std::make_unique<MlflowTracker>(
+        MlflowTracker::Options{},
+        [coordinator](const std::string& id) { return coordinator->GetJob(id); },
+        [timing](const v1::Job& job) -> absl::StatusOr<MlflowTracker::Target> {
+          auto spec = ParseJobSpec(job.spec_yaml(), job.id());
+          if (!spec.ok()) return spec.status();
+          auto uri = MlflowServerFor(*spec, job.id(), timing);
+          if (!uri.ok()) return uri.status();
+          return MlflowTracker::Target{*uri, spec->tracking.mlflow_experiment.empty()
+                                                 ? spec->name
+                                                 : spec->tracking.mlflow_experiment};
+        });
+    s->hub_->AddSink(s->mlflow_.get());
   }
   s->job_service_ =
       std::make_unique<JobServiceImpl>(s->coordinator_.get(), s->hub_.get(), s->auth_.get(),
@@ -357,6 +394,10 @@ CoordinatorServer::~CoordinatorServer() {
   if (tensorboard_) {
     hub_->RemoveSink(tensorboard_.get());
     tensorboard_.reset();  // Writes what it has queued.
+  }
+  if (mlflow_) {
+    hub_->RemoveSink(mlflow_.get());
+    mlflow_.reset();  // Tries once more to send what it keeps.
   }
 }
 

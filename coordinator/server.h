@@ -29,6 +29,7 @@ class CoordinatorMetricsExporter;  // coordinator/metrics.h
 class MetricsServer;               // common/metrics/metrics_server.h
 class DashboardServer;             // coordinator/http/dashboard_server.h
 class TensorBoardWriter;           // coordinator/tracking/tensorboard_writer.h
+class MlflowTracker;               // coordinator/tracking/mlflow_tracker.h
 
 // Coordinators in standby over a PostgreSQL store (coordinator/standby.h).
 struct LeaseOptions {
@@ -96,6 +97,9 @@ struct CoordinatorServerOptions {
 absl::StatusOr<Quotas> LoadQuotas(const std::vector<std::string>& flags,
                                   const std::string& file);
 
+// Whether `uri` is http(s)://HOST[:PORT][/PATH] without a trailing slash.
+bool IsTrackingServerUri(const std::string& uri);
+
 // INVALID_ARGUMENT naming the flag: neither or both of --state-dir and --store, a
 // malformed --store URI, lease timings out of order, a bad --listen, timeouts
 // out of order, retention, queue and stream limits < 1, a --listen address that
@@ -143,6 +147,7 @@ class CoordinatorServer {
   std::unique_ptr<Coordinator> coordinator_;
   // A sink of hub_'s that reads coordinator_: taken off the hub and destroyed first.
   std::unique_ptr<TensorBoardWriter> tensorboard_;
+  std::unique_ptr<MlflowTracker> mlflow_;  // Likewise.
   std::unique_ptr<CoordinatorMetricsExporter> metrics_;
   std::unique_ptr<MetricsServer> metrics_server_;  // Scrapes read coordinator_.
   std::unique_ptr<DashboardServer> dashboard_;     // Reads coordinator_, hub_, auth_.

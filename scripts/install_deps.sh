@@ -27,6 +27,7 @@ packages=(
   dataset-fashion-mnist
   iptables libnetfilter-queue-dev       # tests/multihost: cuts, and slow links (ddp-test-netem)
   postgresql libpq-dev                  # the coordinator's PostgreSQL store (--store), and a real server in tests
+  libcurl4-openssl-dev                  # the coordinator's MLflow client (--mlflow-uri)
 )
 
 sudo_cmd=()

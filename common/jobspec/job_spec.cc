@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "common/contract/launch_env.h"
 #include "common/jobspec/command_spec.h"
+#include "common/jobspec/tracking_spec.h"
 #include "common/jobspec/job_text.h"
 #include "common/jobspec/yaml_reader.h"
 #include "yaml-cpp/yaml.h"
@@ -749,8 +750,10 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::st
               {"name", "rdzv_id", "nodes", "nproc_per_node", "backend", "max_restarts",
                "max_recoveries", "recovery_timeout_s", "stop_grace_s", "notice_signal",
                "workdir", "env", "command", "stall_timeout_s", "model", "data", "train", "rdzv",
-               "checkpoint", "metrics", "priority", "node_selector", "preemption"})) {
+               "checkpoint", "metrics", "priority", "node_selector", "preemption",
+               "tracking"})) {
       ParseTop(r, root, &spec);
+      ParseTracking(r, root, &spec);
       if (CheckKind(r, root)) {
         if (root["command"]) {
           ParseCommand(r, root, &spec);

@@ -175,6 +175,15 @@ struct MetricsSpec {
   bool trace_buckets = false;  // Emit a `trace` event per step (reducer timeline).
 };
 
+// job.yaml `tracking`: where the coordinator sends the job's metrics besides its store
+// (docs/job-spec.md). Unset: the coordinator's own default (--mlflow-uri: every job).
+struct TrackingSpec {
+  enum class Mlflow { kDefault, kOn, kOff };
+  Mlflow mlflow = Mlflow::kDefault;
+  std::string mlflow_uri;         // Empty: the coordinator's --mlflow-uri.
+  std::string mlflow_experiment;  // Empty: the job's name.
+};
+
 // A job runs either the built-in trainer (model, data, train, checkpoint, metrics)
 // or the user's own program (`command`: an argv, run once per rank with torchrun's
 // environment; docs/command-jobs.md). Exactly one of the two.
@@ -223,6 +232,7 @@ struct JobSpec {
   RdzvSpec rdzv;
   CheckpointSpec checkpoint;
   MetricsSpec metrics;
+  TrackingSpec tracking;
 };
 
 // Limits (docs/job-spec.md). The size is checked before the YAML is parsed, so an

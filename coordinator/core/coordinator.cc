@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "common/jobspec/redact.h"
 #include "common/logging.h"
@@ -29,6 +30,35 @@ absl::Status ValidateTimeouts(const CoordinatorOptions& o) {
         absl::FormatDuration(o.heartbeat_timeout), ")"));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> MlflowServerFor(const JobSpec& spec, const std::string& source,
+                                            const CoordinatorOptions& options) {
+  const TrackingSpec& t = spec.tracking;
+  if (t.mlflow == TrackingSpec::Mlflow::kOff) return std::string();
+  if (t.mlflow == TrackingSpec::Mlflow::kDefault) return options.mlflow_uri;
+  if (t.mlflow_uri.empty()) {
+    if (options.mlflow_uri.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": tracking.mlflow: this coordinator has no MLflow server (ddp-coordinator "
+                  "--mlflow-uri): name one of its allowed servers with tracking.mlflow.uri, "
+                  "or leave tracking out"));
+    }
+    return options.mlflow_uri;
+  }
+  if (t.mlflow_uri == options.mlflow_uri ||
+      std::find(options.mlflow_allowed.begin(), options.mlflow_allowed.end(), t.mlflow_uri) !=
+          options.mlflow_allowed.end()) {
+    return t.mlflow_uri;
+  }
+  std::vector<std::string> allowed;
+  if (!options.mlflow_uri.empty()) allowed.push_back(options.mlflow_uri);
+  allowed.insert(allowed.end(), options.mlflow_allowed.begin(), options.mlflow_allowed.end());
+  return absl::InvalidArgumentError(absl::StrCat(
+      source, ": tracking.mlflow.uri ", t.mlflow_uri,
+      " is not one of this coordinator's MLflow servers (",
+      allowed.empty() ? "it has none" : absl::StrJoin(allowed, ", "),
+      "): its operator lists them with ddp-coordinator --mlflow-uri and --mlflow-allow"));
 }
 
 absl::Duration StartTimeout(const CoordinatorOptions& o) {
@@ -465,6 +495,9 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const v1::SubmitJobRequest& request,
                                         options_.heartbeat_timeout);
       !st.ok()) {
     return st;
+  }
+  if (auto mlflow = MlflowServerFor(*spec, source, options_); !mlflow.ok()) {
+    return mlflow.status();
   }
 
   JobRecord rec;

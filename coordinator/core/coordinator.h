@@ -95,7 +95,19 @@ struct CoordinatorOptions {
   // pid): a worker that holds its task but never starts it fails the attempt
   // (retryably) after this, not after rdzv.timeout_s. Zero: StartTimeout()'s default.
   absl::Duration start_timeout = absl::ZeroDuration();
+  // MLflow (coordinator/tracking/mlflow_tracker.h). --mlflow-uri: the server every job
+  // is a run on unless its job.yaml says `tracking: {mlflow: false}`; empty: only jobs
+  // that ask. --mlflow-allow: further servers a job may name (tracking.mlflow.uri);
+  // a job naming any other is refused at submit, so job files cannot make the
+  // coordinator send requests to addresses its operator did not list.
+  std::string mlflow_uri;
+  std::vector<std::string> mlflow_allowed;
 };
+
+// The MLflow server a job's runs go to ("": none), or INVALID_ARGUMENT naming the
+// field when the job asks for one the coordinator does not allow.
+absl::StatusOr<std::string> MlflowServerFor(const JobSpec& spec, const std::string& source,
+                                            const CoordinatorOptions& options);
 
 // The start timeout in effect: options.start_timeout, or by default
 // max(5 heartbeat intervals, 10 s): the task reaches its worker with the next

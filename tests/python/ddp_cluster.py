@@ -50,8 +50,9 @@ def stage_example(source_dir, name, dir):
 
 
 class Cluster:
-    def __init__(self, bin_dir, source_dir, workers=2, secure=False):
+    def __init__(self, bin_dir, source_dir, workers=2, secure=False, coordinator_flags=()):
         self.bin_dir = os.path.abspath(bin_dir)
+        self.coordinator_flags = list(coordinator_flags)  # Extra ddp-coordinator flags.
         self.source_dir = os.path.abspath(source_dir)
         self.n_workers = workers
         self.secure = secure
@@ -105,6 +106,7 @@ class Cluster:
         argv = [os.path.join(self.bin_dir, "ddp-coordinator"), "--listen", self.address,
                 "--state-dir", os.path.join(self.dir, "state"), "--rpc-deadline=100ms",
                 "--heartbeat-interval=200ms", "--heartbeat-timeout=2000ms"]
+        argv += self.coordinator_flags
         if self.secure:
             c = self.certs
             argv += ["--tls-cert", c + "/coordinator.pem", "--tls-key", c + "/coordinator.key",
