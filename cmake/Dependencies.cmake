@@ -27,9 +27,9 @@ endif()
 find_package(GTest CONFIG REQUIRED)
 # prometheus-cpp (Debian's prometheus-cpp-dev): the daemons' /metrics endpoints.
 find_package(prometheus-cpp CONFIG REQUIRED)
-# civetweb (Debian's libcivetweb-dev, which prometheus-cpp's server is): the
-# coordinator's web dashboard (coordinator/http/).
-find_package(civetweb CONFIG REQUIRED)
+# Boost.Beast and Boost.Asio with asio::ssl (Debian's libboost-dev, header-only): the
+# coordinator's web dashboard over HTTP or HTTPS (coordinator/http/, decision 153).
+find_package(Boost 1.74 REQUIRED)
 # libsystemd: sd_notify readiness for the daemons' Type=notify units (a no-op when not
 # started by systemd).
 find_package(PkgConfig REQUIRED)

@@ -90,9 +90,10 @@ int main(int argc, char** argv) {
   flags.String("metrics-listen", &opts.metrics_listen,
                "HOST:PORT to serve Prometheus metrics on (http://HOST:PORT/metrics)");
   flags.String("http-listen", &opts.http_listen,
-               "HOST:PORT to serve the read-only web dashboard on (http://HOST:PORT/; port 0: "
-               "any free port; the same tokens and roles as the gRPC reads; plain HTTP, so a "
-               "loopback address unless --insecure)");
+               "HOST:PORT to serve the read-only web dashboard on (port 0: any free port; "
+               "the same tokens and roles as the gRPC reads): https://HOST:PORT/ with "
+               "--tls-cert/--tls-key, else plain http://, so a loopback address unless "
+               "--insecure");
   flags.String("mlflow-uri", &opts.timing.mlflow_uri,
                "MLflow tracking server (http://HOST:PORT) every job is a run on, unless its "
                "job.yaml says tracking: {mlflow: false}");

@@ -108,16 +108,29 @@ absl::Status ValidateServerOptions(const CoordinatorServerOptions& options) {
           "serve it unprotected anyway"));
     }
   }
-  // The dashboard carries tokens (a header, a cookie) and shows what GetJob shows, in
-  // plain HTTP (dashboard_server.h: why not HTTPS): loopback only, unless --insecure.
+  // The dashboard carries tokens (a form, a cookie) and shows what GetJob shows: off
+  // loopback, only over HTTPS (the coordinator's --tls-cert) and to tokens, as --listen
+  // (decision 153), unless --insecure.
   if (!options.http_listen.empty() && !options.insecure &&
       !IsLoopbackHost(ParseHostPort(options.http_listen)->host)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--http-listen ", options.http_listen,
-        " is reachable from other machines, but the dashboard serves plain HTTP (no TLS), "
-        "so tokens and jobs would cross the network in the clear: serve it on 127.0.0.1 and "
-        "reach it through an SSH tunnel or kubectl port-forward, or pass --insecure to serve "
-        "it unprotected anyway"));
+    const bool tls = !options.tls.cert_file.empty();
+    const bool tokens = !options.auth.token_file.empty();
+    if (!tls) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--http-listen ", options.http_listen,
+          " is reachable from other machines, but the dashboard would serve plain HTTP (no "
+          "TLS), so tokens and jobs would cross the network in the clear: add --tls-cert FILE "
+          "--tls-key FILE (it then serves HTTPS with them), serve it on 127.0.0.1 and reach it "
+          "through an SSH tunnel or kubectl port-forward, or pass --insecure to serve it "
+          "unprotected anyway"));
+    }
+    if (!tokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--http-listen ", options.http_listen,
+          " is reachable from other machines, but authentication is not configured, so "
+          "anyone reaching it would read every job: add --auth-token-file FILE, serve it on "
+          "127.0.0.1, or pass --insecure to serve it unprotected anyway"));
+    }
   }
   std::vector<std::string> mlflow = options.timing.mlflow_allowed;
   if (!options.timing.mlflow_uri.empty()) mlflow.push_back(options.timing.mlflow_uri);
@@ -208,8 +221,14 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   }
 
   if (!options.http_listen.empty()) {
+    DashboardServerOptions dashboard_options;
+    dashboard_options.listen = options.http_listen;
+    // HTTPS with gRPC's own certificate and key, re-read as often as gRPC re-reads them.
+    dashboard_options.cert_file = options.tls.cert_file;
+    dashboard_options.key_file = options.tls.key_file;
+    dashboard_options.tls_refresh = options.tls.refresh;
     auto dashboard = DashboardServer::Start(
-        {options.http_listen},
+        dashboard_options,
         std::make_unique<DashboardHandler>(s->coordinator_.get(), s->hub_.get(), s->auth_.get(),
                                            clock));
     if (!dashboard.ok()) return dashboard.status();
@@ -284,9 +303,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   }
   if (s->dashboard_) {
     const std::string host = ParseHostPort(options.http_listen)->host;
-    DDP_LOG(INFO) << "web dashboard on http://" << host << ":" << s->dashboard_->port() << "/"
+    DDP_LOG(INFO) << "web dashboard on " << (s->dashboard_->https() ? "https://" : "http://")
+                  << (host.find(':') != std::string::npos ? "[" + host + "]" : host) << ":"
+                  << s->dashboard_->port() << "/"
                   << (options.auth.token_file.empty() ? " (open: no tokens)" : "");
-    if (!IsLoopbackHost(host)) {
+    if (!IsLoopbackHost(host) && !s->dashboard_->https()) {
       DDP_LOG(WARNING) << "--insecure: the dashboard on " << options.http_listen
                        << " is plain HTTP reachable from other machines: tokens and jobs "
                           "cross the network in the clear";

@@ -77,8 +77,8 @@ struct CoordinatorServerOptions {
   // --metrics-listen: Prometheus /metrics over HTTP (coordinator/metrics.h); empty: none.
   std::string metrics_listen;
   // --http-listen: the read-only web dashboard (coordinator/http/dashboard.h), with the
-  // same tokens and roles as the gRPC reads. Plain HTTP: loopback only unless
-  // --insecure. Empty: none.
+  // same tokens and roles as the gRPC reads. HTTPS with `tls`'s certificate when
+  // given; plain HTTP otherwise, then loopback only unless --insecure. Empty: none.
   std::string http_listen;
   // --tensorboard-dir: every job as a TensorBoard run there, written as its points are
   // stored (coordinator/tracking/tensorboard_writer.h). Empty: none.
@@ -104,7 +104,7 @@ bool IsTrackingServerUri(const std::string& uri);
 // malformed --store URI, lease timings out of order, a bad --listen, timeouts
 // out of order, retention, queue and stream limits < 1, a --listen address that
 // other machines can reach without TLS (--tls-cert/--tls-key) and tokens
-// (--auth-token-file), and a non-loopback --http-listen (plain HTTP), unless
+// (--auth-token-file), and a non-loopback --http-listen without them, unless
 // --insecure. main() exits 2 on these, as for any bad flag.
 absl::Status ValidateServerOptions(const CoordinatorServerOptions& options);
 

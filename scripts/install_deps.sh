@@ -16,7 +16,7 @@ packages=(
   libcairo2-dev fonts-dejavu-core       # ddpctl plot's PNG and SVG pictures, and their font
   systemd zsh                           # tests: systemd-analyze verify, zsh completion
   prometheus-cpp-dev                    # the daemons' /metrics endpoints
-  libcivetweb-dev                       # the coordinator's web dashboard (--http-listen)
+  libboost-dev                          # the coordinator's web dashboard (--http-listen): Beast, Asio
   chromium chromium-driver python3-selenium   # tests: the dashboard in headless Chromium
   prometheus                            # tests: a real Prometheus scrapes them; promtool
   libgtest-dev libgmock-dev googletest

@@ -22,8 +22,8 @@ constexpr char kJson[] = "application/json; charset=utf-8";
 constexpr char kHtml[] = "text/html; charset=utf-8";
 // How a refused browser (or script) passes a token, in place of ddpctl's flags.
 constexpr char kHowToken[] =
-    "open this page once as /?token=TOKEN (a viewer token will do; the dashboard keeps it "
-    "in a cookie) or send the header `Authorization: Bearer TOKEN`";
+    "log in at /login with a token (a viewer token will do; the dashboard keeps it in a "
+    "cookie) or send the header `Authorization: Bearer TOKEN`";
 // Output lines a logs request returns by default, and at most.
 constexpr int64_t kDefaultTail = 100;
 constexpr int64_t kMaxTail = 1000;
@@ -54,7 +54,9 @@ int HttpStatusOf(const absl::Status& st) {
 
 // The answer to an error: {"error": ...} for the API, a short page for a browser.
 // `status` 0: the one that goes with st's code.
-HttpResponse Error(bool api, const absl::Status& st, int status = 0) {
+// `extra`: HTML added under the message on a page (already escaped).
+HttpResponse Error(bool api, const absl::Status& st, int status = 0,
+                   const std::string& extra = "") {
   HttpResponse r;
   r.status = status != 0 ? status : HttpStatusOf(st);
   const std::string message(st.message());
@@ -69,7 +71,7 @@ HttpResponse Error(bool api, const absl::Status& st, int status = 0) {
         "</title><link rel=\"stylesheet\" href=\"/static/dashboard.css\"></head>\n<body>"
         "<header><a class=\"brand\" href=\"/\">ddp</a></header><main><h2>",
         r.status, " ", HttpReason(r.status), "</h2><div class=\"error\">", HtmlEscape(message),
-        "</div></main></body></html>\n");
+        "</div>", extra, "</main></body></html>\n");
   }
   if (r.status == 401) r.headers.emplace_back("WWW-Authenticate", "Bearer realm=\"ddp\"");
   return r;
@@ -144,13 +146,79 @@ std::optional<std::string> CookieToken(const std::string& header) {
   return std::nullopt;
 }
 
-// The query without its token parameter (what the redirect keeps).
-std::string WithoutToken(const std::string& query) {
-  std::vector<std::string> kept;
+// Whether the query names a token in any spelling (`token=`, `TOKEN`, `%74oken=`):
+// such a request is never served with it, nor answered with it.
+bool NamesToken(const std::string& query) {
   for (absl::string_view part : absl::StrSplit(query, '&', absl::SkipEmpty())) {
-    if (!absl::StartsWith(part, "token=") && part != "token") kept.emplace_back(part);
+    std::pair<absl::string_view, absl::string_view> kv =
+        absl::StrSplit(part, absl::MaxSplits('=', 1));
+    if (absl::AsciiStrToLower(absl::StripAsciiWhitespace(Decode(kv.first))) == "token") {
+      return true;
+    }
   }
-  return absl::StrJoin(kept, "&");
+  return false;
+}
+
+// Where a login may send the browser: a path of this site, without query or fragment
+// (which could carry anything back into the address), "/" for anything else: no
+// "//host" or "/\\host", which browsers take for another site.
+std::string SafeNext(const std::string& next) {
+  std::string path = next.substr(0, next.find_first_of("?#"));
+  if (path.empty() || path[0] != '/' || (path.size() > 1 && (path[1] == '/' || path[1] == '\\'))) {
+    return "/";
+  }
+  for (char c : path) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == '\\') return "/";
+  }
+  return path;
+}
+
+// Whether a POST comes from a page of this dashboard: its Origin, or its Referer
+// when a browser sends no Origin, is this scheme and Host. Forms on other sites
+// cannot forge either.
+bool SameOrigin(const HttpRequest& request) {
+  if (request.host.empty()) return false;
+  const std::string self =
+      absl::AsciiStrToLower(absl::StrCat(request.secure ? "https://" : "http://", request.host));
+  if (request.origin.has_value()) return absl::AsciiStrToLower(*request.origin) == self;
+  if (request.referer.has_value()) {
+    const std::string referer = absl::AsciiStrToLower(*request.referer);
+    return referer == self || absl::StartsWith(referer, self + "/");
+  }
+  return false;
+}
+
+std::string LoginLink(const std::string& path) {
+  return absl::StrCat("<p><a href=\"/login?next=", HtmlEscape(Encode(SafeNext(path), false)),
+                      "\">Log in</a> with a token.</p>");
+}
+
+// The login form; `error` (text) above it when a token was refused.
+HttpResponse LoginForm(const std::string& next, const std::string& error, int status) {
+  HttpResponse r;
+  r.status = status;
+  r.content_type = kHtml;
+  r.body = absl::StrCat(
+      "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>ddp: log in"
+      "</title><link rel=\"stylesheet\" href=\"/static/dashboard.css\"></head>\n<body>"
+      "<header><a class=\"brand\" href=\"/\">ddp</a></header><main><h2>Log in</h2>",
+      error.empty() ? "" : absl::StrCat("<div class=\"error\">", HtmlEscape(error), "</div>"),
+      "<form class=\"login\" method=\"post\" action=\"/login\">"
+      "<input type=\"hidden\" name=\"next\" value=\"",
+      HtmlEscape(SafeNext(next)),
+      "\"><label for=\"token\">Token</label> <input id=\"token\" name=\"token\" "
+      "type=\"password\" autocomplete=\"current-password\" required autofocus> "
+      "<button type=\"submit\">Log in</button></form>"
+      "<p class=\"hint\">Any token of this coordinator but a worker's (a viewer token will "
+      "do). The dashboard keeps it in a cookie of this browser until you log out or close "
+      "it; scripts send <code>Authorization: Bearer TOKEN</code> instead.</p>"
+      "</main></body></html>\n");
+  return r;
+}
+
+std::string TokenCookie(const std::string& value, bool secure, bool clear) {
+  return absl::StrCat(kCookie, "=", value, "; Path=/;", clear ? " Max-Age=0;" : "",
+                      " HttpOnly; SameSite=Strict", secure ? "; Secure" : "");
 }
 
 // A positive integer parameter, `fallback` when absent, clamped to [1, max].
@@ -177,6 +245,8 @@ const char* HttpReason(int status) {
     case 403: return "Forbidden";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
+    case 413: return "Payload Too Large";
+    case 431: return "Request Header Fields Too Large";
     case 429: return "Too Many Requests";
     case 503: return "Service Unavailable";
     default: return "Error";
@@ -215,17 +285,33 @@ absl::StatusOr<Identity> DashboardHandler::Admit(const PresentedCredentials& pre
 
 HttpResponse DashboardHandler::Handle(const HttpRequest& request) const {
   HttpResponse r;
-  if (request.method != "GET" && request.method != "HEAD") {
-    r = Error(absl::StartsWith(request.path, "/api/"),
+  const bool api = absl::StartsWith(request.path, "/api/");
+  const bool login = request.path == "/login";
+  const bool logout = request.path == "/logout";
+  if (NamesToken(request.query)) {
+    // Tokens travel in the form's body or a header, never in addresses (histories,
+    // logs, Referer). The path alone is kept: nothing of the query comes back.
+    r.status = 303;
+    r.headers.emplace_back("Location", Encode(request.path, true));
+  } else if (request.method == "POST" && (login || logout)) {
+    r = login ? Login(request) : Logout(request);
+  } else if (request.method != "GET" && request.method != "HEAD") {
+    r = Error(api,
               absl::InvalidArgumentError(absl::StrCat(
                   "the dashboard is read-only: ", request.method,
-                  " is not served (GET and HEAD are); use ddpctl to change anything")),
+                  " is not served (GET and HEAD are, and POST on /login and /logout); use "
+                  "ddpctl to change anything")),
               405);
-    r.headers.emplace_back("Allow", "GET, HEAD");
+    r.headers.emplace_back("Allow", login ? "GET, HEAD, POST" : logout ? "POST" : "GET, HEAD");
   } else if (absl::StartsWith(request.path, "/static/")) {
     // The pages' CSS and script hold no data: served to anyone, so that a refusal
     // page is styled too.
     r = Asset(request.path.substr(8));
+  } else if (login) {
+    r = LoginForm(QueryParam(request.query, "next").value_or("/"), "", 200);
+  } else if (logout) {
+    r = Error(false, absl::InvalidArgumentError("log out with the page's button (a POST)"), 405);
+    r.headers.emplace_back("Allow", "POST");
   } else {
     PresentedCredentials presented;
     if (request.authorization.has_value()) {
@@ -233,41 +319,69 @@ HttpResponse DashboardHandler::Handle(const HttpRequest& request) const {
     } else if (std::optional<std::string> token = CookieToken(request.cookie)) {
       presented.authorization = absl::StrCat("Bearer ", *token);
     }
-    if (std::optional<std::string> token = QueryParam(request.query, "token")) {
-      // A browser's login: check the token, keep it in a cookie, and take it out of
-      // the address bar (and so out of the history and of Referer headers).
-      const bool api = absl::StartsWith(request.path, "/api/");
-      presented.authorization = absl::StrCat("Bearer ", *token);
-      if (auto id = Admit(presented, Method::kListJobs); !id.ok()) {
-        r = Error(api, id.status());
-      } else {
-        r.status = 303;
-        const std::string rest = WithoutToken(request.query);
-        r.headers.emplace_back("Location", absl::StrCat(Encode(request.path, true),
-                                                        rest.empty() ? "" : "?", rest));
-        if (auth_->jobs_authenticated()) {
-          r.headers.emplace_back(
-              "Set-Cookie", absl::StrCat(kCookie, "=", Encode(*token, false),
-                                         "; Path=/; HttpOnly; SameSite=Strict"));
-        }
-      }
-    } else {
-      r = Route(request, request.path, presented);
-    }
+    r = Route(request, request.path, presented);
   }
   // Every answer: no script, style or connection from anywhere but this origin, no
-  // framing, no guessing of content types, nothing cached or referred.
+  // framing, no guessing of content types, nothing cached, nothing referred to other
+  // sites. Same-origin, not no-referrer: under no-referrer browsers send `Origin: null`
+  // with a form's POST, which the login's origin check must refuse.
   r.headers.emplace_back("Content-Security-Policy", "default-src 'self'; frame-ancestors 'none'");
   r.headers.emplace_back("X-Content-Type-Options", "nosniff");
-  r.headers.emplace_back("Referrer-Policy", "no-referrer");
+  r.headers.emplace_back("Referrer-Policy", "same-origin");
   r.headers.emplace_back("Cache-Control", "no-store");
+  return r;
+}
+
+HttpResponse DashboardHandler::Login(const HttpRequest& request) const {
+  if (!SameOrigin(request)) {
+    return Error(false, absl::PermissionDeniedError(
+                            "a login must be posted from this dashboard's own form (its Origin "
+                            "or Referer is not this site)"));
+  }
+  if (!absl::StartsWith(absl::AsciiStrToLower(request.content_type),
+                        "application/x-www-form-urlencoded")) {
+    return Error(false, absl::InvalidArgumentError(
+                            "a login is a form post (application/x-www-form-urlencoded)"));
+  }
+  const std::string next = QueryParam(request.body, "next").value_or("/");
+  const std::string token = QueryParam(request.body, "token").value_or("");
+  if (token.empty()) return LoginForm(next, "Enter a token.", 401);
+  PresentedCredentials presented;
+  presented.authorization = absl::StrCat("Bearer ", token);
+  if (auto id = Admit(presented, Method::kListJobs); !id.ok()) {
+    return LoginForm(next, std::string(id.status().message()), HttpStatusOf(id.status()));
+  }
+  HttpResponse r;
+  r.status = 303;
+  r.headers.emplace_back("Location", Encode(SafeNext(next), true));
+  // A coordinator that authenticates no one needs no cookie.
+  if (auth_->jobs_authenticated()) {
+    r.headers.emplace_back("Set-Cookie",
+                           TokenCookie(Encode(token, false), request.secure, /*clear=*/false));
+  }
+  return r;
+}
+
+HttpResponse DashboardHandler::Logout(const HttpRequest& request) const {
+  if (!SameOrigin(request)) {
+    return Error(false, absl::PermissionDeniedError(
+                            "a logout must be posted from this dashboard's own pages (its "
+                            "Origin or Referer is not this site)"));
+  }
+  HttpResponse r;
+  r.status = 303;
+  r.headers.emplace_back("Location", "/login");
+  r.headers.emplace_back("Set-Cookie", TokenCookie("", request.secure, /*clear=*/true));
   return r;
 }
 
 HttpResponse DashboardHandler::Route(const HttpRequest& request, const std::string& path,
                                      const PresentedCredentials& presented) const {
   const bool api = absl::StartsWith(path, "/api/");
-  auto refuse = [&](const absl::Status& st) { return Error(api, st); };
+  auto refuse = [&](const absl::Status& st) {
+    return Error(api, st, 0,
+                 st.code() == absl::StatusCode::kUnauthenticated ? LoginLink(path) : "");
+  };
   auto no_job = [&](const std::string& id) {
     return refuse(absl::NotFoundError(absl::StrCat(
         "job '", id, "' not found: the jobs page (/) lists the jobs the coordinator knows")));

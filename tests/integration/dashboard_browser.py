@@ -1,32 +1,44 @@
 #!/usr/bin/python3
-"""Looks at the coordinator's web dashboard in a real headless Chromium.
+"""Looks at the coordinator's web dashboard, over HTTPS, in a real headless Chromium.
 
 Run by dashboard_cluster_test (tests/integration/dashboard_cluster_test.cc) against a
-live cluster whose job JOB is RUNNING on two ranks; it can be run by hand the same
-way. With Debian's chromium and chromium-driver, through python3-selenium:
+live secure cluster whose job JOB is RUNNING on two ranks; it can be run by hand the
+same way. With Debian's chromium and chromium-driver, through python3-selenium:
 
-  dashboard_browser.py --url http://127.0.0.1:PORT --job JOB --token-file viewer.token
-                       --screenshot OUT.png
+  dashboard_browser.py --url https://127.0.0.1:PORT --job JOB --token-file viewer.token
+                       --ca ca.pem --cert coordinator.pem --screenshot OUT.png
+
+Chromium trusts exactly the dashboard's certificate (--cert), by the SHA-256 of its
+public key (--ignore-certificate-errors-spki-list), the way one pins a test CA's leaf
+without touching the system's trust store; the HTTP checks verify it against --ca.
 
 What it checks (each failure is printed and makes the exit status 1):
-  1. without a token the page and the API are refused (401), in the browser too;
-  2. /jobs/JOB?token=... sets an HttpOnly, SameSite=Strict cookie and redirects to
-     the address without the token;
+  1. without a token the page and the API are refused (401), in the browser too, and
+     the page links to the login form; a token in the address is neither taken nor
+     echoed (303 to the path alone, in any spelling);
+  2. the login form, filled in and posted, sets an HttpOnly, SameSite=Strict, Secure
+     cookie and lands on the job's page;
   3. the rank table shows rank 0 and rank 1 with their workers (and no GPU memory or
      utilization: they train on the CPU), and its step and loss cells change between
      two reads a few seconds apart (the page redraws);
   4. both charts draw a line for each rank; the attempts table and the output appear;
-  5. the front page lists the job and both workers.
+  5. the front page lists the job and both workers;
+  6. the page's Log out button clears the cookie: the pages are refused again.
 It prints one JSON object (what it saw) on stdout and saves a screenshot of the job
 page. Exit 77: chromium, chromedriver or selenium is missing (skipped).
 """
 import argparse
+import base64
+import hashlib
+import http.client
 import json
-import os
 import shutil
+import ssl
+import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 SKIP = 77
@@ -40,13 +52,34 @@ def find_chromium():
     return None
 
 
-def http_status(url, headers=None):
+def spki_sha256(cert_file):
+    """The base64 SHA-256 of a certificate's public key, as Chromium pins it."""
+    der = subprocess.run(
+        "openssl x509 -in '%s' -pubkey -noout | openssl pkey -pubin -outform der" % cert_file,
+        shell=True, check=True, capture_output=True).stdout
+    return base64.b64encode(hashlib.sha256(der).digest()).decode()
+
+
+def http_status(url, context, headers=None):
     request = urllib.request.Request(url, headers=headers or {})
     try:
-        with urllib.request.urlopen(request, timeout=10) as r:
+        with urllib.request.urlopen(request, timeout=10, context=context) as r:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
+
+
+def raw_get(url, context, target):
+    """One GET of `target`, redirects not followed: (status, Location, whole answer)."""
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=10, context=context)
+    try:
+        conn.request("GET", target)
+        r = conn.getresponse()
+        body = r.read().decode(errors="replace")
+        return r.status, r.getheader("Location"), str(r.headers) + body
+    finally:
+        conn.close()
 
 
 def main():
@@ -54,6 +87,8 @@ def main():
     p.add_argument("--url", required=True)
     p.add_argument("--job", required=True)
     p.add_argument("--token-file", required=True)
+    p.add_argument("--ca", required=True, help="the CA that signed the dashboard's certificate")
+    p.add_argument("--cert", required=True, help="the dashboard's certificate (Chromium pins it)")
     p.add_argument("--screenshot", required=True)
     args = p.parse_args()
 
@@ -80,20 +115,33 @@ def main():
             failures.append(what)
             print("FAILED: " + what, file=sys.stderr)
 
+    context = ssl.create_default_context(cafile=args.ca)
+
     # 1. No token: refused, with a message saying how to pass one.
-    status, body = http_status(job_url)
+    status, body = http_status(job_url, context)
     seen["no_token_page_status"] = status
     check(status == 401, f"GET {job_url} without a token answered {status}, not 401")
-    check("token" in body, "the 401 page does not say how to pass a token")
-    status, _ = http_status(base + "/api/jobs/" + args.job)
+    check("/login?next=" in body, "the 401 page does not link to the login form")
+    status, _ = http_status(base + "/api/jobs/" + args.job, context)
     seen["no_token_api_status"] = status
     check(status == 401, f"the API without a token answered {status}, not 401")
-    status, _ = http_status(base + "/api/jobs/" + args.job, {"Authorization": "Bearer " + token})
+    status, _ = http_status(base + "/api/jobs/" + args.job, context,
+                            {"Authorization": "Bearer " + token})
     seen["bearer_api_status"] = status
     check(status == 200, f"the API with the viewer token answered {status}, not 200")
+    # A token in the address: never taken, never echoed, whatever its spelling.
+    seen["token_in_address"] = []
+    for query in ("token=", "x=1&%74oken=", "TOKEN="):
+        target = "/jobs/" + args.job + "?" + query + token
+        status, location, answer = raw_get(base, context, target)
+        seen["token_in_address"].append([query, status, location])
+        check(status == 303 and location == "/jobs/" + args.job and token not in answer,
+              "%s answered %s to %s, or echoed the token" % (query, status, location))
 
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
+    # Trust exactly the dashboard's certificate (made by the test CA) and nothing else.
+    options.add_argument("--ignore-certificate-errors-spki-list=" + spki_sha256(args.cert))
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                  "--window-size=1400,1700", "--hide-scrollbars", "--force-device-scale-factor=1"):
         options.add_argument(flag)
@@ -105,17 +153,28 @@ def main():
         seen["no_token_browser"] = text[:200]
         check("401" in text and "requires authentication" in text,
               "the browser without a token was not shown the 401 page: " + text[:200])
+        check(driver.execute_script("return location.protocol") == "https:",
+              "the page is not served over HTTPS: " + driver.current_url)
 
-        # 2. The token once in the address: a cookie, and the address without it.
-        driver.get(job_url + "?token=" + token)
+        # 2. The login form: the 401 page's link, the token typed in, posted once.
+        driver.find_element(By.LINK_TEXT, "Log in").click()
+        seen["login_url"] = driver.current_url
+        check("/login?next=" in driver.current_url, "the link does not lead to the login form")
+        field = driver.find_element(By.NAME, "token")
+        field.send_keys(token)
+        driver.find_element(By.CSS_SELECTOR, "form.login button").click()
+        wait_url = time.time() + 15
+        while time.time() < wait_url and not driver.current_url.endswith("/jobs/" + args.job):
+            time.sleep(0.1)
         seen["url_after_login"] = driver.current_url
-        check("token=" not in driver.current_url and driver.current_url.endswith("/jobs/" + args.job),
-              "the token stayed in the address: " + driver.current_url)
+        check(driver.current_url == job_url,
+              "the login did not land on the job's page: " + driver.current_url)
         cookies = {c["name"]: c for c in driver.get_cookies()}
         cookie = cookies.get("ddp_token", {})
         seen["cookie"] = {k: cookie.get(k) for k in ("httpOnly", "sameSite", "secure", "path")}
         check(cookie.get("httpOnly") is True, "the token cookie is not HttpOnly")
         check(cookie.get("sameSite") == "Strict", "the token cookie is not SameSite=Strict")
+        check(cookie.get("secure") is True, "the token cookie is not Secure")
 
         # 3. The rank table: both ranks, and it redraws as steps arrive.
         # Tables are read in one script call: the page replaces its rows every second,
@@ -193,6 +252,19 @@ def main():
             {r[0] for r in table("#workers") if r}))
         seen["workers"] = sorted(workers or [])
         check(workers is not None, "the front page does not list w1 and w2")
+
+        # 6. Log out: the cookie goes, and the pages are refused again.
+        driver.find_element(By.CSS_SELECTOR, "form.logout button").click()
+        wait_url = time.time() + 15
+        while time.time() < wait_url and "/login" not in driver.current_url:
+            time.sleep(0.1)
+        seen["url_after_logout"] = driver.current_url
+        check("/login" in driver.current_url, "logging out did not lead to the login form")
+        check("ddp_token" not in {c["name"] for c in driver.get_cookies()},
+              "the token cookie is still there after logging out")
+        driver.get(base + "/")
+        text = driver.find_element(By.TAG_NAME, "body").text
+        check("401" in text, "the front page is still shown after logging out: " + text[:200])
     finally:
         driver.quit()
 

@@ -1,9 +1,11 @@
-// The web dashboard in a real browser: a secure cluster (TLS and tokens on the gRPC
-// port; the dashboard on a loopback port, with the same tokens) runs the example job on
-// two workers, and tests/integration/dashboard_browser.py drives Debian's headless
-// Chromium (chromedriver, python3-selenium) through the job's page with the viewer
-// token: both ranks' rows, redrawn as steps arrive, both curves, no token refused.
-// Exits 77 (skipped) where chromium, chromedriver or selenium is missing.
+// The web dashboard in a real browser, over HTTPS: a secure cluster (TLS and tokens on
+// the gRPC port, certificates from scripts/make_certs.sh) serves the dashboard on a
+// loopback port with the coordinator's own certificate, runs the example job on two
+// workers, and tests/integration/dashboard_browser.py drives Debian's headless Chromium
+// (chromedriver, python3-selenium), trusting exactly that certificate, through the
+// login form and the job's page with the viewer token: both ranks' rows, redrawn as
+// steps arrive, both curves, no token refused, a token in the address never taken,
+// logging out. Exits 77 (skipped) where chromium, chromedriver or selenium is missing.
 //
 // The screenshot goes to the cluster's scratch directory; with
 // DDP_DASHBOARD_SCREENSHOT=PATH it is copied there too (how docs/images/dashboard-job.png
@@ -25,7 +27,7 @@ namespace {
 using testing::CtlResult;
 using testing::LocalCluster;
 
-TEST(DashboardClusterTest, ViewerSeesBothRanksRedrawInHeadlessChromium) {
+TEST(DashboardClusterTest, ViewerLogsInOverHttpsAndSeesBothRanksRedrawInHeadlessChromium) {
   auto port = PickFreePort("127.0.0.1");
   ASSERT_TRUE(port.ok()) << port.status();
   LocalCluster::Options o;
@@ -54,17 +56,20 @@ TEST(DashboardClusterTest, ViewerSeesBothRanksRedrawInHeadlessChromium) {
   const std::string shot = c.dir() + "/dashboard-job.png";
   CtlResult browser = testing::RunCapture(
       {DDP_PYTHON3, testing::SourceDir() + "/tests/integration/dashboard_browser.py",
-       "--url", absl::StrCat("http://127.0.0.1:", *port), "--job", id, "--token-file",
-       c.certs() + "/viewer.token", "--screenshot", shot},
+       "--url", absl::StrCat("https://127.0.0.1:", *port), "--job", id, "--token-file",
+       c.certs() + "/viewer.token", "--ca", c.certs() + "/ca.pem", "--cert",
+       c.certs() + "/coordinator.pem", "--screenshot", shot},
       absl::Minutes(4));
   if (browser.exit_code == 77) {
     std::cerr << browser.err;
     std::exit(77);
   }
   EXPECT_EQ(browser.exit_code, 0) << browser.err << "\n" << browser.out;
+  std::cout << "the browser saw: " << browser.out << "\n";
   // What it saw, besides its own verdict: the page redrew with newer steps of both ranks.
   EXPECT_NE(browser.out.find("\"failures\": []"), std::string::npos) << browser.out;
   EXPECT_NE(browser.out.find("\"no_token_page_status\": 401"), std::string::npos) << browser.out;
+  EXPECT_NE(browser.out.find("\"secure\": true"), std::string::npos) << browser.out;
   ASSERT_TRUE(std::filesystem::exists(shot));
   EXPECT_GT(std::filesystem::file_size(shot), 20000u);  // A real page, not a blank one.
   if (const char* keep = std::getenv("DDP_DASHBOARD_SCREENSHOT"); keep && *keep) {
