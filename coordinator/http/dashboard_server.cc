@@ -202,6 +202,9 @@ class DashboardServer::Impl {
         beast::error_code ignored;
         socket.close(ignored);  // Full: closed before anything is read or allocated.
       } else {
+        // Answers and TLS flights go out whole: no waiting on Nagle for a delayed ACK.
+        beast::error_code ignored;
+        socket.set_option(tcp::no_delay(true), ignored);
         StartSession(std::move(socket));
       }
       Accept();
@@ -299,13 +302,21 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
       http::async_read(stream_, buffer_, *parser_, done);
       return;
     }
-    // Keep-alive: idle_timeout for the next request to begin, header_timeout to end.
-    Lowest().expires_after(Chrono(options().idle_timeout));
-    http::async_read_some(stream_, buffer_, *parser_, [self, done](beast::error_code ec, size_t) {
-      if (ec || self->parser_->is_done()) return self->OnRead(ec);
+    // Keep-alive: idle_timeout for the next request's first bytes, then header_timeout
+    // for the rest. (Beast's parser takes a header only whole, so http::async_read_some
+    // would wait for all of it: the first bytes are read from the stream directly.)
+    auto rest = [self, done] {
       self->Lowest().expires_after(Chrono(self->options().header_timeout));
       http::async_read(self->stream_, self->buffer_, *self->parser_, done);
-    });
+    };
+    if (buffer_.size() > 0) return rest();  // Already here (a pipelined request).
+    Lowest().expires_after(Chrono(options().idle_timeout));
+    stream_.async_read_some(buffer_.prepare(4096),
+                            [self, rest](beast::error_code ec, size_t n) {
+                              if (ec) return;  // Gone, or idle past the timeout.
+                              self->buffer_.commit(n);
+                              rest();
+                            });
   }
 
   void OnRead(beast::error_code ec) {

@@ -722,6 +722,62 @@ TEST_P(SlowClientTest, DrippingHeadersDoNotStarveANormalRequest) {
 INSTANTIATE_TEST_SUITE_P(HttpAndHttps, SlowClientTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "Https" : "Http"; });
 
+// One HTTP/1.1 answer from a kept-alive connection (its Content-Length tells the end).
+Reply ReadOneAnswer(Conn& conn) {
+  std::string raw;
+  char buf[4096];
+  size_t end = std::string::npos;
+  while ((end = raw.find("\r\n\r\n")) == std::string::npos) {
+    const ssize_t n = conn.Read(buf, sizeof(buf));
+    if (n <= 0) return Parse(raw);
+    raw.append(buf, static_cast<size_t>(n));
+  }
+  Reply head = Parse(raw);
+  const size_t want = end + 4 + std::stoul(head.headers["content-length"]);
+  while (raw.size() < want) {
+    const ssize_t n = conn.Read(buf, sizeof(buf));
+    if (n <= 0) break;
+    raw.append(buf, static_cast<size_t>(n));
+  }
+  return Parse(raw);
+}
+
+TEST_F(DashboardTest, KeptAliveConnectionsCloseWhenIdleOrSlow) {
+  DashboardServerOptions o;
+  o.idle_timeout = absl::Seconds(1);
+  o.header_timeout = absl::Seconds(2);
+  Serve(tokens_, o);
+  const std::string request = absl::StrCat("GET /api/jobs HTTP/1.1\r\nHost: 127.0.0.1:",
+                                           server_->port(), "\r\n", Bearer(kViewer), "\r\n");
+  // Two requests on one connection, then silence: closed after the idle timeout.
+  std::unique_ptr<Conn> idle = Conn::Open(server_->port());
+  ASSERT_NE(idle, nullptr);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(idle->Send(request));
+    Reply r = ReadOneAnswer(*idle);
+    EXPECT_EQ(r.status, 200) << i << ": " << r.raw;
+    EXPECT_THAT(r.body, HasSubstr("\"jobs\"")) << i;
+  }
+  absl::Time since = absl::Now();
+  EXPECT_TRUE(idle->ClosedWithin(absl::Seconds(20)));
+  EXPECT_GE(absl::Now() - since, absl::Milliseconds(900));
+
+  // A next request that starts but drips: closed at the header deadline.
+  std::unique_ptr<Conn> slow = Conn::Open(server_->port());
+  ASSERT_NE(slow, nullptr);
+  ASSERT_TRUE(slow->Send(request));
+  EXPECT_EQ(ReadOneAnswer(*slow).status, 200);
+  since = absl::Now();
+  ASSERT_TRUE(slow->Send("GET /api/jobs HTTP/1.1\r\nX-Slow: "));
+  bool closed = false;
+  while (!closed && absl::Now() - since < absl::Seconds(20)) {
+    (void)slow->Send("x");
+    closed = slow->ClosedWithin(absl::Milliseconds(300));
+  }
+  EXPECT_TRUE(closed);
+  EXPECT_GE(absl::Now() - since, absl::Milliseconds(1900));
+}
+
 TEST_F(DashboardTest, ConnectionsPastTheCapAreClosedAtOnce) {
   DashboardServerOptions o;
   o.max_connections = 4;
