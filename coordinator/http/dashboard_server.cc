@@ -321,7 +321,8 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
 
   void OnRead(beast::error_code ec) {
     if (ec == http::error::body_limit) {
-      return Refuse(413, "Payload Too Large", "the request body is larger than the dashboard takes");
+      return Refuse(413, "Payload Too Large",
+                    "the request body is larger than the dashboard takes");
     }
     if (ec == http::error::header_limit) {
       return Refuse(431, "Request Header Fields Too Large",
@@ -355,7 +356,9 @@ class Session : public std::enable_shared_from_this<Session<kTls>> {
 
     response_.emplace(static_cast<http::status>(answer.status), req.version());
     response_->reason(HttpReason(answer.status));
-    if (!answer.content_type.empty()) response_->set(http::field::content_type, answer.content_type);
+    if (!answer.content_type.empty()) {
+      response_->set(http::field::content_type, answer.content_type);
+    }
     for (const auto& [name, value] : answer.headers) response_->insert(name, value);
     response_->keep_alive(req.keep_alive());
     if (request.method == "HEAD") {

@@ -438,7 +438,8 @@ TEST_F(DashboardTest, TokenInTheAddressIsNeitherTakenNorEchoed) {
   const std::string id = RunningJob();
   for (const std::string& target :
        {absl::StrCat("/?token=", kViewer), absl::StrCat("/jobs/", id, "?x=1&%74oken=", kViewer),
-        absl::StrCat("/api/jobs?TOKEN=", kViewer), absl::StrCat("/api/jobs?%54%4F%4B%45%4E=", kViewer),
+        absl::StrCat("/api/jobs?TOKEN=", kViewer),
+        absl::StrCat("/api/jobs?%54%4F%4B%45%4E=", kViewer),
         absl::StrCat("/login?next=%2F&Token=", kViewer), absl::StrCat("/?tok%65n=", kViewer),
         absl::StrCat("/nothing?token+=", kViewer)}) {
     for (const char* method : {"GET", "HEAD", "POST"}) {
