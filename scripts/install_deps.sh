@@ -18,6 +18,7 @@ packages=(
   prometheus-cpp-dev                    # the daemons' /metrics endpoints
   libboost-dev                          # the coordinator's web dashboard (--http-listen): Beast, Asio
   chromium chromium-driver python3-selenium   # tests: the dashboard in headless Chromium
+  libnss3-tools                         # tests: certutil, so Chromium trusts the test CA
   prometheus                            # tests: a real Prometheus scrapes them; promtool
   libgtest-dev libgmock-dev googletest
   openssl libssl-dev                    # TLS file checks, token digests, scripts/make_certs.sh

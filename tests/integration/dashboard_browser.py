@@ -6,11 +6,12 @@ live secure cluster whose job JOB is RUNNING on two ranks; it can be run by hand
 same way. With Debian's chromium and chromium-driver, through python3-selenium:
 
   dashboard_browser.py --url https://127.0.0.1:PORT --job JOB --token-file viewer.token
-                       --ca ca.pem --cert coordinator.pem --screenshot OUT.png
+                       --ca ca.pem --screenshot OUT.png
 
-Chromium trusts exactly the dashboard's certificate (--cert), by the SHA-256 of its
-public key (--ignore-certificate-errors-spki-list), the way one pins a test CA's leaf
-without touching the system's trust store; the HTTP checks verify it against --ca.
+Chromium trusts the test CA (--ca) as a browser trusts any CA: it is added to an NSS
+certificate database (certutil, Debian's libnss3-tools) in a HOME of the script's own,
+where Chromium on Linux reads its trusted roots; the system's trust store is left
+alone, and no certificate error is ignored. The HTTP checks verify against --ca too.
 
 What it checks (each failure is printed and makes the exit status 1):
   1. without a token the page and the API are refused (401), in the browser too, and
@@ -32,10 +33,12 @@ import base64
 import hashlib
 import http.client
 import json
+import os
 import shutil
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -52,12 +55,17 @@ def find_chromium():
     return None
 
 
-def spki_sha256(cert_file):
-    """The base64 SHA-256 of a certificate's public key, as Chromium pins it."""
-    der = subprocess.run(
-        "openssl x509 -in '%s' -pubkey -noout | openssl pkey -pubin -outform der" % cert_file,
-        shell=True, check=True, capture_output=True).stdout
-    return base64.b64encode(hashlib.sha256(der).digest()).decode()
+def trusting_home(ca_file):
+    """A fresh HOME whose NSS database (~/.pki/nssdb, where Chromium on Linux reads
+    trusted roots) trusts `ca_file` for TLS servers."""
+    home = tempfile.mkdtemp(prefix="ddp-chromium-home-")
+    db = "sql:" + os.path.join(home, ".pki", "nssdb")
+    os.makedirs(os.path.join(home, ".pki", "nssdb"))
+    subprocess.run(["certutil", "-d", db, "-N", "--empty-password"], check=True,
+                   capture_output=True)
+    subprocess.run(["certutil", "-d", db, "-A", "-n", "ddp test CA", "-t", "C,,", "-i",
+                    ca_file], check=True, capture_output=True)
+    return home
 
 
 def http_status(url, context, headers=None):
@@ -88,7 +96,6 @@ def main():
     p.add_argument("--job", required=True)
     p.add_argument("--token-file", required=True)
     p.add_argument("--ca", required=True, help="the CA that signed the dashboard's certificate")
-    p.add_argument("--cert", required=True, help="the dashboard's certificate (Chromium pins it)")
     p.add_argument("--screenshot", required=True)
     args = p.parse_args()
 
@@ -99,9 +106,10 @@ def main():
         from selenium.webdriver.common.by import By
     except ImportError:
         webdriver = None
-    if not chromium or not driver_bin or webdriver is None:
-        print("skipped: the browser test needs chromium, chromium-driver and python3-selenium "
-              "(scripts/install_deps.sh installs them)", file=sys.stderr)
+    if not chromium or not driver_bin or webdriver is None or not shutil.which("certutil"):
+        print("skipped: the browser test needs chromium, chromium-driver, python3-selenium "
+              "and certutil (libnss3-tools) (scripts/install_deps.sh installs them)",
+              file=sys.stderr)
         return SKIP
 
     token = open(args.token_file).read().strip()
@@ -140,8 +148,11 @@ def main():
 
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
-    # Trust exactly the dashboard's certificate (made by the test CA) and nothing else.
-    options.add_argument("--ignore-certificate-errors-spki-list=" + spki_sha256(args.cert))
+    # The test CA trusted as a browser trusts a CA: Chromium (started by chromedriver,
+    # which passes its environment on) reads the NSS database of this HOME.
+    home = trusting_home(args.ca)
+    os.environ["HOME"] = home
+    options.add_argument("--user-data-dir=" + os.path.join(home, "profile"))
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                  "--window-size=1400,1700", "--hide-scrollbars", "--force-device-scale-factor=1"):
         options.add_argument(flag)
@@ -267,6 +278,7 @@ def main():
         check("401" in text, "the front page is still shown after logging out: " + text[:200])
     finally:
         driver.quit()
+        shutil.rmtree(home, ignore_errors=True)
 
     seen["failures"] = failures
     print(json.dumps(seen))

@@ -57,8 +57,7 @@ TEST(DashboardClusterTest, ViewerLogsInOverHttpsAndSeesBothRanksRedrawInHeadless
   CtlResult browser = testing::RunCapture(
       {DDP_PYTHON3, testing::SourceDir() + "/tests/integration/dashboard_browser.py",
        "--url", absl::StrCat("https://127.0.0.1:", *port), "--job", id, "--token-file",
-       c.certs() + "/viewer.token", "--ca", c.certs() + "/ca.pem", "--cert",
-       c.certs() + "/coordinator.pem", "--screenshot", shot},
+       c.certs() + "/viewer.token", "--ca", c.certs() + "/ca.pem", "--screenshot", shot},
       absl::Minutes(4));
   if (browser.exit_code == 77) {
     std::cerr << browser.err;
