@@ -19,6 +19,7 @@
 #include "ddp/recovery.h"
 #include "ddp/report.h"
 #include "ddp/sampler.h"
+#include "ddp/sync_batch_norm.h"
 #include "ddp/version.h"
 
 #endif  // DDP_DDP_H_

@@ -1,0 +1,125 @@
+"""libddp's SyncBatchNorm and convert_sync_batchnorm against PyTorch's, live.
+
+    PYTHON sync_batch_norm_parity_test.py SYNC_BATCH_NORM_PROGRAM
+
+PYTHON is the flavour's reference Python (Debian's torch 1.13 in build/, the venv's
+2.x in build-torch2/). For 1, 2 and 3 ranks and both models of
+sync_batch_norm_reference.py (a BatchNorm1d MLP with momentum 0.1, a BatchNorm2d conv
+net with momentum None), with per-rank batch sizes that differ (and one rank holding a
+single row in one step), sync_batch_norm_program (libddp's public API, real ranks over
+Gloo/shared memory) must reproduce PyTorch's per-step losses on every rank, the running
+statistics, num_batches_tracked and the eval loss. World 1 is the fallback to plain batch
+norm, as in PyTorch. Then each misuse must fail with ddp::Error naming what to do.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROGRAM = None
+TOLERANCE = 1e-5  # library_parity_test's loss tolerance.
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_program(world, args):
+    port = free_port()
+    procs = []
+    with tempfile.TemporaryDirectory(prefix="sbn-parity-") as cwd:
+        for rank in range(world):
+            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                       LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port))
+            procs.append(subprocess.Popen([PROGRAM] + args, env=env, cwd=cwd,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True))
+        outs = []
+        try:
+            for p in procs:
+                out, err = p.communicate(timeout=240)
+                outs.append((p.returncode, out, err))
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+    return outs
+
+
+def reference(world, kind):
+    out = subprocess.run([sys.executable, os.path.join(HERE, "sync_batch_norm_reference.py"),
+                          str(world), kind], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+class SyncBatchNormParityTest(unittest.TestCase):
+    def check(self, world, kind):
+        ref = reference(world, kind)
+        results = run_program(world, ["--model", kind])
+        for rank, (code, out, err) in enumerate(results):
+            self.assertEqual(code, 0, f"rank {rank}: {err}")
+            got = json.loads(out)
+            want = ref["ranks"][rank]
+            where = f"world {world} {kind} rank {rank} (PyTorch {ref['torch']})"
+            self.assertEqual(len(got["losses"]), len(want["losses"]), where)
+            for step, (g, w) in enumerate(zip(got["losses"], want["losses"])):
+                self.assertAlmostEqual(g, w, delta=TOLERANCE, msg=f"{where} step {step}")
+            for key in ("running_mean", "running_var"):
+                self.assertEqual(len(got[key]), len(want[key]), where)
+                for c, (g, w) in enumerate(zip(got[key], want[key])):
+                    self.assertAlmostEqual(g, w, delta=TOLERANCE, msg=f"{where} {key}[{c}]")
+            self.assertEqual(got["num_batches_tracked"], want["num_batches_tracked"], where)
+            self.assertAlmostEqual(got["eval_loss"], want["eval_loss"], delta=TOLERANCE, msg=where)
+        # Synchronised statistics: every rank holds the same running statistics.
+        if world > 1:
+            first = json.loads(results[0][1])
+            for _, out, _ in results[1:]:
+                self.assertEqual(json.loads(out)["running_mean"], first["running_mean"])
+
+    def test_mlp_world2(self):
+        self.check(2, "mlp")
+
+    def test_mlp_world3(self):
+        self.check(3, "mlp")
+
+    def test_conv_world2(self):
+        self.check(2, "conv")
+
+    def test_conv_world3(self):
+        self.check(3, "conv")
+
+    def test_world1_falls_back_to_batch_norm(self):
+        self.check(1, "mlp")
+
+    def test_misuse_names_what_to_do(self):
+        [(code, out, err)] = run_program(1, ["--misuse"])
+        self.assertEqual(code, 0, err)
+        lines = dict(line.split(": ", 1) for line in out.strip().split("\n"))
+        invalid = "0 2"  # ErrorCode::kInvalidArgument, exit code 2 (permanent).
+        self.assertTrue(lines["1d_input"].startswith(invalid), lines["1d_input"])
+        self.assertIn("expected at least 2D input (got 1D input", lines["1d_input"])
+        self.assertIn("add the batch dimension", lines["1d_input"])
+        self.assertTrue(lines["channels"].startswith(invalid), lines["channels"])
+        self.assertIn("has 6 channels (dim 1), but num_features is 8", lines["channels"])
+        self.assertIn("input channels should be non-zero", lines["zero_channels"])
+        self.assertIn("pass the one ddp::init_process_group() returned", lines["no_group"])
+        self.assertTrue(lines["member"].startswith(invalid), lines["member"])
+        self.assertIn("'bn' (torch::nn::BatchNorm1d)", lines["member"])
+        self.assertIn("Declare the member as ddp::SyncBatchNorm", lines["member"])
+        self.assertEqual(lines["member_unchanged"], "1")
+        self.assertEqual(lines["root_converted"], "1")
+        self.assertIn("Expected more than 1 value per channel when training", lines["one_value"])
+
+
+if __name__ == "__main__":
+    PROGRAM = sys.argv.pop(1)
+    unittest.main(verbosity=2)
