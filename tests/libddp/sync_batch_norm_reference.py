@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """PyTorch's own SyncBatchNorm on the setup of sync_batch_norm_program.cc.
 
-    python3 tests/libddp/sync_batch_norm_reference.py WORLD MODEL > out.json
+    python3 tests/libddp/sync_batch_norm_reference.py WORLD MODEL [cuda] > out.json
 
 A Sequential model (mlp: Linear, BatchNorm1d, ReLU, Linear; conv: Conv2d, BatchNorm2d
 with momentum=None, ReLU, Flatten, Linear) goes through
@@ -198,9 +198,13 @@ def make_model(kind):
                          nn.ReLU(), nn.Flatten(), nn.Linear(4 * 5 * 5, CLASSES))
 
 
-def run(rank, world, kind, port, out):
-    install_cpu_kernels()
-    allow_cpu_inputs()
+def run(rank, world, kind, port, out, device="cpu"):
+    if device == "cpu":
+        install_cpu_kernels()
+        allow_cpu_inputs()
+    else:  # PyTorch unchanged, on one GPU shared by the ranks (Gloo's CUDA path).
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
@@ -210,6 +214,7 @@ def run(rank, world, kind, port, out):
     torch.manual_seed(1)
     x_all = torch.randn(N, 10) if kind == "mlp" else torch.randn(N, 2, 5, 5)
     y_all = torch.randint(0, CLASSES, (N,))
+    net, x_all, y_all = net.to(device), x_all.to(device), y_all.to(device)
     model = nn.parallel.DistributedDataParallel(net)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     losses, offset = [], 0
@@ -241,10 +246,11 @@ def free_port():
 
 def main():
     world, kind = int(sys.argv[1]), sys.argv[2]
+    device = sys.argv[3] if len(sys.argv) > 3 else "cpu"
     check_kernels()
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(run, args=(world, kind, free_port(), out), nprocs=world)
+        mp.spawn(run, args=(world, kind, free_port(), out, device), nprocs=world)
         ranks = [out[r] for r in range(world)]
     json.dump({"torch": torch.__version__, "ranks": ranks}, sys.stdout)
     sys.stdout.write("\n")
