@@ -62,6 +62,7 @@ struct DataParallel::Impl {
   std::vector<at::Tensor> trainable;  // What the reducer reduces.
   GradientReducer::Options reducer_options;
   ReducerTrace* trace = nullptr;
+  BucketHook comm_hook;          // register_comm_hook's, kept across Rebuild().
   bool sync_buffers = true;      // Broadcast buffers before the next forward.
   bool grad_sync = true;         // false inside no_sync().
 

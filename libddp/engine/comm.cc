@@ -537,6 +537,7 @@ absl::StatusOr<std::vector<char>> Comm::BroadcastBytesFrom(int root,
 }
 
 absl::Status Comm::AllReduceSum(at::Tensor& tensor) {
+  all_reduce_sum_bytes_ += tensor.numel() * static_cast<int64_t>(tensor.element_size());
   if (std::optional<ShmDType> dtype = ShmTypeOf(tensor); shm_ && dtype) {
     return shm_->Sum(tensor.data_ptr(), static_cast<size_t>(tensor.numel()), *dtype);
   }

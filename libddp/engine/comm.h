@@ -101,6 +101,8 @@ class Comm {
                                                        const char* what);
   // In-place sum over ranks.
   absl::Status AllReduceSum(at::Tensor& tensor);
+  // Bytes of the tensors AllReduceSum was given so far (what a communication hook sends).
+  int64_t all_reduce_sum_bytes() const { return all_reduce_sum_bytes_; }
   // Elementwise maxima of `values` over ranks, in double precision (one small
   // all-reduce through the backend: flags, counts).
   absl::StatusOr<std::vector<double>> MaxOverRanks(const std::vector<double>& values);
@@ -124,6 +126,7 @@ class Comm {
   int rank_ = 0;
   int world_size_ = 1;
   std::chrono::milliseconds timeout_{0};
+  int64_t all_reduce_sum_bytes_ = 0;
 };
 
 }  // namespace ddp

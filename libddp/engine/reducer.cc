@@ -1,7 +1,9 @@
 #include "libddp/engine/reducer.h"
 
+#include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/engine.h>
 
+#include <algorithm>
 #include <map>
 #include <utility>
 
@@ -9,6 +11,15 @@
 #include "absl/strings/str_cat.h"
 
 namespace ddp {
+namespace {
+
+// A bucket a communication hook reduced already.
+class DoneSum : public PendingSum {
+ public:
+  absl::Status Wait() override { return absl::OkStatus(); }
+};
+
+}  // namespace
 
 void ReducerTrace::Reset() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -87,6 +98,7 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> params, Comm* comm, Opt
     for (size_t slot = 0; slot < bucket.layout.params.size(); ++slot) {
       const at::Tensor& p = params_[bucket.layout.params[slot]];
       bucket.views.push_back(bucket.flat.narrow(0, offset, p.numel()).view(p.sizes()));
+      bucket.params.push_back(p);
       locate_[bucket.layout.params[slot]] = {b, slot};
       offset += p.numel();
     }
@@ -95,10 +107,57 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> params, Comm* comm, Opt
   // Alone, the hooks would only feed the trace (or queue the final callback, which
   // gives unused parameters their zeros): without either, backward runs bare.
   if (alone_ && trace_ == nullptr && !options_.finish_in_backward) return;
+  RegisterHooks();
+}
+
+void GradientReducer::RegisterHooks() {
   for (size_t i = 0; i < params_.size(); ++i) {
     hook_handles_.push_back(
         params_[i].register_hook([this, i](const at::Tensor& grad) { OnGradient(i, grad); }));
   }
+}
+
+void GradientReducer::SetCommHook(BucketHook hook) {
+  std::lock_guard<std::mutex> lock(mu_);
+  comm_hook_ = std::move(hook);
+  // A hook runs on a world of 1 too (PowerSGD changes the gradients there as well).
+  alone_ = comm_hook_ == nullptr && comm_->world_size() == 1;
+  if (!alone_ && hook_handles_.empty()) RegisterHooks();
+  if (comm_hook_ && finished_ == 0) {
+    std::vector<size_t> registration(params_.size());
+    for (size_t i = 0; i < registration.size(); ++i) registration[i] = i;
+    LayOutLocked(registration);
+    relayout_pending_ = true;
+    ready_order_.clear();
+  }
+}
+
+void GradientReducer::LayOutLocked(const std::vector<size_t>& position) {
+  for (size_t b = 0; b < state_.size(); ++b) {
+    Bucket& bucket = state_[b];
+    std::stable_sort(bucket.layout.params.begin(), bucket.layout.params.end(),
+                     [&](size_t x, size_t y) { return position[x] < position[y]; });
+    bucket.views.clear();
+    bucket.params.clear();
+    int64_t offset = 0;
+    for (size_t slot = 0; slot < bucket.layout.params.size(); ++slot) {
+      const at::Tensor& p = params_[bucket.layout.params[slot]];
+      bucket.views.push_back(bucket.flat.narrow(0, offset, p.numel()).view(p.sizes()));
+      bucket.params.push_back(p);
+      locate_[bucket.layout.params[slot]] = {b, slot};
+      offset += p.numel();
+    }
+  }
+}
+
+int64_t GradientReducer::finished_backwards() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return finished_;
+}
+
+int64_t GradientReducer::last_allreduce_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_bytes_;
 }
 
 GradientReducer::~GradientReducer() {
@@ -111,6 +170,7 @@ void GradientReducer::PrepareForBackward(bool sync) {
   callback_queued_ = false;
   std::fill(ready_.begin(), ready_.end(), false);
   next_launch_ = 0;
+  step_bytes_ = 0;
   for (Bucket& b : state_) {
     b.pending = b.layout.params.size();
     b.work.reset();
@@ -126,13 +186,20 @@ void GradientReducer::OnGradient(size_t i, const at::Tensor& grad) {
   }
   if (trace_) trace_->Record(ReducerTrace::Kind::kGradReady, static_cast<int64_t>(i));
   if (alone_) return;  // param.grad after AccumulateGrad is already the average.
+  if (relayout_pending_) ready_order_.push_back(i);
   auto [b, slot] = locate_[i];
   Bucket& bucket = state_[b];
   at::Tensor& view = bucket.views[slot];
   // The hook runs before AccumulateGrad adds `grad` into param.grad, so the value
   // DDP reduces (param.grad after accumulation) is param.grad + grad.
   const at::Tensor& accumulated = params_[i].grad();
-  if (accumulated.defined()) {
+  if (comm_hook_) {  // The hook divides (PyTorch copies the gradient as it is).
+    if (accumulated.defined()) {
+      at::add_out(view, accumulated, grad);
+    } else {
+      view.copy_(grad);
+    }
+  } else if (accumulated.defined()) {
     at::mul_out(view, accumulated + grad, scale_);
   } else {
     at::mul_out(view, grad, scale_);
@@ -152,7 +219,19 @@ void GradientReducer::LaunchReadyLocked() {
 
 void GradientReducer::Launch(Bucket& bucket, size_t index) {
   if (trace_) trace_->Record(ReducerTrace::Kind::kLaunch, static_cast<int64_t>(index));
-  bucket.work = comm_->StartSum(bucket.flat);
+  if (!comm_hook_) {
+    step_bytes_ += bucket.flat.numel() * static_cast<int64_t>(bucket.flat.element_size());
+    bucket.work = comm_->StartSum(bucket.flat);
+    return;
+  }
+  // The hook's collectives are synchronous: the bucket is reduced when it returns (an
+  // exception leaves backward() with it).
+  at::NoGradGuard no_grad;
+  const int64_t before = comm_->all_reduce_sum_bytes();
+  at::Tensor result = comm_hook_(index, state_.size(), bucket.flat, bucket.views, bucket.params);
+  step_bytes_ += comm_->all_reduce_sum_bytes() - before;
+  if (!result.is_same(bucket.flat)) bucket.flat.copy_(result);
+  bucket.work = std::make_unique<DoneSum>();
 }
 
 void GradientReducer::FinishFromCallback() {
@@ -186,6 +265,9 @@ absl::StatusOr<absl::Duration> GradientReducer::FinishBackward() {
     for (at::Tensor& p : params_) {
       if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
     }
+    std::lock_guard<std::mutex> lock(mu_);
+    last_bytes_ = 0;
+    ++finished_;
     return absl::ZeroDuration();
   }
   {
@@ -196,12 +278,15 @@ absl::StatusOr<absl::Duration> GradientReducer::FinishBackward() {
       if (ready_[i]) continue;
       auto [b, slot] = locate_[i];
       const at::Tensor& g = params_[i].grad();
-      if (g.defined()) {
+      if (g.defined() && comm_hook_) {
+        state_[b].views[slot].copy_(g);
+      } else if (g.defined()) {
         at::mul_out(state_[b].views[slot], g, scale_);
       } else {
         state_[b].views[slot].zero_();
       }
       ready_[i] = true;
+      if (relayout_pending_) ready_order_.push_back(i);
       --state_[b].pending;
     }
     LaunchReadyLocked();
@@ -215,6 +300,11 @@ absl::StatusOr<absl::Duration> GradientReducer::FinishBackward() {
     if (trace_) trace_->Record(ReducerTrace::Kind::kWaitDone, static_cast<int64_t>(b));
   }
   const auto waited = std::chrono::steady_clock::now() - start;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_bytes_ = step_bytes_;
+    ++finished_;
+  }
   for (size_t i = 0; i < params_.size(); ++i) {
     auto [b, slot] = locate_[i];
     at::Tensor& grad = params_[i].mutable_grad();
@@ -223,6 +313,14 @@ absl::StatusOr<absl::Duration> GradientReducer::FinishBackward() {
     } else {
       grad = state_[b].views[slot].clone();
     }
+  }
+  // PyTorch rebuilds its buckets in gradient-ready order after the first sync backward.
+  std::lock_guard<std::mutex> lock(mu_);
+  if (relayout_pending_) {
+    std::vector<size_t> position(params_.size());
+    for (size_t k = 0; k < ready_order_.size(); ++k) position[ready_order_[k]] = k;
+    LayOutLocked(position);
+    relayout_pending_ = false;
   }
   return absl::FromChrono(waited);
 }

@@ -20,6 +20,17 @@
 //     it as the autograd engine's final callback, as PyTorch's reducer queues
 //     finalize_backward, so backward() returns with the averages in place; a failure
 //     there throws out of backward() and TakeCallbackError() says why.
+//   - With a communication hook (SetCommHook, PyTorch's register_comm_hook) a bucket's
+//     buffer holds the gradients as they are (not times 1/world: PyTorch's reducer
+//     copies them so when a hook is registered), and when the bucket is ready the hook
+//     runs instead of the all-reduce, in bucket order, on the thread that runs
+//     backward's hooks, and returns the averaged bucket (its collectives are
+//     synchronous). With a hook a world of 1 runs it too, as PyTorch does. As PyTorch's
+//     reducer does, a bucket's parameters lie in registration order in the first sync
+//     backward, and from the second on in the order the first one produced their
+//     gradients (its rebuild_buckets): a hook sees the buffer PyTorch's sees (which
+//     matters to PowerSGD's per-tensor work, and to how Gloo's ring orders each
+//     element's sum over 3 or more ranks).
 //   - A non-sync backward (PyTorch's no_sync, for gradient accumulation) leaves
 //     gradients to accumulate locally; the next sync backward all-reduces the
 //     accumulated sum, exactly as DDP reduces param.grad after accumulation.
@@ -77,6 +88,13 @@ struct BucketLayout {
 std::vector<BucketLayout> AssignBuckets(const std::vector<int64_t>& sizes_bytes,
                                         int64_t first_cap_bytes, int64_t cap_bytes);
 
+// A communication hook as the reducer calls it: bucket `index` of `count`, its flat
+// buffer, the per-parameter views into it and the parameters. Returns the averaged
+// bucket, shaped like `buffer` (may be `buffer` itself).
+using BucketHook = std::function<at::Tensor(size_t index, size_t count, const at::Tensor& buffer,
+                                            const std::vector<at::Tensor>& views,
+                                            const std::vector<at::Tensor>& params)>;
+
 class GradientReducer {
  public:
   struct Options {
@@ -104,6 +122,15 @@ class GradientReducer {
   // UNAVAILABLE when an all-reduce fails or times out (a peer died or hung).
   absl::StatusOr<absl::Duration> FinishBackward();
 
+  // Runs `hook` on each ready bucket instead of the all-reduce, from the next backward
+  // on (null: back to the plain all-reduce).
+  void SetCommHook(BucketHook hook);
+  // Sync backwards that FinishBackward completed.
+  int64_t finished_backwards() const;
+  // Bytes this rank all-reduced in the last sync backward: the buckets, or what the
+  // hook passed to Comm's sums.
+  int64_t last_allreduce_bytes() const;
+
   const std::vector<BucketLayout>& buckets() const { return buckets_; }
   // finish_in_backward: the wait of the last sync backward's FinishBackward.
   absl::Duration last_wait() const;
@@ -117,6 +144,7 @@ class GradientReducer {
     at::Tensor flat;                 // The all-reduce buffer.
     std::vector<at::Tensor> views;   // Per parameter, shaped like it, into `flat`.
     size_t pending = 0;              // Gradients still to arrive this step.
+    std::vector<at::Tensor> params;  // The bucket's parameters, in `views` order.
     std::unique_ptr<PendingSum> work;
   };
 
@@ -124,6 +152,9 @@ class GradientReducer {
   void LaunchReadyLocked();  // Caller holds mu_.
   void FinishFromCallback();
   void Launch(Bucket& bucket, size_t index);
+  void RegisterHooks();
+  // Lays each bucket's parameters out in the order of `position` (param -> rank).
+  void LayOutLocked(const std::vector<size_t>& position);
 
   std::vector<at::Tensor> params_;
   Comm* comm_;
@@ -137,6 +168,9 @@ class GradientReducer {
   std::vector<Bucket> state_;
   std::vector<std::pair<size_t, size_t>> locate_;  // param -> (bucket, slot)
   std::vector<unsigned> hook_handles_;
+  BucketHook comm_hook_;
+  bool relayout_pending_ = false;     // Registration order until the first sync backward.
+  std::vector<size_t> ready_order_;   // Parameters in the order that backward readied them.
 
   mutable std::mutex mu_;
   bool sync_ = false;
@@ -144,6 +178,9 @@ class GradientReducer {
   size_t next_launch_ = 0;    // Buckets [0, next_launch_) have been launched.
   bool callback_queued_ = false;
   absl::Duration last_wait_;
+  int64_t step_bytes_ = 0;   // This backward's all-reduced bytes so far.
+  int64_t last_bytes_ = 0;
+  int64_t finished_ = 0;
   std::optional<absl::Status> callback_error_;
 };
 

@@ -74,6 +74,7 @@ absl::Status DataParallel::Impl::Rebuild() {
   // Every rank starts from rank 0's weights, as DDP's constructor does.
   DDP_RETURN_IF_ERROR(comm.Broadcast(state));
   reducer = std::make_unique<GradientReducer>(trainable, &comm, reducer_options, trace);
+  if (comm_hook) reducer->SetCommHook(comm_hook);
   sync_buffers = true;
   return absl::OkStatus();
 }
@@ -116,7 +117,46 @@ DataParallel::NoSync::~NoSync() {
 bool DataParallel::require_backward_grad_sync() const { return impl_->grad_sync; }
 
 BackwardStats DataParallel::last_backward() const {
-  return {absl::ToDoubleMilliseconds(impl_->reducer->last_wait())};
+  return {absl::ToDoubleMilliseconds(impl_->reducer->last_wait()),
+          impl_->reducer->last_allreduce_bytes()};
+}
+
+void DataParallel::register_comm_hook(CommHook hook) {
+  if (!hook) {
+    ThrowIfError(absl::InvalidArgumentError(
+        "register_comm_hook: the hook is empty: pass a function of a GradBucket& that returns "
+        "the bucket's averaged gradients (e.g. ddp::hooks::fp16_compress_hook with the group)"));
+  }
+  if (impl_->comm_hook) {
+    ThrowIfError(absl::InvalidArgumentError(
+        "register_comm_hook: a communication hook is already registered, and a model takes "
+        "one (as PyTorch's DDP): register a single hook that does both"));
+  }
+  if (impl_->reducer->finished_backwards() > 0) {
+    ThrowIfError(absl::InvalidArgumentError(
+        "register_comm_hook: the model already ran a gradient-syncing backward: register the "
+        "hook right after constructing DistributedDataParallel, before training"));
+  }
+  impl_->comm_hook = [hook = std::move(hook)](size_t index, size_t count, const at::Tensor& buffer,
+                                              const std::vector<at::Tensor>& views,
+                                              const std::vector<at::Tensor>& params) {
+    GradBucket bucket(static_cast<int64_t>(index), index + 1 == count, buffer, views, params);
+    at::Tensor out = hook(bucket);
+    if (!out.defined() || out.sizes() != buffer.sizes() ||
+        out.scalar_type() != buffer.scalar_type() || out.device() != buffer.device()) {
+      ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
+          "communication hook: bucket ", index, ": the hook returned ",
+          out.defined() ? absl::StrCat("a ", c10::toString(out.scalar_type()), " tensor of shape ",
+                                       c10::str(out.sizes()), " on ", out.device().str())
+                        : std::string("an undefined tensor"),
+          ", but it must return the bucket's averaged gradients shaped like bucket.buffer(): "
+          "a ", c10::toString(buffer.scalar_type()), " tensor of shape ", c10::str(buffer.sizes()),
+          " on ", buffer.device().str(), " (e.g. the buffer itself, reduced in place; cast a "
+          "compressed result back with buffer.copy_(result))")));
+    }
+    return out;
+  };
+  impl_->reducer->SetCommHook(impl_->comm_hook);
 }
 
 std::vector<BucketInfo> DataParallel::buckets() const {

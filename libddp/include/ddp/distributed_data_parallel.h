@@ -25,7 +25,9 @@
 //   - inside no_sync() backward only accumulates locally; the next backward outside it
 //     all-reduces the accumulated sum (gradient accumulation);
 //   - module() is the wrapped module itself (PyTorch's model.module): its state dicts
-//     carry no prefix.
+//     carry no prefix;
+//   - register_comm_hook(state, hook) hands each bucket to a communication hook
+//     instead of the all-reduce (<ddp/comm_hooks.h>: fp16/bf16 compression, PowerSGD).
 // A backward whose all-reduce fails (a peer died, a collective timed out) throws, and
 // the error's message names the bucket and the cause.
 #ifndef DDP_DISTRIBUTED_DATA_PARALLEL_H_
@@ -39,6 +41,7 @@
 #include <utility>
 #include <vector>
 
+#include "ddp/comm_hooks.h"
 #include "ddp/process_group.h"
 
 namespace ddp {
@@ -59,6 +62,9 @@ struct BucketInfo {
 // computation did not hide.
 struct BackwardStats {
   double comm_wait_ms = 0;
+  // Bytes of the tensors this rank all-reduced for the gradients: the buckets, or with
+  // a communication hook what the hook passed to ProcessGroup::all_reduce_sum.
+  int64_t allreduce_bytes = 0;
 };
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
@@ -99,6 +105,13 @@ class DataParallel {
   [[nodiscard]] NoSync no_sync();
   // PyTorch's require_backward_grad_sync: false inside no_sync().
   bool require_backward_grad_sync() const;
+
+  // PyTorch's register_comm_hook: from the next backward on, every bucket goes through
+  // `hook` (<ddp/comm_hooks.h>). Once per model, before the first gradient-syncing
+  // backward; throws ddp::Error (kInvalidArgument) otherwise, for a null hook, and
+  // (out of backward()) when the hook returns a tensor that is not shaped like
+  // bucket.buffer() with its dtype and device.
+  void register_comm_hook(CommHook hook);
 
   // Of the last gradient-syncing backward.
   BackwardStats last_backward() const;
@@ -152,6 +165,17 @@ class DistributedDataParallel {
   M& module() { return module_; }
   const M& module() const { return module_; }
   [[nodiscard]] DataParallel::NoSync no_sync() { return core_.no_sync(); }
+  // PyTorch's model.register_comm_hook(state, hook): `hook(*state, bucket)` for every
+  // bucket, e.g. (group, ddp::hooks::fp16_compress_hook) or
+  // (std::make_shared<ddp::hooks::PowerSGDState>(group, options), ddp::hooks::powerSGD_hook).
+  template <typename State, typename Hook>
+  void register_comm_hook(std::shared_ptr<State> state, Hook hook) {
+    core_.register_comm_hook(
+        [state = std::move(state), hook = std::move(hook)](GradBucket& bucket) -> at::Tensor {
+          return hook(*state, bucket);
+        });
+  }
+  void register_comm_hook(CommHook hook) { core_.register_comm_hook(std::move(hook)); }
   void train(bool on = true) { module_->train(on); }
   void eval() { module_->eval(); }
   DataParallel& core() { return core_; }

@@ -1,0 +1,131 @@
+// A user's LibTorch program on libddp's public API only: comm_hook_reference.py's setup,
+// PyTorch DDP with a communication hook, whose per-step losses and hook bytes it must
+// reproduce. Run one process per rank with torchrun's environment.
+//
+//   comm_hook_program --out FILE --hook none|fp16|bf16|powersgd|bad_shape
+//       [--rank R] [--start S] [--error-feedback 0|1] [--warm-start 0|1] [--batch 0|1]
+//
+// Each rank writes FILE.rank<R>.json: {"losses": [...], "bytes": [...]}, per optimizer
+// step the mean loss and the bytes this rank all-reduced in the step's sync backward.
+#include <ddp/ddp.h>
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <string>
+
+namespace {
+
+constexpr int64_t kN = 46, kFeatures = 10, kClasses = 3;
+constexpr int64_t kBatch = 6, kAccum = 2, kEpochs = 8;
+
+struct NetImpl : torch::nn::Module {
+  NetImpl() {
+    fc1 = register_module("fc1", torch::nn::Linear(kFeatures, 16));
+    bn = register_module("bn", torch::nn::BatchNorm1d(16));
+    fc2 = register_module("fc2", torch::nn::Linear(16, 16));
+    head = register_module("head", torch::nn::Linear(16, kClasses));
+    fc1->bias.set_requires_grad(false);  // The frozen parameter.
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = torch::relu(bn(fc1(x)));
+    return head(torch::relu(fc2(h)));
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, head{nullptr};
+  torch::nn::BatchNorm1d bn{nullptr};
+};
+TORCH_MODULE(Net);
+
+int Run(int argc, char** argv) {
+  std::map<std::string, std::string> flags = {{"--hook", "none"}, {"--rank", "1"},
+                                               {"--start", "2"},   {"--error-feedback", "1"},
+                                               {"--warm-start", "1"}, {"--batch", "0"}};
+  for (int i = 1; i + 1 < argc; i += 2) flags[argv[i]] = argv[i + 1];
+  const std::string hook = flags["--hook"];
+  torch::set_num_threads(1);
+  auto group = ddp::init_process_group();
+  torch::manual_seed(0);
+  Net net;
+  torch::manual_seed(1);
+  const torch::Tensor x_all = torch::randn({kN, kFeatures});
+  const torch::Tensor y_all = torch::randint(0, kClasses, {kN});
+
+  ddp::DistributedDataParallel model(net, group);
+  std::shared_ptr<ddp::hooks::PowerSGDState> powersgd;
+  if (hook == "fp16") {
+    model.register_comm_hook(group, ddp::hooks::fp16_compress_hook);
+  } else if (hook == "bf16") {
+    model.register_comm_hook(group, ddp::hooks::bf16_compress_hook);
+  } else if (hook == "powersgd") {
+    ddp::hooks::PowerSGDOptions o;
+    o.matrix_approximation_rank = std::atoll(flags["--rank"].c_str());
+    o.start_powerSGD_iter = std::atoll(flags["--start"].c_str());
+    o.use_error_feedback = flags["--error-feedback"] == "1";
+    o.warm_start = flags["--warm-start"] == "1";
+    o.batch_tensors_with_same_shape = flags["--batch"] == "1";
+    powersgd = std::make_shared<ddp::hooks::PowerSGDState>(group, o);
+    model.register_comm_hook(powersgd, ddp::hooks::powerSGD_hook);
+  } else if (hook == "bad_shape") {  // Misuse: a hook that returns half the buffer.
+    model.register_comm_hook([](ddp::GradBucket& bucket) {
+      return bucket.buffer().narrow(0, 0, bucket.buffer().numel() / 2);
+    });
+  } else if (hook != "none") {
+    std::cerr << "comm_hook_program: unknown --hook " << hook << "\n";
+    return 2;
+  }
+  torch::optim::SGD opt(model.module()->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  ddp::DistributedSampler sampler(kN, *group, /*shuffle=*/true, /*seed=*/0);
+  const int64_t micro = (sampler.size() + kBatch - 1) / kBatch;
+  const int64_t steps = (micro + kAccum - 1) / kAccum;
+  std::vector<double> losses;
+  std::vector<int64_t> bytes;
+  for (int64_t epoch = 0; epoch < kEpochs; ++epoch) {
+    sampler.set_epoch(epoch);
+    const std::vector<int64_t> order = sampler.indices();
+    model.train();
+    for (int64_t step = 0; step < steps; ++step) {
+      const int64_t first = step * kAccum;
+      const int64_t n = std::min(kAccum, micro - first);
+      double total = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t begin = (first + j) * kBatch;
+        const int64_t end = std::min<int64_t>(begin + kBatch, static_cast<int64_t>(order.size()));
+        torch::Tensor idx = torch::tensor(std::vector<int64_t>(order.begin() + begin,
+                                                               order.begin() + end));
+        auto no_sync = j < n - 1 ? std::optional(model.no_sync()) : std::nullopt;
+        torch::Tensor loss = torch::nn::functional::cross_entropy(model(x_all.index_select(0, idx)),
+                                                                  y_all.index_select(0, idx));
+        (loss / static_cast<double>(n)).backward();
+        total += loss.item<double>();
+      }
+      opt.step();
+      opt.zero_grad();
+      losses.push_back(total / static_cast<double>(n));
+      bytes.push_back(model.last_backward().allreduce_bytes);
+    }
+  }
+  group->barrier();
+  std::ofstream out(flags["--out"] + ".rank" + std::to_string(group->rank()) + ".json");
+  out.precision(17);
+  out << "{\"losses\": [";
+  for (size_t i = 0; i < losses.size(); ++i) out << (i ? ", " : "") << losses[i];
+  out << "], \"bytes\": [";
+  for (size_t i = 0; i < bytes.size(); ++i) out << (i ? ", " : "") << bytes[i];
+  out << "]";
+  if (powersgd) out << ", \"iter\": " << powersgd->iter();
+  out << "}\n";
+  return out.good() ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return Run(argc, argv);
+  } catch (const ddp::Error& e) {
+    std::cerr << "comm_hook_program: " << e.what() << "\n";
+    return e.exit_code();
+  }
+}

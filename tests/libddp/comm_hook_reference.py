@@ -1,0 +1,135 @@
+"""PyTorch's own DDP with a communication hook on comm_hook_program.cc's setup.
+
+    python tests/libddp/comm_hook_reference.py CONFIG_JSON > reference.json
+
+CONFIG_JSON: {"name": {"hook": "none|fp16|bf16|powersgd", "rank": 1, "start": 2,
+"error_feedback": 1, "warm_start": 1, "batch": 0}, ...}. For each config and for 2 and 3
+ranks, a small BatchNorm MLP with a frozen parameter trains on seeded random data under
+DistributedDataParallel (Gloo, CPU) with the hook registered (register_comm_hook:
+default_hooks.fp16_compress_hook / bf16_compress_hook, powerSGD_hook.PowerSGDState +
+powerSGD_hook), gradient accumulation through no_sync() and SGD with momentum. Each rank
+records its per-step loss and the bytes of the tensors the hook passed to
+torch.distributed.all_reduce in that step. Prints {"torch": version, "NAME/world_W":
+[per rank {"losses", "bytes"}] or {"unsupported": why}}.
+"""
+import json
+import os
+import socket
+import sys
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+from torch.utils.data import DistributedSampler
+
+N, FEATURES, CLASSES = 46, 10, 3
+BATCH, ACCUM, EPOCHS = 6, 2, 8
+LR, MOMENTUM = 0.1, 0.9
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(FEATURES, 16)
+        self.bn = nn.BatchNorm1d(16)
+        self.fc2 = nn.Linear(16, 16)
+        self.head = nn.Linear(16, CLASSES)
+        self.fc1.bias.requires_grad_(False)  # The frozen parameter.
+
+    def forward(self, x):
+        h = F.relu(self.bn(self.fc1(x)))
+        h = F.relu(self.fc2(h))
+        return self.head(h)
+
+
+def run(rank, world, port, config, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    sent = [0]
+    all_reduce = dist.all_reduce
+
+    def counting_all_reduce(tensor, *args, **kwargs):  # What the hook sends.
+        sent[0] += tensor.numel() * tensor.element_size()
+        return all_reduce(tensor, *args, **kwargs)
+
+    dist.all_reduce = counting_all_reduce
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    net = Net()
+    torch.manual_seed(1)
+    x_all = torch.randn(N, FEATURES)
+    y_all = torch.randint(0, CLASSES, (N,))
+    model = nn.parallel.DistributedDataParallel(net)
+    hook = config["hook"]
+    if hook == "fp16":
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif hook == "bf16":
+        model.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    elif hook == "powersgd":
+        state = powersgd.PowerSGDState(
+            process_group=None, matrix_approximation_rank=config["rank"],
+            start_powerSGD_iter=config["start"], use_error_feedback=bool(config["error_feedback"]),
+            warm_start=bool(config["warm_start"]),
+            batch_tensors_with_same_shape=bool(config["batch"]))
+        model.register_comm_hook(state, powersgd.powerSGD_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    sampler = DistributedSampler(range(N), num_replicas=world, rank=rank, shuffle=True, seed=0)
+    micro = (len(sampler) + BATCH - 1) // BATCH
+    steps = (micro + ACCUM - 1) // ACCUM
+    losses, sent_bytes = [], []
+    for epoch in range(EPOCHS):
+        sampler.set_epoch(epoch)
+        order = list(sampler)
+        model.train()
+        for step in range(steps):
+            first = step * ACCUM
+            n = min(ACCUM, micro - first)
+            total_loss = 0.0
+            sent[0] = 0
+            for j in range(n):
+                idx = order[(first + j) * BATCH:(first + j + 1) * BATCH]
+                ctx = model.no_sync() if j < n - 1 else nullcontext()
+                with ctx:
+                    loss = F.cross_entropy(model(x_all[idx]), y_all[idx])
+                    (loss / n).backward()
+                total_loss += loss.item()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(total_loss / n)
+            sent_bytes.append(sent[0])
+    out[rank] = {"losses": losses, "bytes": sent_bytes}
+    dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    configs = json.loads(sys.argv[1])
+    result = {"torch": torch.__version__}
+    # Gloo sums bfloat16 from PyTorch 2.x on only.
+    bf16 = int(torch.__version__.split(".")[0]) >= 2
+    for name, config in configs.items():
+        for world in (2, 3):
+            key = f"{name}/world_{world}"
+            if config["hook"] == "bf16" and not bf16:
+                result[key] = {"unsupported": f"Gloo in torch {torch.__version__} has no bfloat16"}
+                continue
+            with mp.Manager() as manager:
+                out = manager.dict()
+                mp.spawn(run, args=(world, free_port(), config, out), nprocs=world)
+                result[key] = [out[r] for r in range(world)]
+    json.dump(result, sys.stdout)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()
