@@ -237,9 +237,14 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
       // The parameters' gradients stay per rank: DDP averages them.
       if (weight.defined() && weight_g) grad_weight = gw;
       if (weight.defined() && bias_g) grad_bias = gb;
-    } else if (input_g) {
+    } else {
       // No rows here: still take part in the peers' sum.
-      AllReduceSum(*group, at::zeros({2 * input.size(1)}, input.options()));
+      if (input_g) AllReduceSum(*group, at::zeros({2 * input.size(1)}, input.options()));
+      // PyTorch returns None for all three, which autograd reads as zeros; zeros proper,
+      // so that gradient hooks (DDP's) see a defined gradient.
+      if (input_g) grad_input = at::zeros_like(input);
+      if (weight.defined() && weight_g) grad_weight = at::zeros_like(weight);
+      if (weight.defined() && bias_g) grad_bias = at::zeros_like(weight);
     }
     return {grad_input, grad_weight, grad_bias, Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
   }

@@ -6,11 +6,13 @@
 //   sync_batch_norm_program --model mlp|conv
 //   sync_batch_norm_program --misuse   (world 1: prints each misuse's ddp::Error)
 //
-// Ranks hold different batch sizes (the global count is what counts), and in step 2 the
-// last rank holds a single row.
+// Ranks hold different batch sizes (the global count is what counts); in step 2 the
+// last rank holds a single row, in step 4 rank 0 none (its loss is NaN, as in PyTorch).
 #include <ddp/ddp.h>
 #include <torch/torch.h>
 
+#include <cmath>
+#include <functional>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
@@ -24,6 +26,7 @@ constexpr int64_t kN = 200, kClasses = 3, kSteps = 6;
 // Rank r's batch size in `step`.
 int64_t BatchSize(int rank, int64_t step, int world) {
   if (step == 2 && rank == world - 1 && world > 1) return 1;
+  if (step == 4 && rank == 0 && world > 1) return 0;
   return 5 + 2 * rank;
 }
 
@@ -50,7 +53,14 @@ torch::nn::Sequential MakeModel(const std::string& kind) {
 std::string Json(const std::vector<double>& v) {
   std::ostringstream out;
   out << std::setprecision(17) << "[";
-  for (size_t i = 0; i < v.size(); ++i) out << (i ? ", " : "") << v[i];
+  for (size_t i = 0; i < v.size(); ++i) {
+    out << (i ? ", " : "");
+    if (std::isnan(v[i])) {
+      out << "NaN";  // As Python's json writes it.
+    } else {
+      out << v[i];
+    }
+  }
   return out.str() + "]";
 }
 
