@@ -22,6 +22,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "ddp/autocast.h"
+#include "ddp/comm_hooks.h"
 #include "ddp/distributed_data_parallel.h"
 #include "ddp/lr_schedule.h"
 #include "ddp/process_group.h"
@@ -272,6 +273,48 @@ absl::Status TrainerImpl::JoinGroup() {
   DDP_ASSIGN_OR_RETURN(
       ddp_, DataParallel::Impl::Create(model_->Parameters(), model_->Buffers(), group_,
                                        ddp_options, trace_enabled() ? &trace_ : nullptr));
+  // train.comm_hook: PyTorch's built-in communication hooks, as a user's program
+  // registers them (docs/library.md, Communication hooks).
+  if (spec_.train.comm_hook != CommHookKind::kNone) {
+    try {
+      const PowerSgdSpec& p = spec_.train.powersgd;
+      switch (spec_.train.comm_hook) {
+        case CommHookKind::kFp16:
+          ddp_->register_comm_hook([g = group_](GradBucket& b) {
+            return hooks::fp16_compress_hook(*g, b);
+          });
+          break;
+        case CommHookKind::kBf16:
+#if TORCH_VERSION_MAJOR < 2
+          return absl::FailedPreconditionError(
+              "train.comm_hook: bf16 needs a LibTorch 2.x build of ddp-trainer (Gloo in "
+              "LibTorch 1.13 cannot sum bfloat16, nor can PyTorch 1.13's): use fp16");
+#endif
+          ddp_->register_comm_hook([g = group_](GradBucket& b) {
+            return hooks::bf16_compress_hook(*g, b);
+          });
+          break;
+        case CommHookKind::kPowerSgd: {
+          hooks::PowerSGDOptions o;
+          o.matrix_approximation_rank = p.rank;
+          o.start_powerSGD_iter = p.start_iteration;
+          o.min_compression_rate = p.min_compression_rate;
+          o.use_error_feedback = p.error_feedback;
+          o.warm_start = p.warm_start;
+          o.orthogonalization_epsilon = p.orthogonalization_epsilon;
+          o.random_seed = static_cast<uint32_t>(p.random_seed);
+          o.batch_tensors_with_same_shape = p.batch_tensors_with_same_shape;
+          auto state = std::make_shared<hooks::PowerSGDState>(group_, o);
+          ddp_->register_comm_hook([state](GradBucket& b) { return hooks::powerSGD_hook(*state, b); });
+          break;
+        }
+        case CommHookKind::kNone:
+          break;
+      }
+    } catch (const Error& e) {
+      return StatusFromError(e);
+    }
+  }
   if (!spec_.checkpoint.dir.empty()) {
     CheckpointSpec as_written = spec_.checkpoint;
     as_written.dir = checkpoint_template_;

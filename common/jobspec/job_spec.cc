@@ -525,6 +525,64 @@ void ParseOptimizer(Reader& r, const YAML::Node& train, TrainSpec* t) {
   }
 }
 
+// train.comm_hook and train.powersgd: PyTorch's fp16/bf16_compress_hook and powerSGD_hook.
+void ParseCommHook(Reader& r, const YAML::Node& train, TrainSpec* t) {
+  std::string hook;
+  if (r.String(train, "comm_hook", "train", &hook)) {
+    if (hook == "none") {
+      t->comm_hook = CommHookKind::kNone;
+    } else if (hook == "fp16") {
+      t->comm_hook = CommHookKind::kFp16;
+    } else if (hook == "bf16") {
+      t->comm_hook = CommHookKind::kBf16;
+    } else if (hook == "powersgd") {
+      t->comm_hook = CommHookKind::kPowerSgd;
+    } else {
+      r.Error(train["comm_hook"], "train.comm_hook",
+              absl::StrCat("must be none, fp16, bf16 or powersgd (got '", hook, "')"));
+    }
+  }
+  const YAML::Node n = r.Sub(train, "powersgd");
+  if (!n) return;
+  const std::string path = "train.powersgd";
+  if (t->comm_hook != CommHookKind::kPowerSgd) {
+    r.Error(n, path, "is for comm_hook: powersgd only: set train.comm_hook: powersgd or drop it");
+    return;
+  }
+  if (!r.Map(n, path,
+             {"rank", "start_iteration", "min_compression_rate", "error_feedback", "warm_start",
+              "orthogonalization_epsilon", "random_seed", "batch_tensors_with_same_shape"})) {
+    return;
+  }
+  PowerSgdSpec& p = t->powersgd;
+  if (r.Int(n, "rank", path, &p.rank)) {
+    Positive(r, n, "rank", path, static_cast<double>(p.rank));
+    AtMost(r, n, "rank", path, p.rank, int64_t{1024});
+  }
+  if (r.Int(n, "start_iteration", path, &p.start_iteration)) {
+    NonNegative(r, n, "start_iteration", path, static_cast<double>(p.start_iteration));
+  }
+  if (r.Double(n, "min_compression_rate", path, &p.min_compression_rate)) {
+    Positive(r, n, "min_compression_rate", path, p.min_compression_rate);
+  }
+  r.Bool(n, "error_feedback", path, &p.error_feedback);
+  r.Bool(n, "warm_start", path, &p.warm_start);
+  if (r.Double(n, "orthogonalization_epsilon", path, &p.orthogonalization_epsilon)) {
+    NonNegative(r, n, "orthogonalization_epsilon", path, p.orthogonalization_epsilon);
+  }
+  if (r.Int(n, "random_seed", path, &p.random_seed)) {
+    NonNegative(r, n, "random_seed", path, static_cast<double>(p.random_seed));
+    AtMost(r, n, "random_seed", path, p.random_seed, int64_t{4294967295});
+  }
+  r.Bool(n, "batch_tensors_with_same_shape", path, &p.batch_tensors_with_same_shape);
+  // PyTorch's ValueError in PowerSGDState.
+  if ((p.error_feedback || p.warm_start) && p.start_iteration <= 1) {
+    r.Error(n["start_iteration"] ? n["start_iteration"] : n, path + ".start_iteration",
+            "must be > 1 while error_feedback or warm_start is on (PowerSGD can only start "
+            "after the first two iterations): set it to 2 or more, or turn both off");
+  }
+}
+
 void ParseTrain(Reader& r, const YAML::Node& root, JobSpec* spec) {
   const YAML::Node n = r.Sub(root, "train");
   if (!n) {
@@ -535,7 +593,8 @@ void ParseTrain(Reader& r, const YAML::Node& root, JobSpec* spec) {
              {"epochs", "batch_size", "drop_last", "shuffle", "optimizer", "loss",
               "bucket_cap_mb", "first_bucket_cap_mb", "grad_accum_steps", "seed", "collective_timeout_s",
               "stall_timeout_s", "threads",
-              "max_steps", "precision", "intra_node_comm", "device", "clip_grad_norm", "lr_schedule"})) {
+              "max_steps", "precision", "intra_node_comm", "device", "clip_grad_norm", "lr_schedule",
+              "comm_hook", "powersgd"})) {
     return;
   }
   TrainSpec& t = spec->train;
@@ -551,6 +610,7 @@ void ParseTrain(Reader& r, const YAML::Node& root, JobSpec* spec) {
   r.Bool(n, "shuffle", "train", &t.shuffle);
   ParseOptimizer(r, n, &t);
   ParseLrSchedule(r, n, &t);
+  ParseCommHook(r, n, &t);
   if (r.Double(n, "clip_grad_norm", "train", &t.clip_grad_norm)) {
     NonNegative(r, n, "clip_grad_norm", "train", t.clip_grad_norm);
     AtMost(r, n, "clip_grad_norm", "train", t.clip_grad_norm, kMaxOptimizerValue);

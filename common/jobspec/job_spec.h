@@ -28,6 +28,20 @@ enum class OptimizerKind { kSgd, kAdam, kAdamW };
 // fp32, or bf16: autocast to bfloat16 with fp32 master weights (torch.autocast's rule:
 // matmuls and convolutions in bf16, reductions and losses in fp32).
 enum class Precision { kFp32, kBf16 };
+// train.comm_hook: PyTorch DDP's built-in communication hooks (libddp's
+// <ddp/comm_hooks.h>): none, fp16_compress_hook, bf16_compress_hook, powerSGD_hook.
+enum class CommHookKind { kNone, kFp16, kBf16, kPowerSgd };
+// train.powersgd: PowerSGDState's arguments (comm_hook: powersgd only).
+struct PowerSgdSpec {
+  int64_t rank = 1;                 // matrix_approximation_rank
+  int64_t start_iteration = 1000;   // start_powerSGD_iter
+  double min_compression_rate = 2;
+  bool error_feedback = true;       // use_error_feedback
+  bool warm_start = true;
+  double orthogonalization_epsilon = 0;
+  int64_t random_seed = 0;
+  bool batch_tensors_with_same_shape = false;
+};
 // How ranks on one node reduce gradients: auto (shared memory for CPU tensors when a
 // node runs more than one rank, else the backend), shm (required), gloo (the backend).
 enum class IntraNodeComm { kAuto, kShm, kGloo };
@@ -150,6 +164,8 @@ struct TrainSpec {
   Precision precision = Precision::kFp32;
   IntraNodeComm intra_node_comm = IntraNodeComm::kAuto;
   Device device = Device::kAuto;
+  CommHookKind comm_hook = CommHookKind::kNone;
+  PowerSgdSpec powersgd;
 };
 
 struct RdzvSpec {

@@ -124,6 +124,51 @@ TEST(JobSpecTest, PrecisionIsFp32OrBf16) {
                                        "(got 'fp16')")));
 }
 
+TEST(JobSpecTest, CommHookAndPowerSgdOptions) {
+  DDP_ASSERT_OK_AND_ASSIGN(JobSpec none, ParseJobSpec("name: d\nmodel: {mlp: {}}\n"
+                                                      "data: {synthetic: {}}\n"
+                                                      "train: {batch_size: 8}\n"));
+  EXPECT_EQ(none.train.comm_hook, CommHookKind::kNone);
+  EXPECT_EQ(none.train.powersgd.start_iteration, 1000);  // PyTorch's defaults.
+  DDP_ASSERT_OK_AND_ASSIGN(JobSpec fp16, ParseJobSpec("name: d\nmodel: {mlp: {}}\n"
+                                                      "data: {synthetic: {}}\n"
+                                                      "train: {batch_size: 8, comm_hook: fp16}\n"));
+  EXPECT_EQ(fp16.train.comm_hook, CommHookKind::kFp16);
+  DDP_ASSERT_OK_AND_ASSIGN(
+      JobSpec psgd,
+      ParseJobSpec("name: d\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n"
+                   "train:\n  batch_size: 8\n  comm_hook: powersgd\n"
+                   "  powersgd: {rank: 2, start_iteration: 10, warm_start: false,\n"
+                   "             min_compression_rate: 1.5, random_seed: 7}\n"));
+  EXPECT_EQ(psgd.train.comm_hook, CommHookKind::kPowerSgd);
+  EXPECT_EQ(psgd.train.powersgd.rank, 2);
+  EXPECT_EQ(psgd.train.powersgd.start_iteration, 10);
+  EXPECT_FALSE(psgd.train.powersgd.warm_start);
+  EXPECT_TRUE(psgd.train.powersgd.error_feedback);
+  EXPECT_DOUBLE_EQ(psgd.train.powersgd.min_compression_rate, 1.5);
+  EXPECT_EQ(psgd.train.powersgd.random_seed, 7);
+  EXPECT_THAT(ParseJobSpec("name: d\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n"
+                           "train:\n  batch_size: 8\n  comm_hook: int8\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("job.yaml:6: train.comm_hook: must be none, fp16, bf16 or "
+                                 "powersgd (got 'int8')")));
+  EXPECT_THAT(ParseJobSpec("name: d\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n"
+                           "train:\n  batch_size: 8\n  powersgd: {rank: 1}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.powersgd: is for comm_hook: powersgd only")));
+  // PyTorch's ValueError: error feedback and warm start need two plain iterations.
+  EXPECT_THAT(ParseJobSpec("name: d\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n"
+                           "train:\n  batch_size: 8\n  comm_hook: powersgd\n"
+                           "  powersgd: {start_iteration: 1}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.powersgd.start_iteration: must be > 1")));
+  EXPECT_THAT(ParseJobSpec("name: d\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n"
+                           "train:\n  batch_size: 8\n  comm_hook: powersgd\n"
+                           "  powersgd: {rank: 0}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.powersgd.rank: must be > 0")));
+}
+
 TEST(JobSpecTest, IntraNodeCommDefaultsToAutoAndNamesBadValues) {
   DDP_ASSERT_OK_AND_ASSIGN(JobSpec spec, ParseJobSpec("name: d\nmodel: {mlp: {}}\n"
                                                       "data: {synthetic: {}}\n"

@@ -6,6 +6,7 @@
 // build-torch2/) and all-reduce the same bytes per step (the tensors PyTorch's hook
 // passes to torch.distributed.all_reduce). Misuse fails with an error naming the fix.
 #include <torch/nn/modules/linear.h>
+#include <torch/version.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -210,6 +211,62 @@ TEST(CommHookErrorTest, AHookReturningTheWrongShapeIsNamed) {
   EXPECT_THAT(error, HasSubstr("communication hook: bucket 0: the hook returned a Float tensor "
                                "of shape [257]"));
   EXPECT_THAT(error, HasSubstr("shaped like bucket.buffer(): a Float tensor of shape [515]"));
+}
+
+// The built-in trainer's train.comm_hook: the same hooks through job.yaml. PowerSGD's
+// first start_iteration steps are plain all-reduces (the same losses as no hook, bit for
+// bit on 2 ranks), and it changes the gradients after; fp16 changes them from the
+// first step; bf16 runs on LibTorch 2.x and is refused with its fix on 1.13.
+std::vector<double> TrainerLosses(const std::string& hook, std::string* error) {
+  const std::string dir = testing::MakeTempDir("libddp-trainer-hook");
+  const std::string spec = dir + "/job.yaml";
+  testing::WriteFile(spec, absl::StrCat(
+      "name: hooks\nmodel: {mlp: {hidden: [64, 64]}}\n"
+      "data: {synthetic: {samples: 1024, features: 32, classes: 10}}\n"
+      "train: {epochs: 1, batch_size: 32, threads: 1, optimizer: {name: sgd, lr: 0.1}, "
+      "comm_hook: ", hook, "}\n"));
+  auto results = testing::RunTrainers(testing::LaunchOf(spec, 2));
+  std::vector<double> losses;
+  if (!results.ok()) {
+    *error = results.status().ToString();
+    return losses;
+  }
+  for (const RankResult& r : *results) {
+    if (!r.exit.ok()) {
+      *error = absl::StrCat("rank ", r.rank, ": ", r.exit.ToString(), "\n", r.stderr_text);
+      return {};
+    }
+  }
+  for (const auto& e : (*results)[0].OfType("step")) losses.push_back(e.Number("loss"));
+  return losses;
+}
+
+TEST(TrainerCommHookTest, JobYamlSelectsTheHook) {
+  std::string error;
+  const std::vector<double> none = TrainerLosses("none", &error);
+  ASSERT_EQ(none.size(), 16u) << error;
+  const std::vector<double> psgd =
+      TrainerLosses("powersgd, powersgd: {rank: 1, start_iteration: 6}", &error);
+  ASSERT_EQ(psgd.size(), 16u) << error;
+  // Steps 0-5 reduce plainly; step 6's gradients are the first compressed, seen in step 7.
+  for (size_t i = 0; i <= 6; ++i) EXPECT_EQ(psgd[i], none[i]) << "step " << i;
+  EXPECT_NE(psgd[7], none[7]);
+  const std::vector<double> fp16 = TrainerLosses("fp16", &error);
+  ASSERT_EQ(fp16.size(), 16u) << error;
+  EXPECT_EQ(fp16[0], none[0]);
+  bool apart = false;
+  for (size_t i = 1; i < fp16.size(); ++i) {
+    EXPECT_NEAR(fp16[i], none[i], 1e-2) << "step " << i;
+    apart = apart || fp16[i] != none[i];
+  }
+  EXPECT_TRUE(apart) << "fp16 compression changed no loss";
+#if TORCH_VERSION_MAJOR >= 2
+  EXPECT_EQ(TrainerLosses("bf16", &error).size(), 16u) << error;
+#else
+  EXPECT_TRUE(TrainerLosses("bf16", &error).empty());
+  EXPECT_THAT(error, HasSubstr("train.comm_hook: bf16 needs a LibTorch 2.x build"));
+  EXPECT_THAT(error, HasSubstr("exit 2"));
+#endif
 }
 
 // A world of one: a real TCPStore and Gloo group on a free loopback port.
