@@ -157,12 +157,25 @@ bool DenseLayout(const Tensor& t) {
          t.is_contiguous(at::MemoryFormat::ChannelsLast3d);
 }
 
-// torch.nn.modules._functions.SyncBatchNorm.
+// LibTorch 1.13's custom Functions take no undefined tensors: a module without affine
+// parameters passes this instead (num_features > 0, so a real one is never empty).
+Tensor Absent(const Tensor& t, const Tensor& input) {
+  return t.defined() ? t : at::empty({0}, input.options());
+}
+Tensor Present(const Tensor& t) { return t.numel() > 0 ? t : Tensor(); }
+
+// torch.nn.modules._functions.SyncBatchNorm. The running statistics travel as
+// non-differentiable arguments (they may be absent).
 struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> {
-  static Tensor forward(torch::autograd::AutogradContext* ctx, Tensor input, Tensor weight,
-                        Tensor bias, Tensor running_mean, Tensor running_var, double eps,
-                        double momentum, int64_t group_address) {
+  static Tensor forward(torch::autograd::AutogradContext* ctx, Tensor input, Tensor weight_arg,
+                        Tensor bias_arg, c10::optional<Tensor> running_mean_arg,
+                        c10::optional<Tensor> running_var_arg, double eps, double momentum,
+                        int64_t group_address) {
     auto* group = reinterpret_cast<ProcessGroup*>(group_address);
+    Tensor weight = Present(weight_arg);
+    const Tensor bias = Present(bias_arg);
+    const Tensor running_mean = running_mean_arg.value_or(Tensor());
+    const Tensor running_var = running_var_arg.value_or(Tensor());
     if (!DenseLayout(input)) input = input.contiguous();
     if (weight.defined()) weight = weight.contiguous();
     const int64_t channels = input.size(1);
@@ -200,7 +213,7 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
     }
     auto [mean, invstd] = GatherStats(input, mean_all, invstd_all, running_mean, running_var,
                                       momentum, eps, counts);
-    ctx->save_for_backward({input, weight, mean, invstd, count_all.to(at::kInt)});
+    ctx->save_for_backward({input, Absent(weight, input), mean, invstd, count_all.to(at::kInt)});
     ctx->saved_data["group"] = group_address;
     if (input.numel() == 0) return at::empty_like(input);
     return Elemt(input, weight, bias, mean, invstd, eps);
@@ -212,7 +225,7 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
     if (!DenseLayout(grad_output)) grad_output = grad_output.contiguous();
     const auto saved = ctx->get_saved_variables();
     const Tensor& input = saved[0];
-    Tensor weight = saved[1];
+    Tensor weight = Present(saved[1]);
     const Tensor& mean = saved[2];
     const Tensor& invstd = saved[3];
     const Tensor& count = saved[4];
@@ -361,7 +374,11 @@ Tensor SyncBatchNormImpl::forward(const Tensor& input) {
     return torch::nn::functional::detail::batch_norm(input, mean, var, weight, bias, bn_training,
                                                      factor, options.eps());
   }
-  return SyncBatchNormFunction::apply(input, weight, bias, mean, var, options.eps(), factor,
+  auto optional = [](const Tensor& t) {
+    return t.defined() ? c10::optional<Tensor>(t) : c10::optional<Tensor>();
+  };
+  return SyncBatchNormFunction::apply(input, Absent(weight, input), Absent(bias, input),
+                                      optional(mean), optional(var), options.eps(), factor,
                                       reinterpret_cast<int64_t>(group_.get()));
 }
 

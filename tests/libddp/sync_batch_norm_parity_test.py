@@ -5,7 +5,8 @@
 PYTHON is the flavour's reference Python (Debian's torch 1.13 in build/, the venv's
 2.x in build-torch2/). For 1, 2 and 3 ranks and both models of
 sync_batch_norm_reference.py (a BatchNorm1d MLP with momentum 0.1, a BatchNorm2d conv
-net with momentum None), with per-rank batch sizes that differ (one rank holding a
+net with momentum None, a BatchNorm1d on (N, C, L) with neither affine parameters nor
+running statistics, which uses batch statistics in eval too, unsynchronised), with per-rank batch sizes that differ (one rank holding a
 single row in one step, rank 0 none in another), sync_batch_norm_program (libddp's public API, real ranks over
 Gloo/shared memory) must reproduce PyTorch's per-step losses on every rank, the running
 statistics, num_batches_tracked and the eval loss. World 1 is the fallback to plain batch
@@ -101,6 +102,12 @@ class SyncBatchNormParityTest(unittest.TestCase):
     def test_conv_world3(self):
         self.check(3, "conv")
 
+    def test_plain_world2(self):
+        self.check(2, "plain")
+
+    def test_plain_world3(self):
+        self.check(3, "plain")
+
     def test_world1_falls_back_to_batch_norm(self):
         self.check(1, "mlp")
 
@@ -121,6 +128,7 @@ class SyncBatchNormParityTest(unittest.TestCase):
         self.assertIn("Declare the member as ddp::SyncBatchNorm", lines["member"])
         self.assertEqual(lines["member_unchanged"], "1")
         self.assertEqual(lines["root_converted"], "1")
+        self.assertEqual(lines["nested_converted"], "1")
         self.assertIn("Expected more than 1 value per channel when training", lines["one_value"])
 
 

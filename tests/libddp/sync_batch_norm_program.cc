@@ -3,7 +3,7 @@
 // torchrun's environment; it prints one JSON object (this rank's per-step losses, the
 // final running statistics, the eval loss) on stdout.
 //
-//   sync_batch_norm_program --model mlp|conv
+//   sync_batch_norm_program --model mlp|conv|plain
 //   sync_batch_norm_program --misuse   (world 1: prints each misuse's ddp::Error)
 //
 // Ranks hold different batch sizes (the global count is what counts); in step 2 the
@@ -41,6 +41,15 @@ torch::nn::Sequential MakeModel(const std::string& kind) {
     net->push_back(torch::nn::Linear(16, kClasses));
     return net;
   }
+  if (kind == "plain") {  // No affine parameters, no running statistics: batch statistics always.
+    net->push_back(torch::nn::Conv1d(torch::nn::Conv1dOptions(2, 4, 3).padding(1)));
+    net->push_back(torch::nn::BatchNorm1d(
+        torch::nn::BatchNormOptions(4).affine(false).track_running_stats(false)));
+    net->push_back(torch::nn::ReLU());
+    net->push_back(torch::nn::Flatten());
+    net->push_back(torch::nn::Linear(4 * 6, kClasses));
+    return net;
+  }
   // momentum None: the cumulative average.
   net->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(2, 4, 3).padding(1)));
   net->push_back(torch::nn::BatchNorm2d(torch::nn::BatchNormOptions(4).momentum(c10::nullopt)));
@@ -65,6 +74,7 @@ std::string Json(const std::vector<double>& v) {
 }
 
 std::vector<double> Values(const torch::Tensor& t) {
+  if (!t.defined()) return {};
   const torch::Tensor d = t.to(torch::kDouble).contiguous().view(-1);
   return std::vector<double>(d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
 }
@@ -77,8 +87,9 @@ int Train(const std::string& kind) {
   torch::nn::Sequential net = MakeModel(kind);
   ddp::convert_sync_batchnorm(net.ptr(), group);
   torch::manual_seed(1);
-  const torch::Tensor x_all =
-      kind == "mlp" ? torch::randn({kN, 10}) : torch::randn({kN, 2, 5, 5});
+  const torch::Tensor x_all = kind == "mlp"     ? torch::randn({kN, 10})
+                              : kind == "plain" ? torch::randn({kN, 2, 6})
+                                                : torch::randn({kN, 2, 5, 5});
   const torch::Tensor y_all = torch::randint(0, kClasses, {kN});
 
   ddp::DistributedDataParallel model(net, group);
@@ -112,7 +123,8 @@ int Train(const std::string& kind) {
   std::cout << std::setprecision(17) << "{\"losses\": " << Json(losses)
             << ", \"running_mean\": " << Json(Values(bn->running_mean))
             << ", \"running_var\": " << Json(Values(bn->running_var))
-            << ", \"num_batches_tracked\": " << bn->num_batches_tracked.item<int64_t>()
+            << ", \"num_batches_tracked\": "
+            << (bn->num_batches_tracked.defined() ? bn->num_batches_tracked.item<int64_t>() : -1)
             << ", \"eval_loss\": " << eval_loss << "}" << std::endl;
   group->barrier();
   return 0;
@@ -125,6 +137,20 @@ struct MemberNetImpl : torch::nn::Module {
   torch::nn::BatchNorm1d bn{nullptr};
 };
 TORCH_MODULE(MemberNet);
+
+// BatchNorms inside a member Sequential and a ModuleList: converted in place.
+struct OuterImpl : torch::nn::Module {
+  OuterImpl() {
+    body = register_module("body", torch::nn::Sequential());
+    body->push_back(torch::nn::Linear(3, 4));
+    body->push_back(torch::nn::BatchNorm1d(4));
+    list = register_module("list", torch::nn::ModuleList());
+    list->push_back(torch::nn::BatchNorm3d(2));
+  }
+  torch::nn::Sequential body{nullptr};
+  torch::nn::ModuleList list{nullptr};
+};
+TORCH_MODULE(Outer);
 
 // Each misuse on one line: "<case>: <code> <exit code>: <message>".
 int Misuse() {
@@ -156,6 +182,26 @@ int Misuse() {
             << (sync != nullptr && sync->weight.is_same(root->weight) &&
                 sync->running_var.is_same(root->running_var))
             << "\n";
+  // Nested: the same tensors, requires_grad and the eval flag kept; forward goes through.
+  Outer outer;
+  auto old_bn = outer->body->ptr(1)->as<torch::nn::BatchNorm1dImpl>();
+  old_bn->weight.set_requires_grad(false);
+  const torch::Tensor old_weight = old_bn->weight, old_mean = old_bn->running_mean;
+  const torch::Tensor old_list_var = outer->list->ptr(0)->as<torch::nn::BatchNorm3dImpl>()->running_var;
+  outer->eval();
+  ddp::convert_sync_batchnorm(outer.ptr(), group);
+  auto* body_bn = outer->body->ptr(1)->as<ddp::SyncBatchNormImpl>();
+  auto* list_bn = outer->list->ptr(0)->as<ddp::SyncBatchNormImpl>();
+  const bool nested =
+      body_bn != nullptr && list_bn != nullptr &&
+      outer->body->named_children()["1"]->as<ddp::SyncBatchNormImpl>() == body_bn &&
+      outer->list->named_children()["0"]->as<ddp::SyncBatchNormImpl>() == list_bn &&
+      body_bn->weight.is_same(old_weight) && !body_bn->weight.requires_grad() &&
+      body_bn->bias.requires_grad() && body_bn->running_mean.is_same(old_mean) &&
+      list_bn->running_var.is_same(old_list_var) && !body_bn->is_training() &&
+      outer->body->forward(torch::randn({5, 3})).size(1) == 4 &&
+      outer->named_parameters().size() == 6;
+  std::cout << "nested_converted: " << nested << "\n";
   // World 1 in training: plain batch norm, whose one-value-per-channel check applies.
   expect_error("one_value", [&] {
     try {

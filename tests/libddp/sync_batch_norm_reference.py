@@ -4,7 +4,8 @@
     python3 tests/libddp/sync_batch_norm_reference.py WORLD MODEL [cuda] > out.json
 
 A Sequential model (mlp: Linear, BatchNorm1d, ReLU, Linear; conv: Conv2d, BatchNorm2d
-with momentum=None, ReLU, Flatten, Linear) goes through
+with momentum=None, ReLU, Flatten, Linear; plain: Conv1d, BatchNorm1d without affine
+parameters or running statistics, ReLU, Flatten, Linear) goes through
 torch.nn.SyncBatchNorm.convert_sync_batchnorm, then trains under DistributedDataParallel
 (Gloo) on WORLD ranks with different batch sizes per rank (one rank holds a single row
 in one step, another none in another). Prints, per rank, the
@@ -197,6 +198,10 @@ def make_model(kind):
     if kind == "mlp":
         return nn.Sequential(nn.Linear(10, 16), nn.BatchNorm1d(16), nn.ReLU(),
                              nn.Linear(16, CLASSES))
+    if kind == "plain":
+        return nn.Sequential(nn.Conv1d(2, 4, 3, padding=1),
+                             nn.BatchNorm1d(4, affine=False, track_running_stats=False),
+                             nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6, CLASSES))
     return nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4, momentum=None),
                          nn.ReLU(), nn.Flatten(), nn.Linear(4 * 5 * 5, CLASSES))
 
@@ -215,7 +220,8 @@ def run(rank, world, kind, port, out, device="cpu"):
     net = nn.SyncBatchNorm.convert_sync_batchnorm(make_model(kind))
     assert isinstance(net[1], nn.SyncBatchNorm)
     torch.manual_seed(1)
-    x_all = torch.randn(N, 10) if kind == "mlp" else torch.randn(N, 2, 5, 5)
+    x_all = torch.randn(N, 10) if kind == "mlp" else \
+        torch.randn(N, 2, 6) if kind == "plain" else torch.randn(N, 2, 5, 5)
     y_all = torch.randint(0, CLASSES, (N,))
     net, x_all, y_all = net.to(device), x_all.to(device), y_all.to(device)
     model = nn.parallel.DistributedDataParallel(net)
@@ -235,9 +241,12 @@ def run(rank, world, kind, port, out, device="cpu"):
     with torch.no_grad():
         eval_loss = F.cross_entropy(model(x_all), y_all).item()
     bn = net[1]
-    out[rank] = {"losses": losses, "running_mean": bn.running_mean.tolist(),
-                 "running_var": bn.running_var.tolist(),
-                 "num_batches_tracked": int(bn.num_batches_tracked), "eval_loss": eval_loss}
+    tracked = bn.track_running_stats
+    out[rank] = {"losses": losses,
+                 "running_mean": bn.running_mean.tolist() if tracked else [],
+                 "running_var": bn.running_var.tolist() if tracked else [],
+                 "num_batches_tracked": int(bn.num_batches_tracked) if tracked else -1,
+                 "eval_loss": eval_loss}
     dist.destroy_process_group()
 
 
