@@ -94,20 +94,27 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> params, Comm* comm, Opt
     for (size_t idx : bucket.layout.params) bucket.layout.numel += params_[idx].numel();
     buckets_[b].numel = bucket.layout.numel;
     bucket.flat = at::zeros({bucket.layout.numel}, opts.requires_grad(false));
-    int64_t offset = 0;
-    for (size_t slot = 0; slot < bucket.layout.params.size(); ++slot) {
-      const at::Tensor& p = params_[bucket.layout.params[slot]];
-      bucket.views.push_back(bucket.flat.narrow(0, offset, p.numel()).view(p.sizes()));
-      bucket.params.push_back(p);
-      locate_[bucket.layout.params[slot]] = {b, slot};
-      offset += p.numel();
-    }
+    ViewBucket(b);
   }
   ready_.assign(params_.size(), false);
   // Alone, the hooks would only feed the trace (or queue the final callback, which
   // gives unused parameters their zeros): without either, backward runs bare.
   if (alone_ && trace_ == nullptr && !options_.finish_in_backward) return;
   RegisterHooks();
+}
+
+void GradientReducer::ViewBucket(size_t b) {
+  Bucket& bucket = state_[b];
+  bucket.views.clear();
+  bucket.params.clear();
+  int64_t offset = 0;
+  for (size_t slot = 0; slot < bucket.layout.params.size(); ++slot) {
+    const at::Tensor& p = params_[bucket.layout.params[slot]];
+    bucket.views.push_back(bucket.flat.narrow(0, offset, p.numel()).view(p.sizes()));
+    bucket.params.push_back(p);
+    locate_[bucket.layout.params[slot]] = {b, slot};
+    offset += p.numel();
+  }
 }
 
 void GradientReducer::RegisterHooks() {
@@ -137,16 +144,7 @@ void GradientReducer::LayOutLocked(const std::vector<size_t>& position) {
     Bucket& bucket = state_[b];
     std::stable_sort(bucket.layout.params.begin(), bucket.layout.params.end(),
                      [&](size_t x, size_t y) { return position[x] < position[y]; });
-    bucket.views.clear();
-    bucket.params.clear();
-    int64_t offset = 0;
-    for (size_t slot = 0; slot < bucket.layout.params.size(); ++slot) {
-      const at::Tensor& p = params_[bucket.layout.params[slot]];
-      bucket.views.push_back(bucket.flat.narrow(0, offset, p.numel()).view(p.sizes()));
-      bucket.params.push_back(p);
-      locate_[bucket.layout.params[slot]] = {b, slot};
-      offset += p.numel();
-    }
+    ViewBucket(b);
   }
 }
 

@@ -153,6 +153,8 @@ class GradientReducer {
   void FinishFromCallback();
   void Launch(Bucket& bucket, size_t index);
   void RegisterHooks();
+  // Bucket b's per-parameter views into its flat buffer, in its layout's order.
+  void ViewBucket(size_t b);
   // Lays each bucket's parameters out in the order of `position` (param -> rank).
   void LayOutLocked(const std::vector<size_t>& position);
 
