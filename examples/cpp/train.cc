@@ -2,12 +2,13 @@
 //
 // An ordinary LibTorch program: its own model class, its own data reader, its own loop.
 // libddp adds the process group (from torchrun's environment), DistributedDataParallel,
-// the exact DistributedSampler, a warm-up + cosine schedule, rank-0 checkpoints that a
-// restart resumes, and live metrics for `ddpctl watch`. Run it as a ddp command job
-// (job.yaml here) or by hand with torchrun's variables set (README.md).
+// the exact DistributedSampler (feeding LibTorch's data loader), a warm-up + cosine
+// schedule, rank-0 checkpoints that a restart resumes, and live metrics for `ddpctl
+// watch`. Run it as a ddp command job (job.yaml here) or by hand with torchrun's
+// variables set (README.md).
 //
 //   fashion_resnet --data DIR [--epochs 2] [--limit N] [--batch-size 64]
-//                  [--checkpoint-dir D] [--threads T]
+//                  [--checkpoint-dir D] [--threads T] [--workers 1]
 #include <ddp/ddp.h>
 #include <torch/torch.h>
 #include <zlib.h>
@@ -107,6 +108,20 @@ std::pair<torch::Tensor, torch::Tensor> LoadSplit(const std::string& dir, const 
   return {x, y};
 }
 
+// The training split as a torch::data dataset whose batch for a list of indices is one
+// index_select of the images and one of the labels (no per-sample tensors to stack).
+struct FashionBatches : torch::data::datasets::BatchDataset<FashionBatches, torch::data::Example<>,
+                                                            std::vector<size_t>> {
+  FashionBatches(torch::Tensor images, torch::Tensor labels)
+      : images(std::move(images)), labels(std::move(labels)) {}
+  torch::data::Example<> get_batch(std::vector<size_t> indices) override {
+    torch::Tensor idx = torch::tensor(std::vector<int64_t>(indices.begin(), indices.end()));
+    return {images.index_select(0, idx), labels.index_select(0, idx)};
+  }
+  torch::optional<size_t> size() const override { return images.size(0); }
+  torch::Tensor images, labels;
+};
+
 std::string Flag(int argc, char** argv, const std::string& name, const std::string& fallback) {
   for (int i = 1; i + 1 < argc; ++i) {
     if (argv[i] == name) return argv[i + 1];
@@ -121,6 +136,8 @@ int Train(int argc, char** argv) {
   const int64_t batch = std::stoll(Flag(argc, argv, "--batch-size", "64"));
   const std::string ckpt_dir = Flag(argc, argv, "--checkpoint-dir", "");
   const int threads = std::stoi(Flag(argc, argv, "--threads", "0"));
+  // Loader threads: they gather the next batches while the model trains on this one.
+  const int64_t workers = std::stoll(Flag(argc, argv, "--workers", "1"));
   if (threads > 0) torch::set_num_threads(threads);
 
   auto group = ddp::init_process_group();  // torchrun's environment: RANK, WORLD_SIZE, ...
@@ -133,6 +150,10 @@ int Train(int argc, char** argv) {
                         torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(5e-4));
   ddp::DistributedSampler sampler(x_train.size(0), *group, /*shuffle=*/true, /*seed=*/0);
   const int64_t steps = (sampler.size() + batch - 1) / batch;
+  // The loader holds a copy of the sampler; set_epoch on this one reaches it.
+  auto loader = torch::data::make_data_loader(
+      FashionBatches(x_train, y_train), sampler,
+      torch::data::DataLoaderOptions().batch_size(batch).workers(workers));
   ddp::LrSchedule schedule;
   schedule.kind = ddp::LrSchedule::Kind::kCosine;
   schedule.warmup = std::min<int64_t>(steps, 50);
@@ -148,18 +169,14 @@ int Train(int argc, char** argv) {
   ddp::Reporter report;
   int64_t global_step = pos.global_step;
   for (int64_t epoch = pos.epoch; epoch < epochs; ++epoch) {
-    sampler.set_epoch(epoch);
-    const std::vector<int64_t> order = sampler.indices();
+    sampler.set_epoch(epoch);  // Before the loop: the loader draws the epoch's order then.
     model.train();
     double loss_sum = 0;
     const auto epoch_start = std::chrono::steady_clock::now();
-    for (int64_t step = 0; step < steps; ++step) {
-      const auto t0 = std::chrono::steady_clock::now();
-      const int64_t begin = step * batch;
-      const int64_t end = std::min<int64_t>(begin + batch, order.size());
-      torch::Tensor idx = torch::tensor(std::vector<int64_t>(order.begin() + begin, order.begin() + end));
-      torch::Tensor loss = torch::nn::functional::cross_entropy(model(x_train.index_select(0, idx)),
-                                                                y_train.index_select(0, idx));
+    auto t0 = epoch_start;  // A step's time includes waiting for its batch.
+    int64_t step = 0;
+    for (torch::data::Example<>& b : *loader) {
+      torch::Tensor loss = torch::nn::functional::cross_entropy(model(b.data), b.target);
       opt.zero_grad();
       loss.backward();  // The gradients are averaged over all ranks when this returns.
       const double step_lr = lr.lr();
@@ -173,12 +190,14 @@ int Train(int argc, char** argv) {
       r.step = step;
       r.steps = steps;
       r.global_step = global_step - 1;
-      r.samples_per_s = (end - begin) / (ms / 1000.0);
+      r.samples_per_s = b.target.size(0) / (ms / 1000.0);
       r.step_ms = ms;
       r.comm_ms = model.last_backward().comm_wait_ms;
       r.lr = step_lr;
       report.step(r);
       loss_sum += r.loss;
+      ++step;
+      t0 = std::chrono::steady_clock::now();
     }
     const double epoch_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
