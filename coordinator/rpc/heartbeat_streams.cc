@@ -11,7 +11,10 @@ namespace ddp {
 
 // One agent's stream: read a beat, answer it, read the next. The caller is admitted
 // on the first beat (its worker name must be its own); every later beat must name the
-// same worker, and the serving gate (a leader whose lease lapsed) is asked at each.
+// same worker, and the serving gate (a leader whose lease lapsed) is asked at each,
+// quiet beats included: a deposed leader ends the stream, it never goes silent.
+// Quiet beats (decision 161) are answered only when the answer differs from the last
+// one written or the beat asks for it (answer_now); every answer names its beat.
 class HeartbeatStreams::Stream {
  public:
   Stream(HeartbeatStreams* owner, grpc::ServerCompletionQueue* cq) : owner_(owner), cq_(cq) {
@@ -96,16 +99,29 @@ class HeartbeatStreams::Stream {
       return;
     }
     // Answered here, or later on the store writer's thread; nothing else touches the
-    // stream meanwhile (no operation is in flight).
-    owner_->coordinator_->Heartbeat(req_, [this](absl::StatusOr<v1::HeartbeatResponse> r) {
-      if (!r.ok()) {
-        Finish(ToGrpcStatus(r.status()));
-        return;
-      }
-      resp_ = *std::move(r);
-      op_ = Op::kWrite;
-      rw_.Write(resp_, this);
-    });
+    // stream meanwhile (no operation is in flight). A quiet beat (decision 161) whose
+    // answer would repeat the last one written is not answered: the next read starts.
+    const uint64_t seq = req_.beat_seq();
+    const bool may_skip = req_.quiet() && !req_.answer_now();
+    owner_->coordinator_->Heartbeat(
+        req_, [this, seq, may_skip](absl::StatusOr<v1::HeartbeatResponse> r) {
+          if (!r.ok()) {
+            Finish(ToGrpcStatus(r.status()));
+            return;
+          }
+          if (may_skip && answered_ && r->desired_version() == last_version_ &&
+              r->cluster_id() == last_cluster_) {
+            Read();
+            return;
+          }
+          answered_ = true;
+          last_version_ = r->desired_version();
+          if (r->cluster_id() != last_cluster_) last_cluster_ = r->cluster_id();
+          resp_ = *std::move(r);
+          resp_.set_acked_seq(seq);
+          op_ = Op::kWrite;
+          rw_.Write(resp_, this);
+        });
   }
 
   HeartbeatStreams* const owner_;
@@ -116,6 +132,11 @@ class HeartbeatStreams::Stream {
   std::string worker_;  // Named by the first beat.
   v1::HeartbeatRequest req_;
   v1::HeartbeatResponse resp_;
+  // What the last answer written said: a quiet beat that would say the same is not
+  // answered.
+  bool answered_ = false;
+  uint64_t last_version_ = 0;
+  std::string last_cluster_;
 };
 
 HeartbeatStreams::HeartbeatStreams(WorkerServiceBase* service, Coordinator* coordinator,

@@ -14,7 +14,9 @@
 // Each stream has at most one operation in flight (accept, read, write or finish), so
 // the stream itself is the tag. A beat is answered as WorkerService.Heartbeat answers
 // it; the answer may come from another thread (the store writer, once an attempt it
-// hands out is stored), which then starts the write.
+// hands out is stored), which then starts the write. A quiet beat (decision 161) whose
+// answer would repeat the last one written, and that does not ask for one, is not
+// answered: the next read starts instead of the write.
 #ifndef DDP_COORDINATOR_RPC_HEARTBEAT_STREAMS_H_
 #define DDP_COORDINATOR_RPC_HEARTBEAT_STREAMS_H_
 

@@ -246,6 +246,93 @@ TEST_F(StreamingTest, AHeartbeatStreamAnswersEveryBeatOfItsWorkerAndEndsAtAnothe
       << "as Heartbeat: register first";
 }
 
+// Quiet heartbeats (decision 161): a quiet beat is answered only when it is the
+// stream's first, asks for it, or its answer carries a new desired state; every answer
+// names its beat. Answers come in order, so reading beat 4's answer next shows that
+// beats 2 and 3 were not answered.
+TEST_F(StreamingTest, QuietBeatsAreAnsweredOnlyWhenAskedOrWithANewDesiredState) {
+  grpc::ClientContext ctx;
+  auto stream = workers_->HeartbeatStream(&ctx);
+  v1::HeartbeatRequest beat;
+  beat.set_worker("w1");
+  beat.set_incarnation("inc");
+  beat.set_quiet(true);
+  v1::TaskStatus* t = beat.add_tasks();  // The trainer runs on: nothing new to say.
+  t->set_job_id(job_id_);
+  t->set_attempt(1);
+  v1::LocalRankStatus* r = t->add_ranks();
+  r->set_rank(0);
+  r->set_pid(4242);
+
+  beat.set_beat_seq(1);
+  ASSERT_TRUE(stream->Write(beat));
+  v1::HeartbeatResponse first;
+  ASSERT_TRUE(stream->Read(&first)) << "a stream's first beat is answered";
+  EXPECT_EQ(first.acked_seq(), 1u);
+  ASSERT_EQ(first.tasks_size(), 1);
+  EXPECT_EQ(first.tasks(0).job_id(), job_id_);
+  for (uint64_t seq : {2, 3}) {
+    beat.set_beat_seq(seq);
+    ASSERT_TRUE(stream->Write(beat));
+  }
+  beat.set_beat_seq(4);
+  beat.set_answer_now(true);
+  ASSERT_TRUE(stream->Write(beat));
+  v1::HeartbeatResponse asked;
+  ASSERT_TRUE(stream->Read(&asked));
+  EXPECT_EQ(asked.acked_seq(), 4u) << "beats 2 and 3 said nothing new and were not answered";
+  EXPECT_EQ(asked.desired_version(), first.desired_version());
+  EXPECT_EQ(asked.tasks_size(), 1) << "an answer asked for carries the whole desired state";
+  EXPECT_FALSE(asked.cluster_id().empty());
+
+  // The job cancelled: its task leaves this worker's desired state, and the next quiet
+  // beat, which asks for nothing, is answered with it at once.
+  grpc::ClientContext cctx;
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(job_id_);
+  v1::Job cancelled;
+  ASSERT_TRUE(jobs_->CancelJob(&cctx, cancel, &cancelled).ok());
+  beat.set_beat_seq(5);
+  beat.set_answer_now(false);
+  ASSERT_TRUE(stream->Write(beat));
+  v1::HeartbeatResponse news;
+  ASSERT_TRUE(stream->Read(&news));
+  EXPECT_EQ(news.acked_seq(), 5u);
+  EXPECT_GT(news.desired_version(), asked.desired_version());
+  EXPECT_EQ(news.tasks_size(), 0) << "the cancelled job's task is no longer wanted";
+  ASSERT_TRUE(stream->WritesDone());
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+// An agent older than quiet heartbeats (no beat_seq, no quiet) keeps getting an answer
+// to every beat, and a unary Heartbeat is answered as before whatever the beat says.
+TEST_F(StreamingTest, BeatsWithoutQuietAreEachAnsweredAsBefore) {
+  grpc::ClientContext ctx;
+  auto stream = workers_->HeartbeatStream(&ctx);
+  v1::HeartbeatRequest beat;
+  beat.set_worker("w1");
+  beat.set_incarnation("inc");
+  uint64_t version = 0;
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(stream->Write(beat));
+    v1::HeartbeatResponse resp;
+    ASSERT_TRUE(stream->Read(&resp)) << "beat " << i << " answered, nothing new in it";
+    EXPECT_EQ(resp.acked_seq(), 0u) << "the beat named no number";
+    if (i > 0) {
+      EXPECT_EQ(resp.desired_version(), version);
+    }
+    version = resp.desired_version();
+  }
+  ASSERT_TRUE(stream->WritesDone());
+  EXPECT_TRUE(stream->Finish().ok());
+  grpc::ClientContext uctx;
+  beat.set_quiet(true);
+  beat.set_beat_seq(9);
+  v1::HeartbeatResponse unary;
+  ASSERT_TRUE(workers_->Heartbeat(&uctx, beat, &unary).ok());
+  EXPECT_EQ(unary.desired_version(), version);
+}
+
 TEST_F(StreamingTest, AStalledWatcherHoldsUpNeitherIngestionNorOtherWatchersAndGetsTheNewest) {
   // Every update carries the whole epoch history: over 100 KB, more than the stalled
   // reader's window.

@@ -54,6 +54,21 @@ class FakeCoordinator final : public CoordinatorClient {
     absl::MutexLock lock(&mu_);
     calls_.push_back({next_++, "Heartbeat", req, {}, {}, absl::OkStatus()});
     if (unreachable_) return absl::DeadlineExceededError("Deadline Exceeded");
+    if (quiet_ && req.quiet()) {
+      // As the gRPC client over a quiet coordinator's stream: a beat that does not ask
+      // returns once written, with news if the coordinator sent some; one that asks
+      // gets its own answer, or (muted: the stream open, nothing coming back) fails at
+      // its deadline.
+      if (!req.answer_now()) {
+        if (!news_) return v1::HeartbeatResponse();
+        news_ = false;
+      } else if (muted_) {
+        return absl::DeadlineExceededError("no answer to a heartbeat within 20ms");
+      }
+      v1::HeartbeatResponse resp = desired_;
+      resp.set_acked_seq(req.beat_seq());
+      return resp;
+    }
     if (!heartbeat_errors_.empty()) {
       absl::Status st = heartbeat_errors_.front();
       heartbeat_errors_.erase(heartbeat_errors_.begin());
@@ -98,6 +113,37 @@ class FakeCoordinator final : public CoordinatorClient {
     absl::MutexLock lock(&mu_);
     desired_.clear_tasks();
     for (const auto& t : tasks) *desired_.add_tasks() = t;
+  }
+  // Quiet heartbeats (decision 161): before the agent starts.
+  void SetQuiet(bool quiet) {
+    absl::MutexLock lock(&mu_);
+    quiet_ = quiet;
+  }
+  bool QuietCapable() const override {
+    absl::MutexLock lock(&mu_);
+    return quiet_;
+  }
+  void SetOnAnswer(std::function<void()> fn) override {
+    absl::MutexLock lock(&mu_);
+    on_answer_ = std::move(fn);
+  }
+  // Beats that ask for an answer get none (the stream stays open, its beats written).
+  void MuteAnswers(bool muted) {
+    absl::MutexLock lock(&mu_);
+    muted_ = muted;
+  }
+  // A new desired state, sent unasked as a quiet coordinator sends it: the agent is
+  // told, and its next beat takes it.
+  void SendDesired(const std::vector<v1::Task>& tasks) {
+    std::function<void()> tell;
+    {
+      absl::MutexLock lock(&mu_);
+      desired_.clear_tasks();
+      for (const auto& t : tasks) *desired_.add_tasks() = t;
+      news_ = true;
+      tell = on_answer_;
+    }
+    if (tell) tell();
   }
   // Every heartbeat fails (DEADLINE_EXCEEDED, as across a cut) while set.
   void SetUnreachable(bool unreachable) {
@@ -156,7 +202,11 @@ class FakeCoordinator final : public CoordinatorClient {
   }
 
  private:
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
+  bool quiet_ ABSL_GUARDED_BY(mu_) = false;
+  bool muted_ ABSL_GUARDED_BY(mu_) = false;
+  bool news_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<void()> on_answer_ ABSL_GUARDED_BY(mu_);
   std::vector<Call> calls_ ABSL_GUARDED_BY(mu_);
   std::string leave_reason_ ABSL_GUARDED_BY(mu_);
   int next_ ABSL_GUARDED_BY(mu_) = 0;
@@ -795,6 +845,95 @@ TEST_F(AgentTest, ACoordinatorOutageTheWitnessesSeeTooLeavesTheRanksRunning) {
   EXPECT_EQ(agent_->stats().trainers_running, 2);
 }
 
+// Beats that went out quiet (written, no answer asked) and those that asked, from
+// call `from` on.
+std::pair<int, int> QuietAndAsked(const std::vector<FakeCoordinator::Call>& calls, size_t from) {
+  std::pair<int, int> n{0, 0};
+  for (size_t i = from; i < calls.size(); ++i) {
+    if (calls[i].method != "Heartbeat" || !calls[i].heartbeat.quiet()) continue;
+    (calls[i].heartbeat.answer_now() ? n.second : n.first) += 1;
+  }
+  return n;
+}
+
+// Quiet heartbeats (decision 161). The fake's timing (50 ms, 1 s, 20 ms) lets the
+// coordinator answer one beat in QuietBeatsPerAck's k; the witnesses are asked on the
+// plan for that k.
+TEST_F(AgentTest, AQuietAgentFencesWhenAnswersStopThoughItsStreamStaysOpen) {
+  const int k = QuietBeatsPerAck(absl::Milliseconds(50), absl::Seconds(1), absl::Milliseconds(20));
+  ASSERT_GT(k, 1);
+  const FencePlan plan =
+      PlanFencing(absl::Milliseconds(50), absl::Seconds(1), absl::Milliseconds(20), k);
+  fake_->SetQuiet(true);
+  AnswerWitnesses({true});  // A witness still hears the coordinator.
+  fake_->SetWitnesses({"10.0.0.8:4000"});
+  fake_->SetDesired({Task()});
+  StartAgent(Trainer("echo '{\"type\":\"start\"}' >&3\nwhile :; do sleep 1; done"));
+  ASSERT_TRUE(fake_->WaitFor([](const auto& c) {
+    auto a = RankStatus(c, 2), b = RankStatus(c, 3);
+    return a.has_value() && a->pid() != 0 && b.has_value() && b->pid() != 0;
+  }));
+  // Steady state: most beats ask for nothing.
+  const size_t steady = fake_->calls().size();
+  ASSERT_TRUE(WaitUntil([&] { return QuietAndAsked(fake_->calls(), steady).first >= 3 * k; },
+                        absl::Seconds(10)));
+  const auto [quiet, asked] = QuietAndAsked(fake_->calls(), steady);
+  EXPECT_GT(quiet, asked) << "one beat in " << k << " asks";
+  EXPECT_GT(agent_->stats().quiet_beats, 0);
+  EXPECT_EQ(agent_->stats().fences, 0);
+
+  fake_->MuteAnswers(true);
+  const size_t muted = fake_->calls().size();
+  ASSERT_TRUE(WaitUntil([this] { return agent_->stats().fences == 1; }, absl::Seconds(10)))
+      << "an open stream that brings no answer is not being heard";
+  ASSERT_TRUE(WaitUntil([this] { return agent_->stats().trainers_running == 0; },
+                        absl::Seconds(10)));
+  EXPECT_GT(QuietAndAsked(fake_->calls(), muted).first, 0)
+      << "quiet beats were written after the answers stopped, and counted for nothing";
+  ASSERT_EQ(Asks().size(), 1u);
+  EXPECT_EQ(Asks()[0].deadline, plan.ask_deadline);
+  EXPECT_FALSE(Reachability().back());
+}
+
+TEST_F(AgentTest, AQuietAgentTakesANewDesiredStateAtOnce) {
+  fake_->SetQuiet(true);
+  StartAgent(Trainer("echo '{\"type\":\"start\"}' >&3\nwhile :; do sleep 1; done"));
+  ASSERT_TRUE(WaitUntil([this] { return agent_->stats().quiet_beats >= 3; }, absl::Seconds(10)));
+  // Sent unasked between beats: the agent beats at once to take it and starts the
+  // task's ranks (without the wake it would wait for its next beat).
+  fake_->SendDesired({Task()});
+  ASSERT_TRUE(fake_->WaitFor([](const auto& c) {
+    auto a = RankStatus(c, 2), b = RankStatus(c, 3);
+    return a.has_value() && a->pid() != 0 && b.has_value() && b->pid() != 0;
+  }));
+  EXPECT_EQ(agent_->stats().tasks_started, 1);
+  // The beat reporting the new pids asked for its answer: what it tells must be heard.
+  bool told_and_asked = false;
+  for (const auto& call : fake_->calls()) {
+    if (call.method != "Heartbeat") continue;
+    for (const auto& t : call.heartbeat.tasks()) {
+      for (const auto& r : t.ranks()) {
+        if (r.pid() != 0 && call.heartbeat.answer_now()) told_and_asked = true;
+      }
+    }
+  }
+  EXPECT_TRUE(told_and_asked);
+}
+
+TEST_F(AgentTest, AnAgentWhoseClientHasNoQuietBeatsWaitsForEveryAnswer) {
+  StartAgent(Trainer("exit 0"));
+  ASSERT_TRUE(fake_->WaitFor([](const auto& c) {
+    int beats = 0;
+    for (const auto& call : c) beats += call.method == "Heartbeat";
+    return beats >= 5;
+  }));
+  for (const auto& call : fake_->calls()) {
+    if (call.method != "Heartbeat") continue;
+    EXPECT_FALSE(call.heartbeat.quiet());
+    EXPECT_EQ(call.heartbeat.beat_seq(), 0u);
+  }
+  EXPECT_EQ(agent_->stats().quiet_beats, 0);
+}
 
 }  // namespace
 }  // namespace ddp

@@ -13,6 +13,7 @@
 
 #include <atomic>
 
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/rpc/leader.h"
 #include "ddp/v1/worker_service.grpc.pb.h"
@@ -108,7 +109,11 @@ TEST(FollowingClientTest, ACoordinatorOfAnotherStoreIsRefusedNamingBothAndNotFol
 // unary, over a stream, or not at all (a stream that never answers).
 class FakeWorkerService final : public v1::WorkerService::Service {
  public:
-  enum class Stream { kAnswer, kUnimplemented, kSilent };
+  // kQuiet: as a coordinator with quiet heartbeats (decision 161): a quiet beat is
+  // answered when it is the stream's first, asks (answer_now), or `version` changed
+  // since the last answer; every answer names its beat. `mute`: no answers at all,
+  // the stream left open.
+  enum class Stream { kAnswer, kUnimplemented, kSilent, kQuiet };
   explicit FakeWorkerService(Stream stream) : stream_(stream) {}
 
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
@@ -132,13 +137,27 @@ class FakeWorkerService final : public v1::WorkerService::Service {
         return grpc::Status::CANCELLED;
       }
       v1::HeartbeatResponse resp;
+      if (stream_ == Stream::kQuiet) {
+        const uint64_t v = version.load();
+        const bool say = !req.quiet() || req.answer_now() || answered == 0 || v != last;
+        if (!say || mute) continue;
+        ++answered;
+        last = v;
+        resp.set_desired_version(v);
+        resp.set_acked_seq(req.beat_seq());
+        stream->Write(resp);
+        continue;
+      }
       resp.set_desired_version(static_cast<uint64_t>(req.free_ports_size()));
       stream->Write(resp);
     }
     return grpc::Status::OK;
   }
 
-  std::atomic<int> unary{0}, streams{0}, streamed{0};
+  std::atomic<int> unary{0}, streams{0}, streamed{0}, answered{0};
+  std::atomic<uint64_t> version{1};
+  std::atomic<bool> mute{false};
+  uint64_t last = 0;  // The stream's last answer's version (one stream at a time).
 
  private:
   const Stream stream_;
@@ -202,6 +221,95 @@ TEST(GrpcCoordinatorClientTest, AnUnansweredBeatTimesOutAndTheNextOneOpensAnothe
   EXPECT_THAT(client->Heartbeat(Beat(1), absl::Milliseconds(300)),
               StatusIs(absl::StatusCode::kDeadlineExceeded));
   EXPECT_EQ(fake.service.streams, 2);
+}
+
+v1::HeartbeatRequest QuietBeat(uint64_t seq, bool answer_now) {
+  v1::HeartbeatRequest req = Beat(1);
+  req.set_quiet(true);
+  req.set_beat_seq(seq);
+  req.set_answer_now(answer_now);
+  return req;
+}
+
+TEST(GrpcCoordinatorClientTest, QuietBeatsReturnOnceWrittenAndABeatThatAsksGetsItsOwnAnswer) {
+  FakeServer fake(FakeWorkerService::Stream::kQuiet);
+  auto client = fake.Client();
+  ASSERT_TRUE(client->QuietCapable());
+  // A new stream's first beat asks for its answer whatever the caller said: it shows
+  // whether the coordinator is quiet.
+  auto first = client->Heartbeat(QuietBeat(1, false), absl::Seconds(5));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->acked_seq(), 1u);
+  EXPECT_EQ(first->desired_version(), 1u);
+  for (uint64_t seq : {2, 3}) {
+    auto quiet = client->Heartbeat(QuietBeat(seq, false), absl::Seconds(5));
+    ASSERT_TRUE(quiet.ok()) << quiet.status();
+    EXPECT_EQ(quiet->acked_seq(), 0u) << "nothing said back";
+  }
+  auto asked = client->Heartbeat(QuietBeat(4, true), absl::Seconds(5));
+  ASSERT_TRUE(asked.ok()) << asked.status();
+  EXPECT_EQ(asked->acked_seq(), 4u);
+  EXPECT_EQ(fake.service.streams, 1);
+  EXPECT_EQ(fake.service.streamed, 4);
+  EXPECT_EQ(fake.service.answered, 2);
+}
+
+TEST(GrpcCoordinatorClientTest, AnAnswerNoBeatWaitsForIsToldAtOnceAndTakenByTheNextBeat) {
+  absl::Notification told;  // Outlives the client, whose reader may tell it at the end.
+  FakeServer fake(FakeWorkerService::Stream::kQuiet);
+  auto client = fake.Client();
+  client->SetOnAnswer([&told] {
+    if (!told.HasBeenNotified()) told.Notify();
+  });
+  ASSERT_TRUE(client->Heartbeat(QuietBeat(1, true), absl::Seconds(5)).ok());
+  fake.service.version = 7;  // A new desired state: the next beat is answered with it.
+  auto quiet = client->Heartbeat(QuietBeat(2, false), absl::Seconds(5));
+  ASSERT_TRUE(quiet.ok()) << quiet.status();
+  ASSERT_TRUE(told.WaitForNotificationWithTimeout(absl::Seconds(10)))
+      << "the agent is woken to take it";
+  v1::HeartbeatResponse news;
+  for (uint64_t seq = 3; news.acked_seq() == 0 && seq < 100; ++seq) {
+    if (quiet->acked_seq() != 0) {  // Already back when beat 2 returned.
+      news = *quiet;
+      break;
+    }
+    auto next = client->Heartbeat(QuietBeat(seq, false), absl::Seconds(5));
+    ASSERT_TRUE(next.ok()) << next.status();
+    news = *next;
+  }
+  EXPECT_EQ(news.acked_seq(), 2u) << "the beat the coordinator answered";
+  EXPECT_EQ(news.desired_version(), 7u);
+}
+
+TEST(GrpcCoordinatorClientTest, AnOpenStreamThatStopsAnsweringFailsTheBeatThatAsks) {
+  FakeServer fake(FakeWorkerService::Stream::kQuiet);
+  auto client = fake.Client();
+  ASSERT_TRUE(client->Heartbeat(QuietBeat(1, true), absl::Seconds(5)).ok());
+  fake.service.mute = true;
+  auto quiet = client->Heartbeat(QuietBeat(2, false), absl::Seconds(5));
+  ASSERT_TRUE(quiet.ok()) << "written: a quiet beat cannot tell";
+  EXPECT_EQ(quiet->acked_seq(), 0u);
+  EXPECT_THAT(client->Heartbeat(QuietBeat(3, true), absl::Milliseconds(300)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("within 300ms")));
+  fake.service.mute = false;
+  auto back = client->Heartbeat(QuietBeat(4, false), absl::Seconds(5));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->acked_seq(), 4u) << "a new stream, whose first beat asks";
+  EXPECT_EQ(fake.service.streams, 2);
+}
+
+TEST(GrpcCoordinatorClientTest, ACoordinatorOlderThanQuietBeatsAnswersEveryBeatInTurn) {
+  FakeServer fake(FakeWorkerService::Stream::kAnswer);  // Ignores quiet, names no beat.
+  auto client = fake.Client();
+  for (int n = 1; n <= 4; ++n) {
+    v1::HeartbeatRequest req = QuietBeat(static_cast<uint64_t>(n), false);
+    for (int i = 1; i < n; ++i) req.add_free_ports(40000 + i);
+    auto resp = client->Heartbeat(req, absl::Seconds(5));
+    ASSERT_TRUE(resp.ok()) << resp.status();
+    EXPECT_EQ(resp->desired_version(), static_cast<uint64_t>(n)) << "its own beat's answer";
+    EXPECT_EQ(resp->acked_seq(), static_cast<uint64_t>(n)) << "named by the client";
+  }
+  EXPECT_EQ(fake.service.streams, 1);
 }
 
 }  // namespace

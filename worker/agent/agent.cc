@@ -40,6 +40,10 @@ Agent::Agent(AgentOptions options, std::unique_ptr<CoordinatorClient> client, Cl
   ro.incarnation = incarnation_;
   reporter_ = std::make_unique<EventReporter>(ro, &buffer_, client_.get(), [this] { Wake(); });
   pump_ = std::make_unique<OutputPump>(&buffer_, clock, [this] { reporter_->Wake(); });
+  client_->SetOnAnswer([this] {
+    answer_waiting_.store(true);
+    Wake();
+  });
   if (options_.long_poll) {
     TaskPoller::Options po;
     po.worker = options_.name;
@@ -52,6 +56,7 @@ Agent::Agent(AgentOptions options, std::unique_ptr<CoordinatorClient> client, Cl
 }
 
 Agent::~Agent() {
+  client_->SetOnAnswer(nullptr);  // Wakes nothing of ours from now on.
   poller_.reset();    // Cancels its open call before the client goes.
   reporter_.reset();  // Stops sending before the client goes.
   tasks_.clear();     // Kills leftovers before the pump goes.
@@ -69,6 +74,7 @@ Agent::Stats Agent::stats() const {
   s.events_dropped = buffer_.dropped_total();
   s.malformed_event_lines = pump_->malformed_event_lines();
   s.fences = fences_;
+  s.quiet_beats = quiet_beats_;
   return s;
 }
 
@@ -215,8 +221,16 @@ absl::Status Agent::RegisterOnce() {
         absl::FormatDuration(rpc_deadline_), " must be shorter than the heartbeat interval ",
         absl::FormatDuration(heartbeat_interval_)));
   }
-  const FencePlan fence = PlanFencing(heartbeat_interval_,
-                                      absl::Milliseconds(resp->heartbeat_timeout_ms()), rpc_deadline_);
+  const absl::Duration timeout = absl::Milliseconds(resp->heartbeat_timeout_ms());
+  const int beats_per_ack = options_.quiet_heartbeats && client_->QuietCapable()
+                                ? QuietBeatsPerAck(heartbeat_interval_, timeout, rpc_deadline_)
+                                : 1;
+  if (beats_per_ack != beats_per_ack_) {
+    DDP_LOG(INFO) << "quiet heartbeats: the coordinator is asked to answer one beat in "
+                  << beats_per_ack << " (fence.h)";
+  }
+  beats_per_ack_ = beats_per_ack;
+  const FencePlan fence = PlanFencing(heartbeat_interval_, timeout, rpc_deadline_, beats_per_ack_);
   if (fence.tight && !fence_.tight) {
     DDP_LOG(WARNING) << "the coordinator's heartbeat timeout of "
                      << absl::Milliseconds(resp->heartbeat_timeout_ms())
@@ -228,6 +242,7 @@ absl::Status Agent::RegisterOnce() {
   }
   fence_ = fence;
   last_ok_sent_ = sent;
+  last_told_.clear();
   fence_asked_ = false;
   registered_ = true;
   backoff_.Reset();
@@ -290,9 +305,46 @@ absl::Status Agent::HeartbeatOnce(absl::Duration deadline) {
   }
   RepairUtf8(&req);  // Task errors carry paths and OS messages.
   const absl::Time sent = clock_->Now();
+  // Quiet heartbeats (fence.h): a beat asks for its answer when one is due (one beat in
+  // k), when the agent is not sure it is heard (after a failure, when it probes before
+  // fencing), and when it says something new (an exit, a pid, an error, leaving):
+  // what it tells must not rest on a beat that may have been lost.
+  std::string told;
+  if (beats_per_ack_ > 1) {
+    v1::HeartbeatRequest what = req;
+    what.clear_free_ports();
+    what.clear_gpu_usage();
+    told = what.SerializeAsString();
+    req.set_beat_seq(++beat_seq_);
+    req.set_quiet(true);
+    const bool due = sent - last_ok_sent_ >= (beats_per_ack_ - 0.5) * heartbeat_interval_;
+    req.set_answer_now(due || !reachable_.value_or(false) || deadline > absl::ZeroDuration() ||
+                       told != last_told_ || !leaving_.empty() ||
+                       stopping_grace_ > absl::ZeroDuration());
+    beats_sent_[beat_seq_] = sent;
+    if (beats_sent_.size() > 1024) beats_sent_.erase(beats_sent_.begin());  // A long outage.
+  }
   auto resp = client_->Heartbeat(req, deadline > absl::ZeroDuration() ? deadline : rpc_deadline_);
   if (!resp.ok()) return resp.status();
-  last_ok_sent_ = sent;
+  if (req.quiet()) {
+    if (resp->acked_seq() == 0) {  // Written, nothing said back: not (yet) heard.
+      ++quiet_beats_;
+      return absl::OkStatus();
+    }
+    // Heard: the beat answered was sent then (a later one may have been heard too).
+    auto answered = beats_sent_.find(resp->acked_seq());
+    last_ok_sent_ = answered != beats_sent_.end() ? answered->second : last_ok_sent_;
+    beats_sent_.erase(beats_sent_.begin(), beats_sent_.upper_bound(resp->acked_seq()));
+    if (resp->acked_seq() != req.beat_seq()) {
+      // An answer to an earlier beat (news that beat brought): this one's exits are
+      // told again, and answered, at the next.
+      sent_finished.clear();
+    } else {
+      last_told_ = told;
+    }
+  } else {
+    last_ok_sent_ = sent;
+  }
   fence_asked_ = false;
   witnesses_.assign(resp->witnesses().begin(), resp->witnesses().end());
   for (const TaskKey& key : sent_finished) reported_finished_[key] = true;
@@ -399,7 +451,7 @@ absl::Status Agent::Run() {
     // its own thread); an exit held back for its output is reported as soon as the
     // reporter has delivered that output.
     // News from the long poll: a task for us (or one gone); the reply brings it.
-    const bool news = news_.exchange(false);
+    const bool news = news_.exchange(false) | answer_waiting_.exchange(false);
     // Cut off? Asked on time (fence.h): a heartbeat that could still be in flight then
     // waits until the witnesses have answered.
     const absl::Time fence_due = last_ok_sent_ + fence_.ask_after;

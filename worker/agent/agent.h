@@ -84,6 +84,11 @@ struct AgentOptions {
   // The health service's port at advertise_addr, which answers kWitnessService as
   // set_on_reachable says (fence.h); 0: other workers cannot ask this one.
   int witness_port = 0;
+  // Quiet heartbeats (decision 161, fence.h): on a heartbeat stream, the coordinator
+  // answers one beat in k (fence.h's QuietBeatsPerAck, from its timeouts) unless it has
+  // news. Off (--quiet-heartbeats=false), or where the timeouts leave k = 1, or with a
+  // client that has no stream, every beat waits for its answer as before.
+  bool quiet_heartbeats = true;
   // Asks the witnesses (fence.h); null: CheckHealthAll over gRPC. Tests give a fake.
   std::function<std::vector<absl::StatusOr<bool>>(const std::vector<std::string>&,
                                                   absl::Duration)>
@@ -120,6 +125,7 @@ class Agent {
     int64_t heartbeat_failures = 0;
     int64_t malformed_event_lines = 0;  // From users' programs (never fatal).
     int64_t fences = 0;  // Times this worker, cut off, killed its ranks (fence.h).
+    int64_t quiet_beats = 0;  // Heartbeats sent without waiting for an answer (fence.h).
   };
   Stats stats() const;
 
@@ -158,6 +164,9 @@ class Agent {
   std::unique_ptr<OutputPump> pump_;
   std::unique_ptr<TaskPoller> poller_;  // Null without long_poll.
   std::atomic<bool> news_{false};  // The poller saw our desired state change.
+  // Quiet heartbeats: an answer no beat waited for (or the stream's end) is waiting in
+  // the client; the next beat takes it.
+  std::atomic<bool> answer_waiting_{false};
   std::map<TaskKey, std::unique_ptr<TrainerTask>> tasks_;
   // Finished tasks no longer wanted, kept until one heartbeat has reported them.
   std::map<TaskKey, bool> reported_finished_;
@@ -180,6 +189,12 @@ class Agent {
 
   FencePlan fence_;
   absl::Time last_ok_sent_;              // When the last heartbeat that went through was sent.
+  // Quiet heartbeats (decision 161): k, 1 when every beat waits for its answer.
+  int beats_per_ack_ = 1;
+  uint64_t beat_seq_ = 0;                // The last beat's HeartbeatRequest.beat_seq.
+  std::map<uint64_t, absl::Time> beats_sent_;  // Beats not yet answered: when each was sent.
+  std::string last_told_;  // What the last answered beat said (tasks, leaving, stopping).
+  std::atomic<int64_t> quiet_beats_{0};
   std::vector<std::string> witnesses_;   // From the last heartbeat reply.
   bool fence_asked_ = false;             // Since the last good heartbeat.
   std::atomic<int64_t> fences_{0};

@@ -5,6 +5,8 @@
 #include <grpcpp/create_channel.h>
 #include <grpcpp/support/channel_arguments.h>
 
+#include <functional>
+#include <optional>
 #include <set>
 #include <thread>
 #include <type_traits>
@@ -107,8 +109,14 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     absl::MutexLock lock(&beat_mu_);
     if (stream_ != nullptr) {
       beat_ctx_->TryCancel();
-      (void)stream_->Finish();
+      EndStreamLocked();
     }
+  }
+
+  bool QuietCapable() const override { return true; }
+  void SetOnAnswer(std::function<void()> fn) override {
+    absl::MutexLock lock(&inbox_mu_);
+    on_answer_ = std::move(fn);
   }
 
   // Heartbeats go over one stream (WorkerService.HeartbeatStream), opened again after
@@ -118,14 +126,16 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     {
       absl::MutexLock lock(&beat_mu_);
       if (!unary_only_) {
-        auto beat = StreamBeatLocked(req, deadline);
+        auto beat = req.quiet() ? QuietBeatLocked(req, deadline) : StreamBeatLocked(req, deadline);
         if (!absl::IsUnimplemented(beat.status())) return beat;
         unary_only_ = true;
         DDP_LOG(INFO) << "the coordinator has no heartbeat stream (an older release): "
                          "heartbeats go as single calls";
       }
     }
-    return UnaryHeartbeat(req, deadline);
+    auto resp = UnaryHeartbeat(req, deadline);
+    if (resp.ok() && req.quiet()) resp->set_acked_seq(req.beat_seq());  // Each call answered.
+    return resp;
   }
 
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& req,
@@ -188,9 +198,130 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
   }
 
  private:
+  // Quiet beats (decision 161): answers are read on a thread of the stream's own and
+  // kept in the inbox; a beat waits only for the answer it asks for (answer_now, or
+  // every beat where the coordinator turned out older than quiet beats).
+  absl::StatusOr<v1::HeartbeatResponse> QuietBeatLocked(const v1::HeartbeatRequest& req,
+                                                        absl::Duration deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(beat_mu_) {
+    v1::HeartbeatRequest beat = req;
+    if (stream_ == nullptr) {
+      beat_ctx_ = std::make_unique<grpc::ClientContext>();
+      stream_ = stub_->HeartbeatStream(beat_ctx_.get());
+      {
+        absl::MutexLock lock(&inbox_mu_);
+        inbox_.reset();
+        inbox_ended_ = false;
+        inbox_answers_ = 0;
+        awaited_seq_ = 0;
+        quiet_coordinator_.reset();
+      }
+      reader_ = std::thread([this, stream = stream_.get()] { ReadAnswers(stream); });
+      beat.set_answer_now(true);  // The first answer says whether the coordinator is quiet.
+    }
+    bool wait;
+    int64_t answers_before;
+    {
+      absl::MutexLock lock(&inbox_mu_);
+      if (quiet_coordinator_ != true) beat.set_answer_now(true);
+      wait = beat.answer_now();
+      answers_before = inbox_answers_;
+      awaited_seq_ = wait ? beat.beat_seq() : 0;
+      in_call_ = true;  // The stream's end is this call's to report.
+    }
+    struct Out {
+      GrpcCoordinatorClient* self;
+      ~Out() {
+        absl::MutexLock lock(&self->inbox_mu_);
+        self->in_call_ = false;
+      }
+    } out{this};
+    const absl::Time until = absl::Now() + deadline;
+    watchdog_.Arm(beat_ctx_.get(), until);
+    const bool written = stream_->Write(beat);
+    bool timed_out = false;
+    if (written) {
+      absl::MutexLock lock(&inbox_mu_);
+      auto answered = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(inbox_mu_) {
+        // An older coordinator answers every beat in turn, naming none.
+        return inbox_.has_value() &&
+               (inbox_->acked_seq() >= beat.beat_seq() ||
+                (inbox_->acked_seq() == 0 && inbox_answers_ > answers_before));
+      };
+      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(inbox_mu_) {
+        return !wait || inbox_ended_ || answered();
+      };
+      // The watchdog cancels the stream at the deadline, which ends the reader.
+      timed_out = !inbox_mu_.AwaitWithDeadline(absl::Condition(&ready), until + absl::Seconds(1));
+      awaited_seq_ = 0;
+      if ((wait && answered()) || (!wait && !inbox_ended_)) {
+        (void)watchdog_.Disarm();
+        if (!inbox_.has_value()) return v1::HeartbeatResponse();  // Nothing new said.
+        v1::HeartbeatResponse answer = *std::move(inbox_);
+        inbox_.reset();
+        if (answer.acked_seq() == 0) answer.set_acked_seq(beat.beat_seq());
+        return answer;
+      }
+    }
+    // The stream is over for this client. Its reader sees the end first (at the latest
+    // when the watchdog cancels the call at the deadline), so that Finish reports the
+    // coordinator's status (NOT_FOUND, a standby's leader, ...), not a cancellation.
+    bool ended;
+    {
+      absl::MutexLock lock(&inbox_mu_);
+      inbox_mu_.AwaitWithDeadline(absl::Condition(&inbox_ended_), timed_out ? absl::Now() : until);
+      ended = inbox_ended_;
+    }
+    const bool expired = watchdog_.Disarm();
+    if (!ended) beat_ctx_->TryCancel();
+    const grpc::Status st = EndStreamLocked();
+    if (expired || timed_out) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no answer to a heartbeat within ", absl::FormatDuration(deadline)));
+    }
+    if (st.ok()) return absl::UnavailableError("the coordinator closed the heartbeat stream");
+    return FromGrpcStatus(st);
+  }
+
+  // The quiet stream's reader: every answer into the inbox (the newest replaces an
+  // older one nobody took: the protocol is declarative), the agent told of those no
+  // beat waits for, and of the end.
+  void ReadAnswers(grpc::ClientReaderWriter<v1::HeartbeatRequest, v1::HeartbeatResponse>* stream) {
+    v1::HeartbeatResponse resp;
+    // The agent is told under inbox_mu_ (its callback only wakes its loop), so that
+    // SetOnAnswer(nullptr) returns only once no call of the old one is left.
+    while (stream->Read(&resp)) {
+      absl::MutexLock lock(&inbox_mu_);
+      ++inbox_answers_;
+      if (!quiet_coordinator_.has_value()) quiet_coordinator_ = resp.acked_seq() != 0;
+      const bool awaited = awaited_seq_ != 0 &&
+                           (resp.acked_seq() >= awaited_seq_ || resp.acked_seq() == 0);
+      inbox_ = resp;
+      if (!awaited && on_answer_) on_answer_();
+    }
+    absl::MutexLock lock(&inbox_mu_);
+    inbox_ended_ = true;
+    // Between beats (the coordinator ended the stream): the agent beats at once and
+    // finds out. During one, that beat reports it (and the agent backs off).
+    if (!in_call_ && on_answer_) on_answer_();
+  }
+
+  // Joins the reader (the stream's reads are over or cancelled) and finishes the call.
+  grpc::Status EndStreamLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(beat_mu_) {
+    if (reader_.joinable()) reader_.join();
+    const grpc::Status st = stream_->Finish();
+    stream_.reset();
+    beat_ctx_.reset();
+    return st;
+  }
+
   absl::StatusOr<v1::HeartbeatResponse> StreamBeatLocked(const v1::HeartbeatRequest& req,
                                                          absl::Duration deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(beat_mu_) {
+    if (stream_ != nullptr && reader_.joinable()) {  // A quiet stream: not this kind.
+      beat_ctx_->TryCancel();
+      (void)EndStreamLocked();
+    }
     if (stream_ == nullptr) {
       beat_ctx_ = std::make_unique<grpc::ClientContext>();
       stream_ = stub_->HeartbeatStream(beat_ctx_.get());
@@ -219,6 +350,17 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
   std::unique_ptr<grpc::ClientReaderWriter<v1::HeartbeatRequest, v1::HeartbeatResponse>> stream_
       ABSL_GUARDED_BY(beat_mu_);
   bool unary_only_ ABSL_GUARDED_BY(beat_mu_) = false;
+  std::thread reader_;  // A quiet stream's (ReadAnswers); started and joined under beat_mu_.
+  absl::Mutex inbox_mu_;
+  std::optional<v1::HeartbeatResponse> inbox_ ABSL_GUARDED_BY(inbox_mu_);  // Not yet taken.
+  bool inbox_ended_ ABSL_GUARDED_BY(inbox_mu_) = false;  // The stream's reads are over.
+  int64_t inbox_answers_ ABSL_GUARDED_BY(inbox_mu_) = 0;
+  uint64_t awaited_seq_ ABSL_GUARDED_BY(inbox_mu_) = 0;  // The beat a call waits for.
+  bool in_call_ ABSL_GUARDED_BY(inbox_mu_) = false;     // A quiet beat is being sent.
+  // Whether this stream's coordinator names the beats it answers (unknown until the
+  // first answer).
+  std::optional<bool> quiet_coordinator_ ABSL_GUARDED_BY(inbox_mu_);
+  std::function<void()> on_answer_ ABSL_GUARDED_BY(inbox_mu_);
   Watchdog watchdog_;
   absl::Mutex wait_mu_;
   grpc::ClientContext* wait_ctx_ ABSL_GUARDED_BY(wait_mu_) = nullptr;  // The open poll.
@@ -262,6 +404,15 @@ class FollowingClient final : public CoordinatorClient {
   }
   void Reconnect() override {
     for (auto& c : clients_) c->Reconnect();
+  }
+  bool QuietCapable() const override {
+    for (const auto& c : clients_) {
+      if (!c->QuietCapable()) return false;
+    }
+    return true;
+  }
+  void SetOnAnswer(std::function<void()> fn) override {
+    for (auto& c : clients_) c->SetOnAnswer(fn);
   }
   absl::Status Leave(const v1::LeaveRequest& req, absl::Duration deadline) override {
     return Call(true, [&](CoordinatorClient& c) { return c.Leave(req, deadline); });

@@ -3,6 +3,7 @@
 #ifndef DDP_WORKER_AGENT_COORDINATOR_CLIENT_H_
 #define DDP_WORKER_AGENT_COORDINATOR_CLIENT_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,6 +42,21 @@ class CoordinatorClient {
   virtual absl::Status Leave(const v1::LeaveRequest& request, absl::Duration deadline) {
     return absl::UnimplementedError("Leave");
   }
+
+  // Quiet heartbeats (decision 161, fence.h). Where this is true, Heartbeat takes a
+  // request with `quiet` set: such a beat returns once written, with the newest answer
+  // the coordinator sent since the last call, or with an empty response (acked_seq 0)
+  // when it sent none; a beat with `answer_now` returns its own answer (acked_seq =
+  // its beat_seq), waited for within the deadline, or DEADLINE_EXCEEDED. Every answer
+  // returned names the beat it answers (acked_seq), also where the coordinator is older
+  // than quiet heartbeats (it is then waited for at every beat, as before) or answers
+  // unary calls. False by default (the request's quiet fields are then not looked at).
+  virtual bool QuietCapable() const { return false; }
+  // Called (on another thread) when an answer arrives that no Heartbeat call waits for
+  // (a changed desired state), or when the heartbeat stream ends between beats: the
+  // agent heartbeats at once to take it. `fn` must not call the client. After
+  // SetOnAnswer(nullptr) returns, the previous `fn` is not running and is not called.
+  virtual void SetOnAnswer(std::function<void()> fn) {}
 };
 
 // How the gRPC channel reconnects once the coordinator is gone. gRPC's defaults back

@@ -6,12 +6,14 @@
 
 namespace ddp {
 
-FencePlan PlanFencing(absl::Duration interval, absl::Duration timeout, absl::Duration rpc_deadline) {
+FencePlan PlanFencing(absl::Duration interval, absl::Duration timeout, absl::Duration rpc_deadline,
+                      int beats_per_ack) {
   FencePlan plan;
   plan.ask_deadline = std::max(absl::Milliseconds(50), rpc_deadline / 2);
   // An outage that began after our last good heartbeat: a witness's next heartbeat is
-  // due within an interval of ours and fails within the deadline, as did ours.
-  const absl::Duration all_noticed = 2 * (interval + rpc_deadline);
+  // due within an interval of ours and fails within the deadline, as did ours. With
+  // quiet heartbeats, the next beat that asks for an answer is due within k intervals.
+  const absl::Duration all_noticed = 2 * (std::max(1, beats_per_ack) * interval + rpc_deadline);
   // Decided (asked and answered) half a deadline before the coordinator's verdict at
   // the earliest: room for the SIGKILLs and the reaping.
   const absl::Duration latest = timeout - rpc_deadline / 2 - plan.ask_deadline;
@@ -24,6 +26,13 @@ FencePlan PlanFencing(absl::Duration interval, absl::Duration timeout, absl::Dur
     plan.ask_deadline += std::min((latest - all_noticed) / 2, absl::Seconds(1));
   }
   return plan;
+}
+
+int QuietBeatsPerAck(absl::Duration interval, absl::Duration timeout, absl::Duration rpc_deadline) {
+  if (interval <= absl::ZeroDuration()) return 1;
+  int k = 1;
+  while (k < kMaxBeatsPerAck && !PlanFencing(interval, timeout, rpc_deadline, k + 1).tight) ++k;
+  return k;
 }
 
 FenceVerdict DecideFence(const std::vector<std::string>& witnesses,

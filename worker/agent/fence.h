@@ -48,8 +48,34 @@ struct FencePlan {
 };
 
 // From the coordinator's heartbeat interval, heartbeat timeout and RPC deadline
-// (RegisterResponse).
-FencePlan PlanFencing(absl::Duration interval, absl::Duration timeout, absl::Duration rpc_deadline);
+// (RegisterResponse), for an agent whose coordinator answers one beat in
+// `beats_per_ack` (quiet heartbeats, below; 1: every beat, as unary calls).
+FencePlan PlanFencing(absl::Duration interval, absl::Duration timeout, absl::Duration rpc_deadline,
+                      int beats_per_ack = 1);
+
+// Quiet heartbeats (decision 161). On a heartbeat stream the coordinator answers a beat
+// only when the answer says something new, or when the beat asks for an answer
+// (answer_now). The agent asks on one beat in `beats_per_ack` (by time: once its last
+// answered beat was sent (k - 1/2) intervals ago), and waits for that answer within
+// the RPC deadline as it waits for every answer without quiet beats. "Heard" means
+// what it meant before: the send time of the last beat the coordinator answered
+// (HeartbeatResponse.acked_seq names it). An open stream that brings no answer counts
+// for nothing: the beat that asks fails at its deadline and the agent is unreachable
+// from then on, as when a unary call times out.
+//
+// Why fencing stays safe: the coordinator's verdict comes `timeout` after it received
+// our last beat, which is no earlier than the last answered beat was sent, and the
+// agent decides `ask_after + ask_deadline` after that send time at the latest, which
+// PlanFencing keeps below the timeout whatever `beats_per_ack` is (beats it heard but
+// did not answer only put its verdict later). What quiet beats cost is detection:
+// an outage is noticed up to `beats_per_ack` intervals (plus the deadline) after the
+// last answered beat instead of one, by us and by our witnesses alike, so for every
+// witness to have noticed an outage that began after our last answered beat,
+// `ask_after` must be 2 * (k * interval + deadline). QuietBeatsPerAck picks the largest
+// k (at most kMaxBeatsPerAck) that keeps that within the timeout (a plan that is not
+// tight), and 1 (every beat answered) where even k = 2 would not fit.
+inline constexpr int kMaxBeatsPerAck = 8;
+int QuietBeatsPerAck(absl::Duration interval, absl::Duration timeout, absl::Duration rpc_deadline);
 
 struct FenceVerdict {
   bool fence = false;

@@ -59,6 +59,9 @@ int main(int argc, char** argv) {
   flags.Bool("long-poll", &opts.long_poll,
              "keep a WaitForTasks call open so new tasks arrive at once (--long-poll=false: "
              "only with heartbeats)");
+  flags.Bool("quiet-heartbeats", &opts.quiet_heartbeats,
+             "on the heartbeat stream, have the coordinator answer only beats with news and "
+             "one in k where its timeouts allow k > 1 (decision 161; false: every beat)");
   flags.String("metrics-listen", &options.metrics_listen,
                "HOST:PORT to serve Prometheus metrics on (http://HOST:PORT/metrics)");
   ddp::ChannelSecurity& security = options.security;
