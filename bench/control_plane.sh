@@ -16,8 +16,11 @@
 # unschedulable (10000), CONNECTIONS they
 # share (0: one each), COORDINATOR (build/bin/ddp-coordinator), TAG (prefixes the
 # result files), PORT (29811), INTERVAL (the coordinator's --heartbeat-interval, which
-# the agents follow: 1s), LOADGEN_FLAGS (more ddp-loadgen flags for every scenario, e.g.
-# --heartbeat-stream: heartbeats over one stream per agent, as ddp-worker sends them).
+# the agents follow: 1s), TIMEOUT (its --heartbeat-timeout: 2.5s, the default),
+# LOADGEN_FLAGS (more ddp-loadgen flags for every scenario, e.g.
+# --heartbeat-stream: heartbeats over one stream per agent, as ddp-worker sends them;
+# --heartbeat-stream --quiet-beats 4: quiet heartbeats, one beat in 4 answered, as
+# ddp-worker asks at a 1 s interval with TIMEOUT=10s, decision 161).
 #
 # Scenarios:
 #   idle           AGENTS (10,000) agents, nothing to run; `ddpctl workers` timed meanwhile
@@ -48,7 +51,8 @@ start_coordinator() {
   # 1 Hz heartbeats, as the issue measures (the default interval is 500 ms); the
   # default 2.5 s timeout, so two missed heartbeats in a row declare a worker lost.
   "$coordinator" --listen "127.0.0.1:$port" --state-dir "$state" \
-    --heartbeat-interval "${INTERVAL:-1s}" > "$state/coordinator.log" 2>&1 &
+    --heartbeat-interval "${INTERVAL:-1s}" --heartbeat-timeout "${TIMEOUT:-2.5s}" \
+    > "$state/coordinator.log" 2>&1 &
   coordinator_pid=$!
   for _ in $(seq 100); do
     "$bin/ddpctl" list --coordinator "127.0.0.1:$port" > /dev/null 2>&1 && return

@@ -250,6 +250,7 @@ int Run(const Options& o) {
   json.Add("sent", w.sent).Add("ok", w.ok).Add("errors", w.errors).Add("skipped", w.skipped);
   json.Add("latency_ms_p50", w.Percentile(50)).Add("latency_ms_p90", w.Percentile(90));
   json.Add("latency_ms_p99", w.Percentile(99));
+  json.Add("quiet_beats", o.sim.quiet_beats).Add("unanswered", w.unanswered).Add("news", w.news);
   json.Add("latency_ms_max", w.latency_ms.empty() ? 0.0 : w.latency_ms.back());
   json.Add("generator_cores", self_cores);
   std::cout << absl::StrFormat(
@@ -260,6 +261,12 @@ int Run(const Options& o) {
       100 * achieved / target, w.Percentile(50), w.Percentile(90), w.Percentile(99),
       w.latency_ms.empty() ? 0.0 : w.latency_ms.back(), self_cores);
   for (const auto& [code, n] : w.error_codes) std::cout << "  error " << code << ": " << n << "\n";
+  if (o.sim.quiet_beats > 0) {
+    std::cout << absl::StrFormat(
+        "quiet beats (one in %d asks): %d of the ok beats unanswered (latency of the answered "
+        "ones above), %d answers with news\n",
+        o.sim.quiet_beats, w.unanswered, w.news);
+  }
   if (w.reports_ok + w.reports_failed > 0) {
     std::cout << absl::StrFormat("step events: %d in %d ReportEvents calls (%d failed)\n",
                                  w.events, w.reports_ok, w.reports_failed);
@@ -359,6 +366,10 @@ int main(int argc, char** argv) {
   flags.Bool("heartbeat-stream", &o.sim.stream,
              "heartbeats over one WorkerService.HeartbeatStream per agent, as ddp-worker sends "
              "them (default: a unary Heartbeat call each, as agents before the stream did)");
+  flags.Int("quiet-beats", &o.sim.quiet_beats,
+            "with --heartbeat-stream: quiet heartbeats (decision 161), the coordinator asked to "
+            "answer one beat in this many, as ddp-worker asks where the timeouts allow it "
+            "(0: every beat answered)");
   flags.Int("witness-port", &o.sim.witness_port,
             "the health port each agent names, so the coordinator hands out witnesses as "
             "it does to ddp-workers, which serve one by default (0: none)");

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <optional>
 #include <set>
 
 #include "absl/random/random.h"
@@ -33,18 +34,26 @@ std::string CodeName(grpc::StatusCode code) {
 // One agent's heartbeat stream: a beat is written, its answer read, then the next.
 // Held open (AddHold) until Close(); a stream that breaks answers its beat with the
 // status the coordinator ended it with, and the agent opens another at its next beat.
+// Quiet (SimOptions::quiet_beats): a read is always outstanding; a beat that asks for
+// its answer ends when both its write and its answer are done, the others when written;
+// answers no beat waits for are news (their desired state applies).
 class SimCluster::BeatStream final
     : public grpc::ClientBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse> {
  public:
-  BeatStream(SimCluster* sim, Agent* agent) : sim_(sim), agent_(agent) {
+  BeatStream(SimCluster* sim, Agent* agent, bool quiet)
+      : sim_(sim), agent_(agent), quiet_(quiet) {
     agent->stub->async()->HeartbeatStream(&ctx_, this);  // Binds the call: holds after.
     AddHold();
+    if (quiet_) StartRead(&resp_);
     StartCall();
   }
   void Send(Beat beat) {
     {
       absl::MutexLock lock(&mu_);
       beat_ = std::move(beat);
+      pending_ = true;
+      written_ = false;
+      answer_.reset();
     }
     StartWrite(&beat_.req);
   }
@@ -59,10 +68,29 @@ class SimCluster::BeatStream final
     RemoveHold();
   }
   void OnWriteDone(bool ok) override {
-    if (ok) {
-      StartRead(&resp_);
-    } else {
+    if (!ok) {
       Broke();
+      return;
+    }
+    if (!quiet_) {
+      StartRead(&resp_);
+      return;
+    }
+    Beat beat;
+    std::optional<v1::HeartbeatResponse> answer;
+    {
+      absl::MutexLock lock(&mu_);
+      written_ = true;
+      if (beat_.req.answer_now() && !answer_.has_value()) return;  // Its answer next.
+      beat = std::move(beat_);
+      answer = std::move(answer_);
+      pending_ = false;
+    }
+    if (answer.has_value()) {
+      sim_->Answered(*agent_, grpc::Status::OK, *answer, std::move(beat));
+    } else {
+      sim_->Answered(*agent_, grpc::Status::OK, v1::HeartbeatResponse(), std::move(beat),
+                     Outcome::kUnanswered);
     }
   }
   void OnReadDone(bool ok) override {
@@ -70,19 +98,46 @@ class SimCluster::BeatStream final
       Broke();
       return;
     }
+    if (!quiet_) {
+      Beat beat;
+      {
+        absl::MutexLock lock(&mu_);
+        beat = std::move(beat_);
+        pending_ = false;
+      }
+      sim_->Answered(*agent_, grpc::Status::OK, resp_, std::move(beat));
+      return;
+    }
+    v1::HeartbeatResponse resp = std::move(resp_);
+    resp_.Clear();
+    StartRead(&resp_);
     Beat beat;
+    bool done = false;
     {
       absl::MutexLock lock(&mu_);
-      beat = std::move(beat_);
+      const bool awaited = pending_ && beat_.req.answer_now() && !answer_.has_value() &&
+                           resp.acked_seq() >= beat_.req.beat_seq();
+      if (awaited && written_) {
+        beat = std::move(beat_);
+        pending_ = false;
+        done = true;
+      } else if (awaited) {
+        answer_ = resp;  // Its write's completion ends the beat.
+        return;
+      }
     }
-    sim_->Answered(*agent_, grpc::Status::OK, resp_, std::move(beat));
+    if (done) {
+      sim_->Answered(*agent_, grpc::Status::OK, resp, std::move(beat));
+    } else {
+      sim_->OnHeartbeat(*agent_, grpc::Status::OK, resp, absl::Now(), false, {}, Outcome::kNews);
+    }
   }
   void OnDone(const grpc::Status& status) override {
     bool pending;
     Beat beat;
     {
       absl::MutexLock lock(&mu_);
-      pending = broken_;
+      pending = broken_ && pending_;
       beat = std::move(beat_);
     }
     {
@@ -106,6 +161,7 @@ class SimCluster::BeatStream final
   void Broke() {
     {
       absl::MutexLock lock(&mu_);
+      if (broken_) return;  // A quiet stream's read and write may both fail.
       broken_ = true;
     }
     {
@@ -117,10 +173,14 @@ class SimCluster::BeatStream final
 
   SimCluster* const sim_;
   Agent* const agent_;
+  const bool quiet_;
   grpc::ClientContext ctx_;
   v1::HeartbeatResponse resp_;
   absl::Mutex mu_;
   Beat beat_ ABSL_GUARDED_BY(mu_);
+  bool pending_ ABSL_GUARDED_BY(mu_) = false;  // beat_ is not yet answered.
+  bool written_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<v1::HeartbeatResponse> answer_ ABSL_GUARDED_BY(mu_);  // Before its write ended.
   bool held_ ABSL_GUARDED_BY(mu_) = true;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
 };
@@ -408,14 +468,24 @@ void SimCluster::SendHeartbeat(Agent& agent, absl::Time now) {
     BeatStream* stream;
     {
       absl::MutexLock lock(&agent.mu);
+      bool fresh = false;
       if (agent.stream == nullptr) {
         {
           absl::MutexLock sim_lock(&mu_);
           ++open_streams_;
         }
-        agent.stream = new BeatStream(this, &agent);
+        agent.stream = new BeatStream(this, &agent, options_.quiet_beats > 0);
+        fresh = true;
       }
       stream = agent.stream;
+      if (options_.quiet_beats > 0) {
+        // As ddp-worker asks (agent.cc): one beat in k, a new stream's first, and any
+        // that reports something new.
+        call->req.set_beat_seq(++agent.beat_seq);
+        call->req.set_quiet(true);
+        call->req.set_answer_now(fresh || reports_up || !exits.empty() ||
+                                 agent.beat_seq % static_cast<uint64_t>(options_.quiet_beats) == 0);
+      }
     }
     stream->Send(Beat{std::move(call->req), now, reports_up, std::move(exits)});
     delete call;
@@ -432,19 +502,24 @@ void SimCluster::SendHeartbeat(Agent& agent, absl::Time now) {
 }
 
 void SimCluster::Answered(Agent& agent, const grpc::Status& status,
-                          const v1::HeartbeatResponse& resp, Beat beat) {
-  OnHeartbeat(agent, status, resp, beat.sent, beat.reports_up, std::move(beat.exits));
+                          const v1::HeartbeatResponse& resp, Beat beat, Outcome outcome) {
+  OnHeartbeat(agent, status, resp, beat.sent, beat.reports_up, std::move(beat.exits), outcome);
   CallDone();
 }
 
 void SimCluster::OnHeartbeat(Agent& agent, const grpc::Status& st,
                              const v1::HeartbeatResponse& resp, absl::Time sent, bool reported_up,
-                             std::vector<TaskKey> exits_sent) {
+                             std::vector<TaskKey> exits_sent, Outcome outcome) {
   const absl::Time now = absl::Now();
   {
     absl::MutexLock lock(&mu_);
     if (in_window_) {
-      if (st.ok()) {
+      if (outcome == Outcome::kNews) {
+        ++window_.news;
+      } else if (st.ok() && outcome == Outcome::kUnanswered) {
+        ++window_.ok;
+        ++window_.unanswered;
+      } else if (st.ok()) {
         ++window_.ok;
         window_.latency_ms.push_back(absl::ToDoubleMilliseconds(now - sent));
       } else {
@@ -456,8 +531,10 @@ void SimCluster::OnHeartbeat(Agent& agent, const grpc::Status& st,
   bool reregister = false;
   {
     absl::MutexLock lock(&agent.mu);
-    agent.heartbeat_in_flight = false;
-    if (!st.ok()) {
+    if (outcome != Outcome::kNews) agent.heartbeat_in_flight = false;
+    if (outcome == Outcome::kUnanswered) {
+      // Written, not answered: nothing said back (its exits were none: such beats ask).
+    } else if (!st.ok()) {
       if (st.error_code() == grpc::StatusCode::NOT_FOUND) {
         agent.registered = false;  // The coordinator forgot us (restarted on a new dir).
         reregister = true;

@@ -53,6 +53,11 @@ struct SimOptions {
   // Heartbeats over one WorkerService.HeartbeatStream per agent (as ddp-worker sends
   // them) instead of a unary call each (the previous design, and old agents).
   bool stream = false;
+  // Quiet heartbeats on the stream (decision 161; with `stream`): the coordinator is
+  // asked to answer one beat in this many (answer_now), the first beat of a stream and
+  // beats reporting something new; it answers the others only with news. 0: every beat
+  // answered, as ddp-workers before quiet beats (and where the timeouts leave k = 1).
+  int quiet_beats = 0;
   // The health port each agent names at Register (witness_port): ddp-worker serves one
   // by default, so the coordinator picks each agent's witnesses among the others as it
   // does for real workers (nothing listens there: simulated agents never ask them).
@@ -67,6 +72,8 @@ struct WindowStats {
   int64_t ok = 0;
   int64_t errors = 0;
   int64_t skipped = 0;  // Beats not sent: the previous heartbeat was still in flight.
+  int64_t unanswered = 0;  // Of `ok`: quiet beats written and not answered (no latency).
+  int64_t news = 0;        // Answers no beat asked for (a changed desired state).
   std::map<std::string, int64_t> error_codes;
   int64_t reports_ok = 0;      // ReportEvents calls.
   int64_t reports_failed = 0;
@@ -133,6 +140,7 @@ class SimCluster {
     bool report_in_flight ABSL_GUARDED_BY(mu) = false;
     std::map<TaskKey, FakeTask> tasks ABSL_GUARDED_BY(mu);
     BeatStream* stream ABSL_GUARDED_BY(mu) = nullptr;  // Open (SimOptions::stream).
+    uint64_t beat_seq ABSL_GUARDED_BY(mu) = 0;  // Quiet beats: the last one's.
     int64_t batch_seq ABSL_GUARDED_BY(mu) = 0;
     absl::Time first_task ABSL_GUARDED_BY(mu) = absl::InfinitePast();
     absl::Time up_sent ABSL_GUARDED_BY(mu) = absl::InfinitePast();
@@ -144,13 +152,17 @@ class SimCluster {
   void Loop(int shard);
   void SendHeartbeat(Agent& agent, absl::Time now);
   void SendReport(Agent& agent);
+  // How a beat ended: answered (or failed), written and left unanswered (a quiet beat),
+  // or not a beat at all but an answer no beat asked for (its desired state applies).
+  enum class Outcome { kAnswered, kUnanswered, kNews };
   void OnHeartbeat(Agent& agent, const grpc::Status& status, const v1::HeartbeatResponse& resp,
-                   absl::Time sent, bool reported_up, std::vector<TaskKey> exits_sent);
+                   absl::Time sent, bool reported_up, std::vector<TaskKey> exits_sent,
+                   Outcome outcome = Outcome::kAnswered);
   void CallStarted();
   void CallDone();
   // The beat's answer arrived (or the call failed with `status`).
   void Answered(Agent& agent, const grpc::Status& status, const v1::HeartbeatResponse& resp,
-                Beat beat);
+                Beat beat, Outcome outcome = Outcome::kAnswered);
 
   const SimOptions options_;
   std::vector<std::shared_ptr<grpc::Channel>> channels_;
