@@ -22,5 +22,6 @@
 #include "ddp/sampler.h"
 #include "ddp/sync_batch_norm.h"
 #include "ddp/version.h"
+#include "ddp/zero_redundancy_optimizer.h"
 
 #endif  // DDP_DDP_H_
