@@ -5,8 +5,10 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
+#include <sstream>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "libddp/engine/api_bridge.h"
 
@@ -103,6 +105,120 @@ std::tuple<double, int64_t, int64_t> PowerSGDState::compression_stats() const {
                                 static_cast<double>(total_numel_after_compression_)
                           : 0.0;
   return {rate, total_numel_before_compression_, total_numel_after_compression_};
+}
+
+namespace {
+
+// The options a saved state must have been made with, by name.
+std::vector<std::pair<std::string, at::Tensor>> OptionTensors(const PowerSGDOptions& o) {
+  auto i64 = [](int64_t v) { return at::scalar_tensor(v, at::kLong); };
+  auto f64 = [](double v) { return at::scalar_tensor(v, at::kDouble); };
+  return {{"option.matrix_approximation_rank", i64(o.matrix_approximation_rank)},
+          {"option.start_powerSGD_iter", i64(o.start_powerSGD_iter)},
+          {"option.min_compression_rate", f64(o.min_compression_rate)},
+          {"option.use_error_feedback", i64(o.use_error_feedback)},
+          {"option.warm_start", i64(o.warm_start)},
+          {"option.orthogonalization_epsilon", f64(o.orthogonalization_epsilon)},
+          {"option.random_seed", i64(o.random_seed)},
+          {"option.batch_tensors_with_same_shape", i64(o.batch_tensors_with_same_shape)}};
+}
+
+at::Tensor TextTensor(const std::string& text) {
+  return at::tensor(std::vector<uint8_t>(text.begin(), text.end()), at::kByte);
+}
+
+std::string TensorText(const at::Tensor& t) {
+  const at::Tensor bytes = t.to(at::kCPU, at::kByte).contiguous();
+  const auto* data = bytes.data_ptr<uint8_t>();
+  return std::string(data, data + bytes.numel());
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, at::Tensor>> PowerSGDState::state_dict() const {
+  std::vector<std::pair<std::string, at::Tensor>> out = OptionTensors(options_);
+  out.emplace_back("iter", at::scalar_tensor(iter_, at::kLong));
+  out.emplace_back("total_numel_before_compression",
+                   at::scalar_tensor(total_numel_before_compression_, at::kLong));
+  out.emplace_back("total_numel_after_compression",
+                   at::scalar_tensor(total_numel_after_compression_, at::kLong));
+  std::ostringstream rng;
+  rng << rng_;  // The Mersenne Twister's 624 words and position, as text.
+  out.emplace_back("rng", TextTensor(rng.str()));
+  for (const auto& [prefix, dict] : {std::pair{"error.", &error_dict_},
+                                     std::pair{"p_memory.", &p_memory_dict_},
+                                     std::pair{"q_memory.", &q_memory_dict_}}) {
+    for (const auto& [bucket, t] : *dict) {
+      out.emplace_back(absl::StrCat(prefix, bucket), t.detach().clone());
+    }
+  }
+  return out;
+}
+
+void PowerSGDState::load_state_dict(const std::vector<std::pair<std::string, at::Tensor>>& state) {
+  auto fail = [](const std::string& why) {
+    ThrowIfError(absl::InvalidArgumentError(absl::StrCat("PowerSGDState::load_state_dict: ", why)));
+  };
+  std::map<std::string, at::Tensor> given;
+  for (const auto& [name, t] : state) {
+    if (!t.defined()) fail(absl::StrCat("entry '", name, "' holds no tensor"));
+    given[name] = t;
+  }
+  for (const auto& [name, want] : OptionTensors(options_)) {
+    auto it = given.find(name);
+    if (it == given.end()) fail(absl::StrCat("no '", name, "': not a PowerSGDState's state_dict()"));
+    if (it->second.numel() != 1 || it->second.item<double>() != want.item<double>()) {
+      fail(absl::StrCat("the state was saved with ", name.substr(7), " = ",
+                        it->second.numel() == 1 ? absl::StrCat(it->second.item<double>()) : "?",
+                        ", this PowerSGDState has ", want.item<double>(),
+                        ": make it with the options the saved run used"));
+    }
+    given.erase(it);
+  }
+  auto scalar = [&](const std::string& name) -> int64_t {
+    auto it = given.find(name);
+    if (it == given.end()) fail(absl::StrCat("no '", name, "' entry"));
+    const int64_t v = it->second.item<int64_t>();
+    given.erase(it);
+    return v;
+  };
+  const int64_t iter = scalar("iter");
+  const int64_t before = scalar("total_numel_before_compression");
+  const int64_t after = scalar("total_numel_after_compression");
+  auto rng_it = given.find("rng");
+  if (rng_it == given.end()) fail("no 'rng' entry");
+  std::mt19937 rng;
+  std::istringstream rng_text(TensorText(rng_it->second));
+  rng_text >> rng;
+  if (rng_text.fail()) fail("'rng' is not a Mersenne Twister's state");
+  given.erase(rng_it);
+  std::map<int64_t, at::Tensor> dicts[3];
+  const char* prefixes[3] = {"error.", "p_memory.", "q_memory."};
+  for (const auto& [name, t] : given) {
+    bool known = false;
+    for (int d = 0; d < 3 && !known; ++d) {
+      const std::string prefix = prefixes[d];
+      if (name.rfind(prefix, 0) != 0) continue;
+      int64_t bucket = 0;
+      if (!absl::SimpleAtoi(name.substr(prefix.size()), &bucket) || bucket < 0) {
+        fail(absl::StrCat("'", name, "': the bucket index is not a number"));
+      }
+      dicts[d][bucket] = t.detach().clone();
+      known = true;
+    }
+    if (!known) fail(absl::StrCat("unknown entry '", name, "'"));
+  }
+  // Where the buckets live: on the group's device, as the hook made them.
+  for (auto& dict : dicts) {
+    for (auto& [bucket, t] : dict) t = t.to(process_group_->device());
+  }
+  iter_ = iter;
+  total_numel_before_compression_ = before;
+  total_numel_after_compression_ = after;
+  rng_ = rng;
+  error_dict_ = std::move(dicts[0]);
+  p_memory_dict_ = std::move(dicts[1]);
+  q_memory_dict_ = std::move(dicts[2]);
 }
 
 void PowerSGDState::MaybeIncreaseIter(const GradBucket& bucket) {

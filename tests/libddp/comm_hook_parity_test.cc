@@ -4,7 +4,8 @@
 // DDP gives with the same hooks (comm_hook_reference.py, run live here by the Python of
 // the LibTorch flavour under test: Debian's PyTorch 1.13 in build/, PyPI's 2.x in
 // build-torch2/) and all-reduce the same bytes per step (the tensors PyTorch's hook
-// passes to torch.distributed.all_reduce). Misuse fails with an error naming the fix.
+// passes to torch.distributed.all_reduce). PowerSGD's state goes through a checkpoint
+// as PyTorch's pickled PowerSGDState does. Misuse fails with an error naming the fix.
 #include <torch/nn/modules/linear.h>
 #include <torch/version.h>
 #include <unistd.h>
@@ -74,38 +75,65 @@ RankRun ParseRun(const google::protobuf::Value& v) {
   return {Numbers(f.at("losses")), Numbers(f.at("bytes"))};
 }
 
-// PyTorch's runs of every config, from one live run of the reference.
-class CommHookParityTest : public ::testing::TestWithParam<std::tuple<int, int>> {
- protected:
-  static void SetUpTestSuite() {
+// Where the runs that stop and resume keep their checkpoints: PyTorch's under
+// StateDir() + "/ref", libddp's under StateDir() + "/ckpt.world<W>".
+const std::string& StateDir() {
+  static const std::string dir = testing::MakeTempDir("libddp-hook-state");
+  return dir;
+}
+
+// PowerSGD (Configs()[3]) stopped after epoch 3, and resumed from its checkpoints.
+constexpr int64_t kStopAfter = 3;
+std::string StopConfigJson() {
+  return absl::StrCat(R"({"hook": "powersgd", "rank": 1, "start": 2, "error_feedback": 1,)",
+                      R"( "warm_start": 1, "batch": 0, "stop_after": )", kStopAfter,
+                      R"(, "state": ")", StateDir(), R"(/ref"})");
+}
+std::string ResumeConfigJson() {
+  return absl::StrCat(R"({"hook": "powersgd", "rank": 1, "start": 2, "error_feedback": 1,)",
+                      R"( "warm_start": 1, "batch": 0, "resume": ")", StateDir(), R"(/ref"})");
+}
+
+// PyTorch's runs of every config (and of the stop and resume), from one live run of the
+// reference, made by the first test that needs it.
+const google::protobuf::Value* Reference(std::string* error) {
+  static std::string failure;
+  static const google::protobuf::Value* reference = [&]() -> google::protobuf::Value* {
     std::string configs = "{";
     for (const Config& c : Configs()) {
       absl::StrAppend(&configs, configs.size() > 1 ? ", " : "", "\"", c.name, "\": ", c.json);
     }
-    configs += "}";
+    absl::StrAppend(&configs, ", \"powersgd_stop\": ", StopConfigJson(),
+                    ", \"powersgd_resume\": ", ResumeConfigJson(), "}");
     SpawnOptions o;
     o.argv = {DDP_REFERENCE_PYTHON,
               testing::SourceDir() + "/tests/libddp/comm_hook_reference.py", configs};
     o.capture_stdout = true;
     auto proc = Subprocess::Spawn(o);
-    ASSERT_TRUE(proc.ok()) << proc.status();
+    if (!proc.ok()) {
+      failure = proc.status().ToString();
+      return nullptr;
+    }
     std::string out;
     char buf[4096];
     for (ssize_t n; (n = ::read((*proc)->stdout_fd(), buf, sizeof(buf))) > 0;) out.append(buf, n);
     const ExitStatus exit = (*proc)->Wait();
-    ASSERT_TRUE(exit.ok()) << "comm_hook_reference.py: " << exit.ToString();
+    if (!exit.ok()) {
+      failure = "comm_hook_reference.py: " + exit.ToString();
+      return nullptr;
+    }
     auto json = testing::ParseJson(out);
-    ASSERT_TRUE(json.ok()) << json.status() << "\n" << out;
-    reference_ = new google::protobuf::Value(*json);
-  }
-  static void TearDownTestSuite() {
-    delete reference_;
-    reference_ = nullptr;
-  }
-  static google::protobuf::Value* reference_;
-};
+    if (!json.ok()) {
+      failure = json.status().ToString() + "\n" + out;
+      return nullptr;
+    }
+    return new google::protobuf::Value(*json);  // Lives as long as the process.
+  }();
+  *error = failure;
+  return reference;
+}
 
-google::protobuf::Value* CommHookParityTest::reference_ = nullptr;
+class CommHookParityTest : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
 // libddp's run of `config` over `world` ranks, per rank.
 std::vector<RankRun> RunProgram(const Config& config, int world, std::string* error) {
@@ -140,8 +168,10 @@ std::vector<RankRun> RunProgram(const Config& config, int world, std::string* er
 TEST_P(CommHookParityTest, MatchesPyTorchsHookStepForStep) {
   const auto [world, which] = GetParam();
   const Config& config = Configs()[static_cast<size_t>(which)];
-  ASSERT_NE(reference_, nullptr);
-  const auto& fields = reference_->struct_value().fields();
+  std::string failure;
+  const google::protobuf::Value* reference = Reference(&failure);
+  ASSERT_NE(reference, nullptr) << failure;
+  const auto& fields = reference->struct_value().fields();
   const auto& ref = fields.at(absl::StrCat(config.name, "/world_", world));
   if (ref.has_struct_value()) {
     GTEST_SKIP() << "PyTorch " << fields.at("torch").string_value() << ": "
@@ -318,6 +348,105 @@ TEST(CommHookErrorTest, MisuseIsRefusedWithWhatToDo) {
   o.use_error_feedback = o.warm_start = false;
   hooks::PowerSGDState ok(group, o);  // Allowed then, as in PyTorch.
   EXPECT_EQ(ok.iter(), 0);
+}
+
+Config WithFlags(const Config& base, std::vector<std::string> more) {
+  Config c = base;
+  c.flags.insert(c.flags.end(), more.begin(), more.end());
+  return c;
+}
+
+// PowerSGD's state through a checkpoint (PowerSGDState::state_dict/load_state_dict, as
+// PyTorch pickles PowerSGDState): the run stopped after epoch 3, each rank saving its
+// model, optimizer and PowerSGD state, and resumed in new processes gives PyTorch's
+// losses and bytes for the same stop and resume (torch.save of the PowerSGDState).
+// Neither resumed run is the uninterrupted one bit for bit: DDP's first iteration after
+// a start lays a bucket out in the order parameters were registered, later ones in the
+// order their gradients arrived, and the saved error feedback is in the later layout
+// (the loss of the second step after the resume differs, on both sides alike). Resumed
+// without the PowerSGD state, it sends whole buckets again and learns otherwise.
+TEST(CommHookStateTest, PowerSGDResumesAsPyTorchsDoes) {
+  std::string failure;
+  const google::protobuf::Value* reference = Reference(&failure);
+  ASSERT_NE(reference, nullptr) << failure;
+  const auto& fields = reference->struct_value().fields();
+  for (int world : {2, 3}) {
+    SCOPED_TRACE(absl::StrCat("world ", world, ", PyTorch ", fields.at("torch").string_value()));
+    const Config& psgd = Configs()[3];
+    const std::string prefix = absl::StrCat(StateDir(), "/ckpt.world", world);
+    std::string error;
+    const auto first = RunProgram(
+        WithFlags(psgd, {"--stop-after", std::to_string(kStopAfter), "--state", prefix}), world,
+        &error);
+    ASSERT_EQ(first.size(), static_cast<size_t>(world)) << error;
+    const auto resumed = RunProgram(WithFlags(psgd, {"--resume", prefix}), world, &error);
+    ASSERT_EQ(resumed.size(), static_cast<size_t>(world)) << error;
+    const auto amnesiac =
+        RunProgram(WithFlags(psgd, {"--resume", prefix, "--hook-state", "0"}), world, &error);
+    ASSERT_EQ(amnesiac.size(), static_cast<size_t>(world)) << error;
+    const auto& ref_first = fields.at(absl::StrCat("powersgd_stop/world_", world)).list_value();
+    const auto& ref_resumed =
+        fields.at(absl::StrCat("powersgd_resume/world_", world)).list_value();
+    for (int r = 0; r < world; ++r) {
+      SCOPED_TRACE(absl::StrCat("rank ", r));
+      const size_t rr = static_cast<size_t>(r);
+      for (const auto& [part, ours, theirs] :
+           {std::tuple{"stopped", &first[rr], ParseRun(ref_first.values(r))},
+            std::tuple{"resumed", &resumed[rr], ParseRun(ref_resumed.values(r))}}) {
+        SCOPED_TRACE(part);
+        ASSERT_EQ(ours->losses.size(), theirs.losses.size());
+        ASSERT_FALSE(theirs.losses.empty());
+        double worst = 0;
+        for (size_t i = 0; i < theirs.losses.size(); ++i) {
+          EXPECT_NEAR(ours->losses[i], theirs.losses[i], kLossTolerance) << "step " << i;
+          worst = std::max(worst, std::abs(ours->losses[i] - theirs.losses[i]));
+        }
+        EXPECT_EQ(ours->bytes, theirs.bytes);
+        std::cout << "world " << world << " rank " << r << ", " << part << " run ("
+                  << theirs.losses.size() << " steps): largest loss difference from PyTorch "
+                  << worst << "\n";
+      }
+      EXPECT_NE(amnesiac[rr].bytes, resumed[rr].bytes);
+      EXPECT_NE(amnesiac[rr].losses, resumed[rr].losses);
+    }
+    // A state saved with other options is refused, naming the option.
+    Config other = psgd;
+    for (size_t i = 0; i + 1 < other.flags.size(); ++i) {
+      if (other.flags[i] == "--rank") other.flags[i + 1] = "2";
+    }
+    EXPECT_TRUE(RunProgram(WithFlags(other, {"--resume", prefix}), world, &error).empty());
+    EXPECT_THAT(error, HasSubstr("saved with matrix_approximation_rank = 1"));
+  }
+}
+
+// A state_dict() that is not one, or misses an entry, changes nothing and says why.
+TEST(CommHookStateTest, ABadStateIsRefusedAndChangesNothing) {
+  auto group = WorldOfOne();
+  hooks::PowerSGDOptions o;
+  o.start_powerSGD_iter = 2;
+  hooks::PowerSGDState state(group, o);
+  auto saved = state.state_dict();
+  std::string what;
+  EXPECT_EQ(CodeOf([&] { state.load_state_dict({{"iter", torch::tensor(5)}}); }, &what),
+            ErrorCode::kInvalidArgument);
+  EXPECT_THAT(what, HasSubstr("not a PowerSGDState's state_dict()"));
+  auto extra = saved;
+  extra.emplace_back("momentum.0", torch::zeros({2}));
+  EXPECT_EQ(CodeOf([&] { state.load_state_dict(extra); }, &what), ErrorCode::kInvalidArgument);
+  EXPECT_THAT(what, HasSubstr("unknown entry 'momentum.0'"));
+  auto no_iter = saved;
+  for (auto& [name, t] : no_iter) {
+    if (name == "iter") name = "iteration";
+  }
+  EXPECT_EQ(CodeOf([&] { state.load_state_dict(no_iter); }, &what), ErrorCode::kInvalidArgument);
+  EXPECT_THAT(what, HasSubstr("no 'iter' entry"));
+  EXPECT_EQ(state.iter(), 0);
+  // And a good one round-trips.
+  for (auto& [name, t] : saved) {
+    if (name == "iter") t = torch::tensor(int64_t{7});
+  }
+  state.load_state_dict(saved);
+  EXPECT_EQ(state.iter(), 7);
 }
 
 // A hook runs on a world of one too (as PyTorch's does), and backward() leaves its

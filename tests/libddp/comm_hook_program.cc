@@ -4,6 +4,12 @@
 //
 //   comm_hook_program --out FILE --hook none|fp16|bf16|powersgd|bad_shape
 //       [--rank R] [--start S] [--error-feedback 0|1] [--warm-start 0|1] [--batch 0|1]
+//       [--stop-after E --state PREFIX] [--resume PREFIX [--hook-state 0|1]]
+//
+// --stop-after E ends the run after epoch E, each rank saving the model, the optimizer
+// and PowerSGDState::state_dict() to PREFIX.rank<R>.*; --resume PREFIX starts from
+// those at epoch E + 1 (--hook-state 0: without PowerSGD's saved state, as a restart
+// that lost it).
 //
 // Each rank writes FILE.rank<R>.json: {"losses": [...], "bytes": [...]}, per optimizer
 // step the mean loss and the bytes this rank all-reduced in the step's sync backward.
@@ -41,7 +47,8 @@ TORCH_MODULE(Net);
 int Run(int argc, char** argv) {
   std::map<std::string, std::string> flags = {{"--hook", "none"}, {"--rank", "1"},
                                                {"--start", "2"},   {"--error-feedback", "1"},
-                                               {"--warm-start", "1"}, {"--batch", "0"}};
+                                               {"--warm-start", "1"}, {"--batch", "0"},
+                                               {"--stop-after", "-1"}, {"--hook-state", "1"}};
   for (int i = 1; i + 1 < argc; i += 2) flags[argv[i]] = argv[i + 1];
   const std::string hook = flags["--hook"];
   torch::set_num_threads(1);
@@ -81,7 +88,34 @@ int Run(int argc, char** argv) {
   const int64_t steps = (micro + kAccum - 1) / kAccum;
   std::vector<double> losses;
   std::vector<int64_t> bytes;
-  for (int64_t epoch = 0; epoch < kEpochs; ++epoch) {
+  const std::string rank_suffix = ".rank" + std::to_string(group->rank());
+  int64_t first_epoch = 0;
+  if (flags.count("--resume")) {
+    const std::string prefix = flags["--resume"] + rank_suffix;
+    torch::serialize::InputArchive archive;
+    archive.load_from(prefix + ".pt");
+    torch::Tensor epoch;
+    archive.read("epoch", epoch);
+    first_epoch = epoch.item<int64_t>() + 1;
+    torch::serialize::InputArchive model_archive, opt_archive;
+    archive.read("model", model_archive);
+    archive.read("optimizer", opt_archive);
+    model.module()->load(model_archive);
+    opt.load(opt_archive);
+    if (powersgd && flags["--hook-state"] == "1") {
+      torch::serialize::InputArchive hook_archive;
+      archive.read("powersgd", hook_archive);
+      std::vector<std::pair<std::string, torch::Tensor>> state;
+      for (const std::string& key : hook_archive.keys()) {
+        torch::Tensor t;
+        hook_archive.read(key, t);
+        state.emplace_back(key, t);
+      }
+      powersgd->load_state_dict(state);
+    }
+  }
+  const int64_t stop_after = std::atoll(flags["--stop-after"].c_str());
+  for (int64_t epoch = first_epoch; epoch < kEpochs; ++epoch) {
     sampler.set_epoch(epoch);
     const std::vector<int64_t> order = sampler.indices();
     model.train();
@@ -104,6 +138,20 @@ int Run(int argc, char** argv) {
       opt.zero_grad();
       losses.push_back(total / static_cast<double>(n));
       bytes.push_back(model.last_backward().allreduce_bytes);
+    }
+    if (epoch == stop_after) {
+      torch::serialize::OutputArchive archive, model_archive, opt_archive, hook_archive;
+      archive.write("epoch", torch::tensor(epoch));
+      model.module()->save(model_archive);
+      opt.save(opt_archive);
+      archive.write("model", model_archive);
+      archive.write("optimizer", opt_archive);
+      if (powersgd) {
+        for (const auto& [key, t] : powersgd->state_dict()) hook_archive.write(key, t);
+        archive.write("powersgd", hook_archive);
+      }
+      archive.save_to(flags["--state"] + rank_suffix + ".pt");
+      break;
     }
   }
   group->barrier();

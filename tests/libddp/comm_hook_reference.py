@@ -11,6 +11,12 @@ powerSGD_hook), gradient accumulation through no_sync() and SGD with momentum. E
 records its per-step loss and the bytes of the tensors the hook passed to
 torch.distributed.all_reduce in that step. Prints {"torch": version, "NAME/world_W":
 [per rank {"losses", "bytes"}] or {"unsupported": why}}.
+
+A config with "stop_after": E and "state": PREFIX ends after epoch E, each rank saving
+{"epoch", "model", "optimizer", "powersgd"} with torch.save to
+PREFIX.world<W>.rank<R>.pt (the PowerSGDState pickled, as PyTorch checkpoints it); one
+with "resume": PREFIX loads that and goes on from epoch E + 1 (the unpickled state
+joins the default process group).
 """
 import json
 import os
@@ -66,23 +72,33 @@ def run(rank, world, port, config, out):
     y_all = torch.randint(0, CLASSES, (N,))
     model = nn.parallel.DistributedDataParallel(net)
     hook = config["hook"]
+    saved = None
+    if "resume" in config:
+        saved = torch.load(f"{config['resume']}.world{world}.rank{rank}.pt", weights_only=False) \
+            if int(torch.__version__.split(".")[0]) >= 2 else \
+            torch.load(f"{config['resume']}.world{world}.rank{rank}.pt")
     if hook == "fp16":
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif hook == "bf16":
         model.register_comm_hook(None, default_hooks.bf16_compress_hook)
     elif hook == "powersgd":
-        state = powersgd.PowerSGDState(
+        state = saved["powersgd"] if saved else powersgd.PowerSGDState(
             process_group=None, matrix_approximation_rank=config["rank"],
             start_powerSGD_iter=config["start"], use_error_feedback=bool(config["error_feedback"]),
             warm_start=bool(config["warm_start"]),
             batch_tensors_with_same_shape=bool(config["batch"]))
         model.register_comm_hook(state, powersgd.powerSGD_hook)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    first_epoch = 0
+    if saved:
+        net.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["optimizer"])
+        first_epoch = saved["epoch"] + 1
     sampler = DistributedSampler(range(N), num_replicas=world, rank=rank, shuffle=True, seed=0)
     micro = (len(sampler) + BATCH - 1) // BATCH
     steps = (micro + ACCUM - 1) // ACCUM
     losses, sent_bytes = [], []
-    for epoch in range(EPOCHS):
+    for epoch in range(first_epoch, EPOCHS):
         sampler.set_epoch(epoch)
         order = list(sampler)
         model.train()
@@ -102,6 +118,11 @@ def run(rank, world, port, config, out):
             opt.zero_grad(set_to_none=True)
             losses.append(total_loss / n)
             sent_bytes.append(sent[0])
+        if epoch == config.get("stop_after", -1):
+            torch.save({"epoch": epoch, "model": net.state_dict(), "optimizer": opt.state_dict(),
+                        "powersgd": state},
+                       f"{config['state']}.world{world}.rank{rank}.pt")
+            break
     out[rank] = {"losses": losses, "bytes": sent_bytes}
     dist.destroy_process_group()
 

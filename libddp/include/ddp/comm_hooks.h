@@ -29,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -114,6 +115,19 @@ class PowerSGDState {
   // PyTorch's compression_stats(): (rate, numel before, numel after compression), over
   // every bucket PowerSGD compressed so far.
   std::tuple<double, int64_t, int64_t> compression_stats() const;
+
+  // PowerSGDState.__getstate__/__setstate__: what a checkpoint must keep for a resumed
+  // run to go on as if it had never stopped: the iteration count, the generator of Q's
+  // initial values, and per bucket the error feedback ("error.<bucket>") and the warm
+  // start's P and Q ("p_memory.<bucket>", "q_memory.<bucket>"), plus the options
+  // ("option.<name>") and the compression statistics. The error feedback is this
+  // rank's own (it differs between ranks): save each rank's state_dict(), as PyTorch
+  // pickles each rank's state, and load it on the same rank of a group of the same
+  // size. load_state_dict() throws ddp::Error (kInvalidArgument) naming the entry when
+  // the state was saved with other options (matrix_approximation_rank, ...), is missing
+  // an entry, or holds one it does not know; nothing changes then.
+  std::vector<std::pair<std::string, at::Tensor>> state_dict() const;
+  void load_state_dict(const std::vector<std::pair<std::string, at::Tensor>>& state);
 
  private:
   friend at::Tensor powerSGD_hook(PowerSGDState& state, GradBucket& bucket);
