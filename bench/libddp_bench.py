@@ -25,6 +25,15 @@ ratio is the figure that holds.
 runs comparison 2 alone for two builds in one run (a change's "before" build's bin/ and
 this tree's build/bin), the four programs in rotated order within each repeat: each
 build's library overhead, and each program's throughput after over before.
+
+    flock /tmp/ddp-build.lock python3 bench/libddp_bench.py --flavour torch2 --resnet-only \
+        [--repeats 7] [--batch-sizes 64] [--workers 1] [--out bench/results/libddp_torch2.json]
+
+runs comparison 1 with the PyPI flavour: the example built in build-torch2 (against
+torch 2.11's LibTorch) and bench/fashion_resnet.py under .venv-torch2's torch 2.11, so
+that both sides run the same ATen; --workers is the example's loader threads per rank
+(its --workers; 0: the loader fetches in the training thread). The figures add
+samples/s (the rank's samples per epoch over its seconds, times the world size).
 """
 import argparse
 import json
@@ -39,6 +48,11 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "build", "bin")
 PYTHON = "/usr/bin/python3"
+# --flavour torch2: the build against PyPI's torch 2.11 and that torch's Python.
+FLAVOURS = {"debian": (BIN, PYTHON),
+            "torch2": (os.path.join(ROOT, "build-torch2", "bin"),
+                       os.path.join(ROOT, ".venv-torch2", "bin", "python"))}
+WORKERS = None  # The example's --workers (None: its default).
 WORLD = 2
 # As bench/trainer_vs_pytorch.py: keep glibc from returning memory every step (both sides).
 TUNED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "1000000000", "MALLOC_TRIM_THRESHOLD_": "1000000000",
@@ -79,8 +93,11 @@ def epoch_seconds(out):
 def resnet(limit, epochs, batch, libddp_first=True):
     args = ["--data", "/usr/share/datasets/fashion-mnist", "--epochs", str(epochs),
             "--limit", str(limit), "--threads", "1", "--batch-size", str(batch)]
+    lib_args = args + (["--workers", str(WORKERS)] if WORKERS is not None else [])
+
     def lib():
-        return epoch_seconds(run_ranks([os.path.join(BIN, "ddp-bench-fashion-resnet")] + args)[0])
+        return epoch_seconds(
+            run_ranks([os.path.join(BIN, "ddp-bench-fashion-resnet")] + lib_args)[0])
 
     def py():
         return epoch_seconds(
@@ -153,7 +170,14 @@ def main():
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--batch-sizes", default="64,32")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "libddp.json"))
+    ap.add_argument("--flavour", choices=sorted(FLAVOURS), default="debian",
+                    help="torch2: build-torch2's programs and .venv-torch2's torch 2.11")
+    ap.add_argument("--workers", type=int, help="the example's loader threads (--workers)")
+    ap.add_argument("--resnet-only", action="store_true", help="comparison 1 alone")
     a = ap.parse_args()
+    global BIN, PYTHON, WORKERS
+    BIN, PYTHON = FLAVOURS[a.flavour]
+    WORKERS = a.workers
     if a.before:
         out = a.out
         if out == ap.get_default("out"):
@@ -170,6 +194,9 @@ def main():
             lib_s[b].append(statistics.mean(lib))
             py_s[b].append(statistics.mean(py))
             line += f" resnet batch {b} s/epoch libddp {lib_s[b][-1]:.3f} pytorch {py_s[b][-1]:.3f};"
+        if a.resnet_only:
+            print(line, flush=True)
+            continue
         if r % 2 == 0:
             trainer_tp.append(throughput_trainer())
             library_tp.append(throughput_library())
@@ -178,26 +205,36 @@ def main():
             trainer_tp.append(throughput_trainer())
         print(f"{line} mlp85k samples/s ddp-trainer {trainer_tp[-1]:,.0f} "
               f"libddp {library_tp[-1]:,.0f}", flush=True)
-    tr_m, li_m = statistics.median(trainer_tp), statistics.median(library_tp)
+    # Samples per epoch over all ranks: each rank's share of the sampler (padded).
+    samples = -(-a.limit // WORLD) * WORLD
     result = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "world_size": WORLD,
         "repeats": a.repeats,
+        "flavour": a.flavour,
+        "torch": subprocess.run([PYTHON, "-c", "import torch; print(torch.__version__)"],
+                                capture_output=True, text=True).stdout.strip(),
+        "example_workers": WORKERS,
         "fashion_resnet": [
             {"batch_size": b, "train_images": a.limit, "epochs": a.epochs,
              "libddp_s_per_epoch": round(statistics.median(lib_s[b]), 3),
              "pytorch_ddp_s_per_epoch": round(statistics.median(py_s[b]), 3),
+             "libddp_samples_per_s": round(samples / statistics.median(lib_s[b])),
+             "pytorch_ddp_samples_per_s": round(samples / statistics.median(py_s[b])),
              "speedup_median_of_paired": round(
                  statistics.median(p / l for p, l in zip(py_s[b], lib_s[b])), 3),
              "speedups": [round(p / l, 3) for p, l in zip(py_s[b], lib_s[b])]}
             for b in batches],
-        "mlp85k": {"ddp_trainer_samples_per_s": round(tr_m), "libddp_samples_per_s": round(li_m),
-                   "library_overhead_pct_median_of_paired": round(
-                       statistics.median(100.0 * (t / l - 1.0)
-                                         for t, l in zip(trainer_tp, library_tp)), 2),
-                   "library_overhead_pct": [round(100.0 * (t / l - 1.0), 2)
-                                            for t, l in zip(trainer_tp, library_tp)]},
     }
+    if not a.resnet_only:
+        tr_m, li_m = statistics.median(trainer_tp), statistics.median(library_tp)
+        result["mlp85k"] = {
+            "ddp_trainer_samples_per_s": round(tr_m), "libddp_samples_per_s": round(li_m),
+            "library_overhead_pct_median_of_paired": round(
+                statistics.median(100.0 * (t / l - 1.0) for t, l in zip(trainer_tp, library_tp)),
+                2),
+            "library_overhead_pct": [round(100.0 * (t / l - 1.0), 2)
+                                     for t, l in zip(trainer_tp, library_tp)]}
     print(json.dumps(result, indent=1))
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:
