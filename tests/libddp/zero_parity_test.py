@@ -192,6 +192,10 @@ class ZeroParityTest(unittest.TestCase):
                 self.assertTrue(lines[key].startswith("0 2 "), f"rank {rank} {key}: {lines[key]}")
                 self.assertIn("param groups that differ across ranks", lines[key])
                 self.assertIn("every rank must pass the same parameters", lines[key])
+            # add_param_group: the plain optimizer's bits; the head (48, 3) goes to the
+            # rank with less (rank 1 owns 320 + 32 + 16 of the body, rank 0 the 512).
+            self.assertEqual(lines["add_group_equals_plain"], "1", f"rank {rank}")
+            self.assertEqual(lines["add_group_partition"], "[2] [0,1,3,4,5]", f"rank {rank}")
             if rank == 1:
                 self.assertIn("rank 0 has Adam over 1 group: [320, 32, 512, 16, 48, 3], "
                               "rank 1 has Adam over 1 group: [320, 32, 512, 16, 48]",

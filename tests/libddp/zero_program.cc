@@ -341,6 +341,40 @@ int MisuseTwoRanks() {
                                                  : ddp::OptimizerFactory(torch::optim::AdamOptions(0.1));
     ddp::ZeroRedundancyOptimizer z(net->parameters(), group, f);
   });
+  // add_param_group as the plain optimizer's: the body first, the head added after 2
+  // steps; the same bits as a plain Adam given the same groups the same way.
+  {
+    torch::manual_seed(1);
+    const torch::Tensor x = torch::randn({8, kFeatures});
+    const torch::Tensor y = torch::randint(0, kClasses, {8});
+    ddp::DistributedDataParallel za(MakeNet(), group);
+    ddp::DistributedDataParallel pb(MakeNet(), group);
+    auto zp = za.module()->parameters(), pp = pb.module()->parameters();
+    ddp::ZeroRedundancyOptimizer z(std::vector<torch::Tensor>(zp.begin(), zp.end() - 2), group,
+                                   torch::optim::AdamOptions(1e-2));
+    torch::optim::Adam plain(std::vector<torch::Tensor>(pp.begin(), pp.end() - 2),
+                             torch::optim::AdamOptions(1e-2));
+    bool same = true;
+    for (int step = 0; step < 5; ++step) {
+      if (step == 2) {
+        z.add_param_group(torch::optim::OptimizerParamGroup(
+            {zp[4], zp[5]}, std::make_unique<torch::optim::AdamOptions>(2e-2)));
+        plain.add_param_group(torch::optim::OptimizerParamGroup(
+            {pp[4], pp[5]}, std::make_unique<torch::optim::AdamOptions>(2e-2)));
+      }
+      TrainStep(za, z, x, y);
+      TrainStep(pb, plain, x, y);
+      same = same && SameParams(zp, pp);
+    }
+    std::cout << "add_group_equals_plain: " << same << "\n";
+    std::cout << "add_group_partition:";
+    for (const auto& r : z.partition()) {
+      std::cout << " [";
+      for (size_t i = 0; i < r.size(); ++i) std::cout << (i ? "," : "") << r[i];
+      std::cout << "]";
+    }
+    std::cout << "\n";
+  }
   // add_param_group on every rank with other parameters on rank 1.
   torch::nn::Linear extra(4, 2);
   Misuse("add_differ", [&] {
