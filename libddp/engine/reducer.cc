@@ -191,7 +191,18 @@ void GradientReducer::OnGradient(size_t i, const at::Tensor& grad) {
   // The hook runs before AccumulateGrad adds `grad` into param.grad, so the value
   // DDP reduces (param.grad after accumulation) is param.grad + grad.
   const at::Tensor& accumulated = params_[i].grad();
-  if (comm_hook_) {  // The hook divides (PyTorch copies the gradient as it is).
+  if (!grad.defined()) {
+    // A custom autograd Function returned no gradient for this parameter. PyTorch's
+    // mark_variable_ready_dense reduces param.grad as it is, or zeros when it is
+    // undefined ("Gradient is undefined ... bucket_view.zero_()").
+    if (!accumulated.defined()) {
+      view.zero_();
+    } else if (comm_hook_) {
+      view.copy_(accumulated);
+    } else {
+      at::mul_out(view, accumulated, scale_);
+    }
+  } else if (comm_hook_) {  // The hook divides (PyTorch copies the gradient as it is).
     if (accumulated.defined()) {
       at::add_out(view, accumulated, grad);
     } else {

@@ -1,0 +1,108 @@
+"""libddp's DistributedDataParallel on graphs that vary, against PyTorch's DDP, live.
+
+    PYTHON ddp_graph_parity_test.py DDP_GRAPH_PROGRAM
+
+PYTHON is the flavour's reference Python (Debian's torch 1.13 in build/, the venv's
+2.x in build-torch2/). For 2 and 3 ranks and each case of ddp_graph_reference.py,
+ddp_graph_program (libddp's public API, real ranks over Gloo/shared memory) must
+reproduce PyTorch's per-step losses on every rank, which gradients are defined after
+each backward (None and zeros differ: SGD with momentum skips a None), the last step's
+gradients and the final parameters: bit for bit on 2 ranks (a + b is the same sum in
+either order), within TOLERANCE on 3, where Gloo's ring and libddp's shared-memory sum
+may add the three ranks in different orders.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROGRAM = None
+TOLERANCE = 1e-6
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_program(world, args):
+    port = free_port()
+    procs = []
+    with tempfile.TemporaryDirectory(prefix="ddp-graph-") as cwd:
+        for rank in range(world):
+            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                       LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port))
+            procs.append(subprocess.Popen([PROGRAM] + args, env=env, cwd=cwd,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True))
+        outs = []
+        try:
+            for p in procs:
+                out, err = p.communicate(timeout=120)
+                outs.append((p.returncode, out, err))
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+    return outs
+
+
+def reference(world, case):
+    out = subprocess.run([sys.executable, os.path.join(HERE, "ddp_graph_reference.py"),
+                          str(world), case], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+class DdpGraphParityTest(unittest.TestCase):
+    def close(self, got, want, exact, where):
+        self.assertEqual(len(got), len(want), where)
+        for k, (g, w) in enumerate(zip(got, want)):
+            if exact:
+                self.assertEqual(g, w, f"{where}[{k}]")
+            else:
+                self.assertLessEqual(abs(g - w), TOLERANCE * max(1.0, abs(w)), f"{where}[{k}]")
+        return max((abs(g - w) for g, w in zip(got, want)), default=0.0)
+
+    def check(self, world, case):
+        ref = reference(world, case)
+        results = run_program(world, ["--case", case])
+        exact = world == 2
+        worst = 0.0
+        for rank, (code, out, err) in enumerate(results):
+            self.assertEqual(code, 0, f"rank {rank}: {err}")
+            got = json.loads(out)
+            want = ref["ranks"][rank]
+            where = f"world {world} {case} rank {rank} (PyTorch {ref['torch']})"
+            self.assertEqual("error" in got, "error" in want, f"{where}: {got.get('error')}")
+            worst = max(worst, self.close(got["losses"], want["losses"], exact, f"{where} loss"))
+            self.assertEqual(got["defined"], want["defined"], f"{where}: grads defined")
+            self.assertEqual(len(got["params"]), len(want["params"]))
+            for k, (g, w) in enumerate(zip(got["params"], want["params"])):
+                worst = max(worst, self.close(g, w, exact, f"{where} param {k}"))
+            if "error" not in want:
+                for k, (g, w) in enumerate(zip(got["grads"], want["grads"])):
+                    self.assertEqual(g is None, w is None, f"{where} grad {k}")
+                    if w is not None:
+                        worst = max(worst, self.close(g, w, exact, f"{where} grad {k}"))
+        print(f"world {world} {case}: largest difference from PyTorch {worst:.3g}",
+              file=sys.stderr)
+        return ref, [json.loads(out) for _, out, _ in results]
+
+    def test_undefined_grad_world2(self):
+        self.check(2, "undefined")
+
+    def test_undefined_grad_world3(self):
+        self.check(3, "undefined")
+
+
+if __name__ == "__main__":
+    PROGRAM = sys.argv.pop(1)
+    unittest.main(verbosity=2)
