@@ -9,6 +9,7 @@
     hosts.partition(1, 2, oneway=True)  # what 1 sends to 2 is lost; 2 -> 1 still flows
     hosts.heal_links()                  # every partition() undone
     hosts.slow(netem, 20, 0.01, seed)   # every host's egress: +20 ms, 1% lost
+    hosts.limit(100)                    # every host's egress: at most 100 Mbit/s
 
 Each host is a namespace of its own with loopback and one veth ("eth0"), whose other end
 is a port of a bridge inside a further namespace (the switch), so nothing of the
@@ -226,6 +227,14 @@ class Hosts:
                 raise RuntimeError("ddp-test-netem on host %d exited %s" % (i, p.returncode))
             self._in(h.ns, "iptables", "-A", "OUTPUT", "-o", "eth0", "-j", "NFQUEUE",
                      "--queue-num", "0", "--queue-bypass")
+
+    def limit(self, mbit, hosts=None):
+        """Every host's egress (eth0) at most `mbit` Mbit/s: a token bucket (tbf, bursts
+        of 64 KiB, packets queued up to 200 ms, then dropped). `hosts`: the indexes
+        (default all). It goes with the namespaces."""
+        for i in (range(len(self.hosts)) if hosts is None else hosts):
+            self._in(self.hosts[i].ns, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf",
+                     "rate", "%dmbit" % mbit, "burst", "64kb", "latency", "200ms")
 
     def fast(self):
         """Undoes slow(): the queue rules go, then their servers."""
