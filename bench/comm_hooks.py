@@ -44,36 +44,24 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_ranks(argv):
+def run_ranks(argv, hosts=None):
+    """Runs argv as WORLD ranks (torchrun's environment) and returns rank 0's JSON line:
+    on this machine, or with `hosts` (netns.Hosts) one rank on each host, across its
+    links (Gloo on eth0)."""
     port = free_port()
     procs = []
     for rank in range(WORLD):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD),
-                   LOCAL_WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-        env.pop("DDP_EVENTS_FD", None)
-        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE))
-    outs = []
-    for p in procs:
-        out, err = p.communicate()
-        if p.returncode != 0:
-            sys.exit(f"{argv} failed ({p.returncode}):\n{err.decode()[-2000:]}")
-        outs.append(json.loads(out.decode().strip().splitlines()[-1]))
-    return outs[0]
-
-
-def run_ranks_on_hosts(argv, hosts):
-    """As run_ranks, one rank on each host of `hosts` (netns.Hosts), across its links."""
-    procs = []
-    for rank in range(WORLD):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE=str(WORLD),
-                   LOCAL_WORLD_SIZE="1", GROUP_RANK=str(rank), MASTER_ADDR=hosts[0].addr,
-                   MASTER_PORT="29511", GLOO_SOCKET_IFNAME="eth0", OMP_NUM_THREADS="1",
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(WORLD), OMP_NUM_THREADS="1",
                    OPENBLAS_NUM_THREADS="1")
+        if hosts is None:
+            env.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD),
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        else:
+            env.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", GROUP_RANK=str(rank),
+                       MASTER_ADDR=hosts[0].addr, MASTER_PORT="29511", GLOO_SOCKET_IFNAME="eth0")
         env.pop("DDP_EVENTS_FD", None)
-        procs.append(subprocess.Popen(hosts.argv(rank, argv), env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE))
+        procs.append(subprocess.Popen(argv if hosts is None else hosts.argv(rank, argv), env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     outs = []
     for p in procs:
         out, err = p.communicate()
@@ -115,7 +103,7 @@ def linked(a, delay_ms, mbit):
         if delay_ms > 0:
             hosts.slow(os.path.join(a.bin, "ddp-test-netem"), delay_ms)
         hosts.limit(mbit)
-        return measure(a, lambda argv: run_ranks_on_hosts(argv, hosts))
+        return measure(a, lambda argv: run_ranks(argv, hosts))
 
 
 def main():
