@@ -17,15 +17,14 @@ in order with 0 or 1 worker, the same batches in some order with more. Last, a r
 the same run fed by index arithmetic on sampler.indices(), bit for bit.
 """
 import json
-import os
-import socket
 import subprocess
 import sys
-import tempfile
 import unittest
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from local_ranks import run_ranks  # this directory
 
 PROGRAM = None
 EPOCHS = 3
@@ -148,29 +147,11 @@ class DataLoaderParityTest(unittest.TestCase):
 
     def test_training_with_loader_workers_matches_index_arithmetic(self):
         def train(args):
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            procs = []
-            with tempfile.TemporaryDirectory(prefix="loader-train-") as cwd:
-                for rank in range(2):
-                    env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
-                               LOCAL_WORLD_SIZE="2", GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
-                               MASTER_PORT=str(port))
-                    procs.append(subprocess.Popen([PROGRAM, "train"] + args, env=env, cwd=cwd,
-                                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                                  text=True))
-                outs = []
-                try:
-                    for p in procs:
-                        out, err = p.communicate(timeout=120)
-                        self.assertEqual(p.returncode, 0, f"train {args}: {err}")
-                        outs.append(json.loads(out)["losses"])
-                finally:
-                    for p in procs:
-                        if p.poll() is None:
-                            p.kill()
-                            p.wait()
+            outs = []
+            for code, out, err in run_ranks([PROGRAM, "train"] + args, 2, prefix="loader-train-",
+                                            timeout=120):
+                self.assertEqual(code, 0, f"train {args}: {err}")
+                outs.append(json.loads(out)["losses"])
             return outs
 
         want = train(["index"])

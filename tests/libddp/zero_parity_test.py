@@ -26,47 +26,23 @@ optimizer.
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
-import tempfile
 import unittest
 
+from local_ranks import run_ranks  # this directory
+
 HERE = os.path.dirname(os.path.abspath(__file__))
+
 PROGRAM = None
 TOLERANCE = 1e-5  # library_parity_test's loss tolerance.
 OPTIMIZERS = ["sgd", "adam", "adamw", "rmsprop", "adagrad"]
 _references = {}
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_program(world, args):
-    port = free_port()
-    procs = []
-    with tempfile.TemporaryDirectory(prefix="zero-parity-") as cwd:
-        for rank in range(world):
-            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                       LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
-                       MASTER_PORT=str(port))
-            procs.append(subprocess.Popen([PROGRAM] + args + ["--dir", cwd], env=env, cwd=cwd,
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                          text=True))
-        outs = []
-        try:
-            for p in procs:
-                out, err = p.communicate(timeout=240)
-                outs.append((p.returncode, out, err))
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-    return outs
+    return run_ranks([PROGRAM] + args, world, prefix="zero-parity-", timeout=240,
+                     dir_flag="--dir")
 
 
 def reference(world):

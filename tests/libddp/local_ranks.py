@@ -1,0 +1,47 @@
+"""The parity tests' launcher: a program run as the ranks of one process group on this
+machine, with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+GROUP_RANK, MASTER_ADDR, MASTER_PORT).
+
+    outs = run_ranks([program, *args], world=2, prefix="zero-parity-", dir_flag="--dir")
+    for returncode, stdout, stderr in outs: ...
+"""
+import os
+import socket
+import subprocess
+import tempfile
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(argv, world, prefix="ddp-ranks-", timeout=240, dir_flag=None):
+    """Starts argv as ranks 0..world-1, each in a fresh temporary directory shared by all
+    (their cwd, and given as `dir_flag DIR` when dir_flag is set), and waits for every
+    one: a (returncode, stdout, stderr) per rank, in rank order. Ranks still running when
+    the wait ends (a timeout raises subprocess.TimeoutExpired) are killed; the directory
+    is removed."""
+    port = free_port()
+    procs = []
+    with tempfile.TemporaryDirectory(prefix=prefix) as cwd:
+        extra = [dir_flag, cwd] if dir_flag else []
+        try:
+            for rank in range(world):
+                env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank),
+                           WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0",
+                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                procs.append(subprocess.Popen(list(argv) + extra, env=env, cwd=cwd,
+                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                              text=True))
+            outs = []
+            for p in procs:
+                out, err = p.communicate(timeout=timeout)
+                outs.append((p.returncode, out, err))
+            return outs
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
