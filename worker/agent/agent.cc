@@ -450,8 +450,11 @@ absl::Status Agent::Run() {
     // Heartbeats go out on time whatever the output does (the reporter sends it from
     // its own thread); an exit held back for its output is reported as soon as the
     // reporter has delivered that output.
-    // News from the long poll: a task for us (or one gone); the reply brings it.
-    const bool news = news_.exchange(false) | answer_waiting_.exchange(false);
+    // News from the long poll: a task for us (or one gone); the reply brings it. Or an
+    // answer no beat waited for (quiet beats). Both flags are cleared, whichever is set.
+    const bool long_poll_news = news_.exchange(false);
+    const bool unasked_answer = answer_waiting_.exchange(false);
+    const bool news = long_poll_news || unasked_answer;
     // Cut off? Asked on time (fence.h): a heartbeat that could still be in flight then
     // waits until the witnesses have answered.
     const absl::Time fence_due = last_ok_sent_ + fence_.ask_after;
