@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Where a step of examples/cpp's model goes: torch's profiler over the PyTorch side.
 
-    flock /tmp/ddp-build.lock .venv-torch2/bin/python bench/fashion_resnet_profile.py \\
+    .venv-torch2/bin/python bench/fashion_resnet_profile.py \\
         [--steps 30] [--batch-size 64]
 
 One process, one intra-op thread, no DDP (what both sides share): bench/fashion_resnet.py's

@@ -26,7 +26,7 @@ runs comparison 2 alone for two builds in one run (a change's "before" build's b
 this tree's build/bin), the four programs in rotated order within each repeat: each
 build's library overhead, and each program's throughput after over before.
 
-    flock /tmp/ddp-build.lock python3 bench/libddp_bench.py --flavour torch2 --resnet-only \
+    python3 bench/libddp_bench.py --flavour torch2 --resnet-only \
         [--repeats 7] [--batch-sizes 64] [--workers 1] [--out bench/results/libddp_torch2.json]
 
 runs comparison 1 with the PyPI flavour: the example built in build-torch2 (against
