@@ -178,6 +178,7 @@ void PowerSGDState::load_state_dict(const std::vector<std::pair<std::string, at:
   auto scalar = [&](const std::string& name) -> int64_t {
     auto it = given.find(name);
     if (it == given.end()) fail(absl::StrCat("no '", name, "' entry"));
+    if (it->second.numel() != 1) fail(absl::StrCat("'", name, "' is not one number"));
     const int64_t v = it->second.item<int64_t>();
     given.erase(it);
     return v;

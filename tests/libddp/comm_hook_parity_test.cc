@@ -440,6 +440,12 @@ TEST(CommHookStateTest, ABadStateIsRefusedAndChangesNothing) {
   }
   EXPECT_EQ(CodeOf([&] { state.load_state_dict(no_iter); }, &what), ErrorCode::kInvalidArgument);
   EXPECT_THAT(what, HasSubstr("no 'iter' entry"));
+  auto two_iters = saved;
+  for (auto& [name, t] : two_iters) {
+    if (name == "iter") t = torch::zeros({2}, torch::kLong);
+  }
+  EXPECT_EQ(CodeOf([&] { state.load_state_dict(two_iters); }, &what), ErrorCode::kInvalidArgument);
+  EXPECT_THAT(what, HasSubstr("'iter' is not one number"));
   EXPECT_EQ(state.iter(), 0);
   // And a good one round-trips.
   for (auto& [name, t] : saved) {
