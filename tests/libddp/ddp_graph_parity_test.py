@@ -12,14 +12,10 @@ either order), within TOLERANCE on 3, where Gloo's ring and libddp's shared-memo
 may add the three ranks in different orders.
 """
 import json
-import os
-import subprocess
 import sys
 import unittest
 
-from local_ranks import run_ranks  # this directory
-
-HERE = os.path.dirname(os.path.abspath(__file__))
+from local_ranks import run_ranks, run_reference  # this directory
 
 PROGRAM = None
 TOLERANCE = 1e-6
@@ -30,10 +26,7 @@ def run_program(world, args):
 
 
 def reference(world, case):
-    out = subprocess.run([sys.executable, os.path.join(HERE, "ddp_graph_reference.py"),
-                          str(world), case], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    return run_reference("ddp_graph_reference.py", world, case)
 
 
 class DdpGraphParityTest(unittest.TestCase):

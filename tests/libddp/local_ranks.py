@@ -4,11 +4,16 @@ GROUP_RANK, MASTER_ADDR, MASTER_PORT).
 
     outs = run_ranks([program, *args], world=2, prefix="zero-parity-", dir_flag="--dir")
     for returncode, stdout, stderr in outs: ...
+    want = run_reference("zero_reference.py", 2, "sgd,adam")   # PyTorch's JSON
 """
+import json
 import os
 import socket
 import subprocess
+import sys
 import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def free_port():
@@ -45,3 +50,12 @@ def run_ranks(argv, world, prefix="ddp-ranks-", timeout=240, dir_flag=None):
                 if p.poll() is None:
                     p.kill()
                     p.wait()
+
+
+def run_reference(script, *args, timeout=300):
+    """Runs this directory's PyTorch reference `script` with `args` under this Python (the
+    flavour's torch) and returns the JSON it prints; fails with its stderr otherwise."""
+    out = subprocess.run([sys.executable, os.path.join(HERE, script), *map(str, args)],
+                         capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)

@@ -14,14 +14,10 @@ norm, as in PyTorch. Then each misuse must fail with ddp::Error naming what to d
 """
 import json
 import math
-import os
-import subprocess
 import sys
 import unittest
 
-from local_ranks import run_ranks  # this directory
-
-HERE = os.path.dirname(os.path.abspath(__file__))
+from local_ranks import run_ranks, run_reference  # this directory
 
 PROGRAM = None
 TOLERANCE = 1e-5  # library_parity_test's loss tolerance.
@@ -32,10 +28,7 @@ def run_program(world, args):
 
 
 def reference(world, kind):
-    out = subprocess.run([sys.executable, os.path.join(HERE, "sync_batch_norm_reference.py"),
-                          str(world), kind], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    return run_reference("sync_batch_norm_reference.py", world, kind)
 
 
 class SyncBatchNormParityTest(unittest.TestCase):

@@ -25,14 +25,10 @@ optimizer.
 """
 import json
 import math
-import os
-import subprocess
 import sys
 import unittest
 
-from local_ranks import run_ranks  # this directory
-
-HERE = os.path.dirname(os.path.abspath(__file__))
+from local_ranks import run_ranks, run_reference  # this directory
 
 PROGRAM = None
 TOLERANCE = 1e-5  # library_parity_test's loss tolerance.
@@ -48,10 +44,7 @@ def run_program(world, args):
 def reference(world):
     """PyTorch's runs for every optimizer on `world` ranks (one launch, cached)."""
     if world not in _references:
-        out = subprocess.run([sys.executable, os.path.join(HERE, "zero_reference.py"), str(world),
-                              ",".join(OPTIMIZERS)], capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stderr
-        _references[world] = json.loads(out.stdout)
+        _references[world] = run_reference("zero_reference.py", world, ",".join(OPTIMIZERS))
     return _references[world]
 
 
