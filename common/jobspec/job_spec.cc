@@ -461,7 +461,8 @@ void ParseOptimizer(Reader& r, const YAML::Node& train, TrainSpec* t) {
   const YAML::Node n = r.Sub(train, "optimizer");
   if (!n) return;  // Adam, lr 1e-3.
   if (!r.Map(n, "train.optimizer",
-             {"name", "lr", "momentum", "nesterov", "weight_decay", "betas", "eps", "amsgrad"})) {
+             {"name", "lr", "momentum", "nesterov", "weight_decay", "betas", "eps", "amsgrad",
+              "zero_redundancy"})) {
     return;
   }
   OptimizerSpec& o = t->optimizer;
@@ -523,6 +524,7 @@ void ParseOptimizer(Reader& r, const YAML::Node& train, TrainSpec* t) {
       o.kind == OptimizerKind::kSgd) {
     r.Error(n["amsgrad"], "train.optimizer.amsgrad", "applies to adam and adamw only");
   }
+  r.Bool(n, "zero_redundancy", "train.optimizer", &o.zero_redundancy);
 }
 
 // train.comm_hook and train.powersgd: PyTorch's fp16/bf16_compress_hook and powerSGD_hook.
@@ -780,6 +782,17 @@ void CrossCheck(Reader& r, const YAML::Node& root, JobSpec* spec) {
     r.Error(root["train"]["intra_node_comm"], "train.intra_node_comm",
             "shm reduces CPU tensors, but backend: nccl trains on GPUs (NCCL already uses "
             "shared memory or NVLink within a node): use auto or gloo");
+  }
+  // ZeRO: the state of a rank's shard lives on that rank only, so a rank that fails
+  // takes it along; a live recovery (which keeps the survivors' state) cannot rebuild
+  // it. A restart from the newest checkpoint can (decision 163).
+  if (spec->train.optimizer.zero_redundancy && spec->max_recoveries > 0 && root["train"]) {
+    r.Error(root["train"]["optimizer"]["zero_redundancy"], "train.optimizer.zero_redundancy",
+            absl::StrCat("cannot be recovered live (max_recoveries: ", spec->max_recoveries,
+                         "): the optimizer state of each rank's shard is on that rank only "
+                         "and is lost with it. Set max_recoveries: 0 (a failed attempt then "
+                         "restarts from the newest checkpoint, up to max_restarts), or drop "
+                         "zero_redundancy"));
   }
 }
 

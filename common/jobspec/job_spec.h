@@ -124,6 +124,9 @@ struct OptimizerSpec {
   double beta2 = 0.999;
   double eps = 1e-8;
   bool amsgrad = false;
+  // ZeRO stage 1 (ddp::ZeroRedundancyOptimizer): each rank keeps the optimizer state of
+  // its share of the parameters only; checkpoints hold the whole state (decision 163).
+  bool zero_redundancy = false;
 };
 
 // train.lr_schedule: the learning rate as torch.optim.lr_scheduler computes it,

@@ -573,5 +573,43 @@ TEST(JobSpecTest, MissingFileIsNotFound) {
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("/nonexistent/job.yaml")));
 }
 
+// train.optimizer.zero_redundancy (ZeRO stage 1, decision 163): off by default, for
+// every optimizer the trainer has, refused with live recovery, a boolean.
+TEST(JobSpecTest, ZeroRedundancyIsABooleanOfEveryOptimizer) {
+  const std::string head = "name: d\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n";
+  DDP_ASSERT_OK_AND_ASSIGN(JobSpec plain, ParseJobSpec(head + "train: {batch_size: 4}\n"));
+  EXPECT_FALSE(plain.train.optimizer.zero_redundancy);
+  for (const std::string optimizer :
+       {"{name: sgd, lr: 0.1, momentum: 0.9, zero_redundancy: true}",
+        "{name: adam, zero_redundancy: true}", "{name: adamw, zero_redundancy: true}"}) {
+    SCOPED_TRACE(optimizer);
+    DDP_ASSERT_OK_AND_ASSIGN(
+        JobSpec spec,
+        ParseJobSpec(head + "max_recoveries: 0\ntrain: {batch_size: 4, optimizer: " + optimizer +
+                     "}\n"));
+    EXPECT_TRUE(spec.train.optimizer.zero_redundancy);
+  }
+  EXPECT_THAT(ParseJobSpec(head +
+                           "train: {batch_size: 4, optimizer: {zero_redundancy: yes please}}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.optimizer.zero_redundancy: expected true or false")));
+}
+
+TEST(JobSpecTest, ZeroRedundancyWithLiveRecoveryIsRefusedNamingWhatToDo) {
+  auto spec = ParseJobSpec(
+      "name: d\nmodel: {mlp: {}}\ndata: {synthetic: {}}\nmax_recoveries: 2\n"
+      "train:\n  batch_size: 4\n  optimizer: {name: adam, zero_redundancy: true}\n");
+  EXPECT_THAT(spec, StatusIs(absl::StatusCode::kInvalidArgument,
+                             HasSubstr(":7: train.optimizer.zero_redundancy: cannot be recovered "
+                                       "live (max_recoveries: 2)")));
+  EXPECT_THAT(spec, StatusIs(absl::StatusCode::kInvalidArgument,
+                             HasSubstr("Set max_recoveries: 0")));
+  // Without ZeRO the same job is fine.
+  EXPECT_TRUE(ParseJobSpec("name: d\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n"
+                           "max_recoveries: 2\ntrain:\n  batch_size: 4\n"
+                           "  optimizer: {name: adam}\n")
+                  .ok());
+}
+
 }  // namespace
 }  // namespace ddp
