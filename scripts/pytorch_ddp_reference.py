@@ -170,13 +170,20 @@ def make_optimizer(opt, params):
     import torch
     name = opt.get("name", "adam")
     if name == "sgd":
-        return torch.optim.SGD(params, lr=opt["lr"], momentum=opt.get("momentum", 0),
-                               nesterov=opt.get("nesterov", False),
-                               weight_decay=opt.get("weight_decay", 0))
-    cls = torch.optim.Adam if name == "adam" else torch.optim.AdamW
-    return cls(params, lr=opt.get("lr", 1e-3), betas=tuple(opt.get("betas", (0.9, 0.999))),
-               eps=opt.get("eps", 1e-8), amsgrad=opt.get("amsgrad", False),
-               weight_decay=opt.get("weight_decay", 0 if name == "adam" else 1e-2))
+        cls = torch.optim.SGD
+        kwargs = dict(lr=opt["lr"], momentum=opt.get("momentum", 0),
+                      nesterov=opt.get("nesterov", False), weight_decay=opt.get("weight_decay", 0))
+    else:
+        cls = torch.optim.Adam if name == "adam" else torch.optim.AdamW
+        kwargs = dict(lr=opt.get("lr", 1e-3), betas=tuple(opt.get("betas", (0.9, 0.999))),
+                      eps=opt.get("eps", 1e-8), amsgrad=opt.get("amsgrad", False),
+                      weight_decay=opt.get("weight_decay", 0 if name == "adam" else 1e-2))
+    if opt.get("zero_redundancy", False):
+        # train.optimizer.zero_redundancy: PyTorch's ZeRO stage 1 over the same optimizer.
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        return ZeroRedundancyOptimizer(list(params), optimizer_class=cls,
+                                       parameters_as_bucket_view=False, **kwargs)
+    return cls(params, **kwargs)
 
 
 def make_scheduler(spec, optimizer, total):

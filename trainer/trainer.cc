@@ -26,6 +26,7 @@
 #include "ddp/distributed_data_parallel.h"
 #include "ddp/lr_schedule.h"
 #include "ddp/process_group.h"
+#include "ddp/zero_redundancy_optimizer.h"
 #include "libddp/engine/api_bridge.h"
 #include "libddp/engine/checkpoint.h"
 #include "libddp/engine/checkpoint_keeper.h"
@@ -35,6 +36,7 @@
 #include "libddp/engine/recovery.h"
 #include "libddp/engine/reducer.h"
 #include "libddp/engine/sampler.h"
+#include "libddp/engine/torch_compat.h"
 #include "trainer/dataset.h"
 #include "trainer/model.h"
 
@@ -131,6 +133,10 @@ class TrainerImpl {
   // `complete`: false when train.max_steps stopped the epoch early.
   absl::Status EndEpoch(int64_t epoch, bool complete, bool checkpoint_due);
   absl::Status Checkpoint(const Position& pos);
+  // train.optimizer.zero_redundancy: the sharded optimizer over this group's ranks.
+  absl::Status MakeZeroOptimizer();
+  // With zero_: `state`'s optimizer state, this rank's shard of it, into zero_.
+  absl::Status LoadZeroState(const c10::IValue& state);
   // One optimizer step at learning rate `lr`: forward and backward of each
   // micro-batch, the all-reduce, train.clip_grad_norm, the optimizer.
   absl::Status TakeStep(const std::vector<int64_t>& order, int64_t first_micro,
@@ -173,6 +179,9 @@ class TrainerImpl {
   std::shared_ptr<ProcessGroup> group_;
   std::unique_ptr<DataParallel> ddp_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  // train.optimizer.zero_redundancy: optimizer_ itself, made in JoinGroup over the group.
+  ZeroRedundancyOptimizer* zero_ = nullptr;
+  std::vector<int> checkpoint_writers_;  // With zero_: the ranks that write checkpoints.
   std::unique_ptr<CheckpointKeeper> keeper_;  // With checkpoint.dir only.
   std::unique_ptr<BatchAssembler> train_batches_;
   ReducerTrace trace_;
@@ -230,7 +239,9 @@ absl::Status TrainerImpl::Setup() {
   model_->To(device_.device);
   for (auto& [name, p] : model_->Parameters()) params_.push_back(p);
 
-  optimizer_ = MakeOptimizer(spec_.train.optimizer, params_);
+  if (!spec_.train.optimizer.zero_redundancy) {
+    optimizer_ = MakeOptimizer(spec_.train.optimizer, params_);
+  }
   sampler_.num_replicas = env_.world_size;
   sampler_.rank = env_.rank;
   sampler_.shuffle = spec_.train.shuffle;
@@ -260,6 +271,7 @@ absl::Status TrainerImpl::JoinGroup() {
   co.collective_timeout = Seconds(spec_.train.collective_timeout_s);
   co.intra_node = spec_.train.intra_node_comm;
   DDP_ASSIGN_OR_RETURN(group_, ProcessGroup::Impl::Create(env_, device_, co));
+  if (spec_.train.optimizer.zero_redundancy) DDP_RETURN_IF_ERROR(MakeZeroOptimizer());
   // The notice check is collective: every rank of the new group counts from here.
   notice_every_ = 1;
   steps_since_notice_ = 0;
@@ -321,6 +333,64 @@ absl::Status TrainerImpl::JoinGroup() {
     keeper_ = std::make_unique<CheckpointKeeper>(as_written, spec_.checkpoint.dir, env_, &comm(),
                                                  device_.device);
     DDP_RETURN_IF_ERROR(keeper_->Setup());
+    if (zero_ != nullptr) {
+      // Which ranks write: each needs the whole optimizer state at a checkpoint.
+      std::vector<double> writes(static_cast<size_t>(env_.world_size), 0.0);
+      writes[static_cast<size_t>(env_.rank)] = keeper_->writer() ? 1.0 : 0.0;
+      DDP_ASSIGN_OR_RETURN(writes, SumOverRanks(writes));
+      checkpoint_writers_.clear();
+      for (int r = 0; r < env_.world_size; ++r) {
+        if (writes[static_cast<size_t>(r)] > 0) checkpoint_writers_.push_back(r);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TrainerImpl::MakeZeroOptimizer() {
+  const OptimizerSpec& spec = spec_.train.optimizer;
+  try {
+    // Each rank's shard gets the optimizer the trainer makes without ZeRO (SGD's
+    // multi-tensor path on a GPU included), so a parameter's update is the same.
+    auto zero = std::make_unique<ZeroRedundancyOptimizer>(
+        params_, group_,
+        OptimizerFactory([spec](std::vector<torch::optim::OptimizerParamGroup> groups) {
+          return MakeOptimizer(spec, groups.at(0).params());
+        }));
+    zero_ = zero.get();
+    optimizer_ = std::move(zero);
+  } catch (const Error& e) {
+    return StatusFromError(e);
+  }
+  // The optimizer state this rank keeps: its shard's parameters (Adam's two moments,
+  // SGD's momentum buffer, each the size of its parameters).
+  int64_t mine = 0, all = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    all += params_[i].numel();
+    if (zero_->owner(static_cast<int64_t>(i)) == env_.rank) mine += params_[i].numel();
+  }
+  DDP_LOG(INFO) << "rank " << env_.rank << ": train.optimizer.zero_redundancy: this rank keeps "
+                << "the optimizer state of " << mine << " of " << all << " parameter elements ("
+                << (all > 0 ? 100.0 * static_cast<double>(mine) / static_cast<double>(all) : 0.0)
+                << "%)";
+  return absl::OkStatus();
+}
+
+absl::Status TrainerImpl::LoadZeroState(const c10::IValue& state) {
+  // The whole state into a plain optimizer over every parameter (the checkpoint's own
+  // reader, whether ZeRO wrote it or not), then this rank's parameters' state moved on.
+  std::unique_ptr<torch::optim::Optimizer> whole =
+      MakeOptimizer(spec_.train.optimizer, params_, /*multi_tensor=*/false);
+  DDP_RETURN_IF_ERROR(LoadOptimizerStateDict(spec_.train.optimizer, *whole, params_, state));
+  torch::optim::Optimizer& local = zero_->local_optimizer();
+  local.state().clear();
+  zero_->state().clear();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (zero_->owner(static_cast<int64_t>(i)) != env_.rank) continue;
+    auto it = whole->state().find(OptimizerStateKey(*whole, params_[i]));
+    if (it != whole->state().end()) {
+      local.state()[OptimizerStateKey(local, params_[i])] = std::move(it->second);
+    }
   }
   return absl::OkStatus();
 }
@@ -388,8 +458,12 @@ absl::Status TrainerImpl::LoadState(const TrainingState& state, const std::strin
   std::vector<NamedTensor> named = model_->Parameters();
   for (auto& b : model_->Buffers()) named.push_back(b);
   DDP_RETURN_IF_ERROR(RestoreModel(state, named, what));
-  DDP_RETURN_IF_ERROR(
-      LoadOptimizerStateDict(spec_.train.optimizer, *optimizer_, params_, state.optimizer));
+  if (zero_ != nullptr) {
+    DDP_RETURN_IF_ERROR(LoadZeroState(state.optimizer));
+  } else {
+    DDP_RETURN_IF_ERROR(
+        LoadOptimizerStateDict(spec_.train.optimizer, *optimizer_, params_, state.optimizer));
+  }
   pos_ = state.position;
   return absl::OkStatus();
 }
@@ -557,7 +631,11 @@ absl::Status TrainerImpl::TakeStep(const std::vector<int64_t>& order, int64_t fi
   }
   for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
   last_lr_ = lr;
-  optimizer_->step();
+  try {
+    optimizer_->step();  // With ZeRO: collective (the owners' updates broadcast).
+  } catch (const Error& e) {
+    return StatusFromError(e);
+  }
   for (at::Tensor& p : params_) p.mutable_grad().reset();  // zero_grad(set_to_none=True)
   *loss = loss_sum / static_cast<double>(num_micro);
   *comm_ms = ddp_->last_backward().comm_wait_ms;
@@ -718,8 +796,26 @@ absl::Status TrainerImpl::Checkpoint(const Position& pos) {
   }
   // Every writer saves rank 0's generator state, as if rank 0 had written them all.
   DDP_ASSIGN_OR_RETURN(at::Tensor rng, RankZeroRngState(comm(), device_.device));
+  // ZeRO: every writer gets the whole optimizer state (collective, writer by writer), so
+  // the checkpoint is the one a run without ZeRO writes.
+  // Each writer takes its copy as its consolidation ends (the next one clears it), and
+  // drops the consolidated state then: between checkpoints a rank keeps its shard only.
+  c10::IValue zero_state;
+  if (zero_ != nullptr) {
+    try {
+      for (int w : checkpoint_writers_) {
+        zero_->consolidate_state_dict(w);
+        if (w != env_.rank) continue;
+        zero_state = OptimizerStateDict(spec_.train.optimizer, *optimizer_, params_);
+        zero_->state().clear();
+      }
+    } catch (const Error& e) {
+      return StatusFromError(e);
+    }
+  }
   if (!keeper_->writer()) return absl::OkStatus();
   TrainingState state = StateAt(pos, rng, loss_totals);
+  if (zero_ != nullptr) state.optimizer = std::move(zero_state);
   DDP_ASSIGN_OR_RETURN(const std::string path, keeper_->Save(std::move(state)));
   if (env_.rank != 0) {
     DDP_LOG(INFO) << "checkpoint of step " << pos.global_step << " kept on this node: " << path;
