@@ -17,6 +17,10 @@
 # share (0: one each), COORDINATOR (build/bin/ddp-coordinator), TAG (prefixes the
 # result files), PORT (29811), INTERVAL (the coordinator's --heartbeat-interval, which
 # the agents follow: 1s), TIMEOUT (its --heartbeat-timeout: 2.5s, the default),
+# COORDINATOR_FLAGS (more ddp-coordinator flags, e.g. --max-heartbeats-per-second 5000:
+# heartbeat rate scaling, decision 162: the agents are told a longer interval, which
+# ddp-loadgen's follow and report as heartbeat_interval_s), WARMUP and DURATION (the
+# idle and unschedulable scenarios' windows: 30s and 60s),
 # LOADGEN_FLAGS (more ddp-loadgen flags for every scenario, e.g.
 # --heartbeat-stream: heartbeats over one stream per agent, as ddp-worker sends them;
 # --heartbeat-stream --quiet-beats 4: quiet heartbeats, one beat in 4 answered, as
@@ -50,9 +54,10 @@ start_coordinator() {
   state="$(mktemp -d /tmp/ddp-bench-state.XXXXXX)"
   # 1 Hz heartbeats, as the issue measures (the default interval is 500 ms); the
   # default 2.5 s timeout, so two missed heartbeats in a row declare a worker lost.
+  # shellcheck disable=SC2086  # COORDINATOR_FLAGS: words on purpose.
   "$coordinator" --listen "127.0.0.1:$port" --state-dir "$state" \
     --heartbeat-interval "${INTERVAL:-1s}" --heartbeat-timeout "${TIMEOUT:-2.5s}" \
-    > "$state/coordinator.log" 2>&1 &
+    ${COORDINATOR_FLAGS:-} > "$state/coordinator.log" 2>&1 &
   coordinator_pid=$!
   for _ in $(seq 100); do
     "$bin/ddpctl" list --coordinator "127.0.0.1:$port" > /dev/null 2>&1 && return
@@ -107,8 +112,8 @@ run_scenario() {
       local times="$out/${tag}ddpctl_workers_ms_run${run}.txt"
       time_ddpctl_workers "$agents" "$times" &
       local timer=$!
-      loadgen "$json" --agents "$agents" --connections "$connections" --warmup 30s \
-        --duration 60s
+      loadgen "$json" --agents "$agents" --connections "$connections" --warmup "${WARMUP:-30s}" \
+        --duration "${DURATION:-60s}"
       kill "$timer" 2> /dev/null || true  # Done long before, unless the workers never came up.
       wait "$timer" 2> /dev/null || true
       echo "ddpctl workers (ms, 11 runs): $(tr '\n' ' ' < "$times")"
@@ -118,7 +123,8 @@ run_scenario() {
       # the queue as unschedulable (a job needing more nodes than there are agents is
       # refused at submit past 4,096 nodes).
       loadgen "$json" --agents "$agents" --connections "$connections" \
-        --job-nodes 2 --job-slots 2 --warmup 30s --duration 60s --job-timeout 0s
+        --job-nodes 2 --job-slots 2 --warmup "${WARMUP:-30s}" --duration "${DURATION:-60s}" \
+        --job-timeout 0s
       "$bin/ddpctl" list --coordinator "127.0.0.1:$port" | head -3
       ;;
     job1024)
@@ -149,7 +155,7 @@ done
 python3 - "$out" "$tag" "${scenarios[@]}" <<'EOF'
 import glob, json, os, statistics, sys
 out, tag, names = sys.argv[1], sys.argv[2], sys.argv[3:]
-keys = ["achieved_heartbeats_per_s", "target_heartbeats_per_s", "latency_ms_p50", "latency_ms_p99",
+keys = ["heartbeat_interval_s", "achieved_heartbeats_per_s", "target_heartbeats_per_s", "latency_ms_p50", "latency_ms_p99",
         "coordinator_cores", "coordinator_us_per_rpc", "coordinator_rss_kb_per_agent",
         "lost_in_window", "errors", "generator_cores"]
 for name in names:

@@ -67,6 +67,10 @@ int main(int argc, char** argv) {
                  "how often workers heartbeat");
   flags.Duration("heartbeat-timeout", &opts.timing.heartbeat_timeout,
                  "silence after which a worker is lost and its attempts fail");
+  flags.Double("max-heartbeats-per-second", &opts.timing.max_heartbeats_per_second,
+               "spread heartbeats out past this many a second: the workers are told a "
+               "--heartbeat-interval and --heartbeat-timeout stretched by the same whole "
+               "factor (up to 4) that keeps the live workers under it (0: never)");
   flags.Duration("recovery-grace", &opts.timing.recovery_grace,
                  "after a restart, how long recovered workers have to check in (at least "
                  "--heartbeat-timeout; keep it above the agents' reconnect bound)");

@@ -460,6 +460,7 @@ void SimCluster::SendHeartbeat(Agent& agent, absl::Time now) {
     ++in_flight_;
     if (in_window_) ++window_.sent;
     deadline = rpc_deadline_;
+    call->req.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(interval_));
   }
   // Timed from now, not from when the beat was due: a driver running late must not
   // shorten the coordinator's time to answer.
@@ -513,6 +514,13 @@ void SimCluster::OnHeartbeat(Agent& agent, const grpc::Status& st,
   const absl::Time now = absl::Now();
   {
     absl::MutexLock lock(&mu_);
+    // Heartbeat rate scaling (decision 162): the agents follow the interval the answers
+    // give, as ddp-worker does (one interval for all: the coordinator gives every agent
+    // the same).
+    if (st.ok() && options_.rate <= 0 && resp.heartbeat_interval_ms() > 0 &&
+        absl::Milliseconds(resp.heartbeat_interval_ms()) != interval_) {
+      interval_ = absl::Milliseconds(resp.heartbeat_interval_ms());
+    }
     if (in_window_) {
       if (outcome == Outcome::kNews) {
         ++window_.news;

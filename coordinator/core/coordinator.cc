@@ -5,6 +5,7 @@
 #include "coordinator/core/drain_policy.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -29,7 +30,19 @@ absl::Status ValidateTimeouts(const CoordinatorOptions& o) {
         ") must be shorter than --heartbeat-timeout (",
         absl::FormatDuration(o.heartbeat_timeout), ")"));
   }
+  if (!(o.max_heartbeats_per_second >= 0) || std::isinf(o.max_heartbeats_per_second)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-heartbeats-per-second (", o.max_heartbeats_per_second,
+        ") must be a number >= 0 (0: heartbeats are never spread out)"));
+  }
   return absl::OkStatus();
+}
+
+int HeartbeatStretch(int live_workers, double max_per_second, absl::Duration interval) {
+  if (max_per_second <= 0 || live_workers <= 0) return 1;
+  const double per_interval = max_per_second * absl::ToDoubleSeconds(interval);
+  const double factor = std::ceil(static_cast<double>(live_workers) / per_interval);
+  return static_cast<int>(std::clamp(factor, 1.0, static_cast<double>(kMaxHeartbeatStretch)));
 }
 
 absl::StatusOr<std::string> MlflowServerFor(const JobSpec& spec, const std::string& source,
@@ -438,8 +451,19 @@ absl::Status Coordinator::Recover() {
     TouchList touched(hub_);  // Tells the hub which jobs are finished.
     absl::MutexLock lock(&mu_);
     const absl::Time now = clock_->Now();
-    const absl::Duration grace = std::max(options_.recovery_grace, options_.heartbeat_timeout);
-    for (const v1::Worker& w : loaded->workers) registry_.Restore(w, now, grace);
+    // With heartbeat rate scaling (decision 162) a recovered agent may beat at a
+    // stretched interval that this coordinator has not told it: it gets the largest
+    // stretch until it says which it uses (agents older than the field never say).
+    const int stretch = options_.max_heartbeats_per_second > 0 ? kMaxHeartbeatStretch : 1;
+    const absl::Duration grace =
+        std::max(options_.recovery_grace, options_.heartbeat_timeout * stretch);
+    for (const v1::Worker& w : loaded->workers) {
+      registry_.Restore(w, now, grace);
+      if (WorkerRecord* r = registry_.Find(w.name())) {
+        r->registered_stretch = stretch;
+        r->beat_stretch = stretch;
+      }
+    }
     // The last batch stored of each worker's incarnation: a re-sent one is dropped.
     for (const BatchMark& m : loaded->batch_marks) {
       WorkerRecord* w = registry_.Find(m.worker);

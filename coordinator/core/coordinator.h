@@ -91,6 +91,13 @@ struct CoordinatorOptions {
   // at least heartbeat_timeout, and above the agents' reconnect bound (ReconnectBound
   // in worker/agent/agent.h: 3.4 s with these defaults), however short the timeout.
   absl::Duration recovery_grace = absl::Seconds(10);
+  // Heartbeat rate scaling (decision 162), as Nomad scales its heartbeat TTL: when the
+  // live workers beating every heartbeat_interval would send more than this many
+  // heartbeats a second, the interval the agents are told (RegisterResponse and every
+  // HeartbeatResponse) and the timeout they are held to are both stretched by the
+  // same whole factor, HeartbeatStretch(). 0: never (every worker beats every
+  // heartbeat_interval, as before).
+  double max_heartbeats_per_second = 0;
   // How long a formed attempt's workers have to report every trainer started (a
   // pid): a worker that holds its task but never starts it fails the attempt
   // (retryably) after this, not after rdzv.timeout_s. Zero: StartTimeout()'s default.
@@ -103,6 +110,14 @@ struct CoordinatorOptions {
   std::string mlflow_uri;
   std::vector<std::string> mlflow_allowed;
 };
+
+// Heartbeat rate scaling (decision 162): the whole factor, from 1 to
+// kMaxHeartbeatStretch, that keeps `live_workers` beating once every `interval * factor`
+// at or under `max_per_second` heartbeats a second (1 when `max_per_second` is 0). The
+// cap keeps a stretched interval within the restarted coordinator's recovery grace and
+// the detection of a dead node within 4 heartbeat timeouts.
+inline constexpr int kMaxHeartbeatStretch = 4;
+int HeartbeatStretch(int live_workers, double max_per_second, absl::Duration interval);
 
 // The MLflow server a job's runs go to ("": none), or INVALID_ARGUMENT naming the
 // field when the job asks for one the coordinator does not allow.
@@ -350,6 +365,8 @@ class Coordinator {
                                                         TouchList& touched,
                                                         StoreWriter::Ticket* commit_first)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // HeartbeatStretch() for the live workers now (decision 162).
+  int BeatStretchLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The worker's desired tasks; records those it had not reported as dispatched and
   // raises `*commit_first` to the store ticket the reply must wait for.
   v1::HeartbeatResponse DesiredLocked(WorkerRecord& worker, StoreWriter::Ticket* commit_first)

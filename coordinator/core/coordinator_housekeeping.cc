@@ -89,9 +89,10 @@ void Coordinator::CheckStallsLocked(absl::Time now, TouchList& touched) {
     const absl::Duration timeout =
         rec->stall.Timeout(rec->spec.train.stall_timeout_s, rec->spec.train.collective_timeout_s);
     // A stopped rank's agent says so with its next heartbeat: wait that long before
-    // blaming a rank that may only be waiting for it.
+    // blaming a rank that may only be waiting for it (at the interval the agents are
+    // told, decision 162).
     const std::optional<StallWatch::Stall> stall =
-        rec->stall.Find(now, timeout, 2 * options_.heartbeat_interval);
+        rec->stall.Find(now, timeout, 2 * options_.heartbeat_interval * BeatStretchLocked());
     if (!stall.has_value()) continue;
     const std::string& worker = a->ranks(stall->rank).worker();
     const std::string reason = absl::StrFormat(

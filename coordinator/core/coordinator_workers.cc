@@ -85,6 +85,7 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterReq
       }
     }
   }
+  int stretch = 1;
   {
     TouchList touched(hub_);
     absl::MutexLock lock(&mu_);
@@ -103,13 +104,18 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterReq
                     << " slots at " << req.address() << " (incarnation " << req.incarnation()
                     << ")";
     }
+    // Told the interval of now (decision 162), and held to its timeout: agents older
+    // than HeartbeatRequest.heartbeat_interval_ms keep it for good.
+    stretch = BeatStretchLocked();
+    reg.worker->registered_stretch = stretch;
+    reg.worker->beat_stretch = stretch;
     writer_.PutWorker(reg.worker->info);
     schedule_dirty_ = true;  // A worker joined (or came back).
     ScheduleLocked(touched);
   }
   v1::RegisterResponse resp;
-  resp.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
-  resp.set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(options_.heartbeat_timeout));
+  resp.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval * stretch));
+  resp.set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(options_.heartbeat_timeout * stretch));
   resp.set_rpc_deadline_ms(absl::ToInt64Milliseconds(options_.rpc_deadline));
   resp.set_cluster_id(cluster_id_);
   return resp;
@@ -155,6 +161,19 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::HeartbeatLocked(
   WorkerRecord& worker = **w;
   const absl::Time now = clock_->Now();
   const absl::Time previous = worker.last_seen;
+  // Heartbeat rate scaling (decision 162): held to the timeout of the longer of the
+  // interval it says it beats at and the one this answer tells it, so that neither an
+  // agent that has not yet heard of a shorter interval nor one told a longer one is
+  // declared lost early.
+  const int stretch = BeatStretchLocked();
+  int says = worker.registered_stretch;
+  if (req.heartbeat_interval_ms() > 0) {
+    const int64_t base =
+        std::max<int64_t>(1, absl::ToInt64Milliseconds(options_.heartbeat_interval));
+    says = static_cast<int>(std::clamp<int64_t>((req.heartbeat_interval_ms() + base - 1) / base, 1,
+                                                kMaxHeartbeatStretch));
+  }
+  worker.beat_stretch = std::max(says, stretch);
   if (registry_.Heartbeat(worker, now)) {
     schedule_dirty_ = true;  // It came back.
   } else {
@@ -215,7 +234,18 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::HeartbeatLocked(
     ApplyLocked(*rec, ApplyReport(*rec, req.worker(), *status, now), touched);
   }
   ScheduleLocked(touched);
-  return DesiredLocked(worker, commit_first);
+  absl::StatusOr<v1::HeartbeatResponse> resp = DesiredLocked(worker, commit_first);
+  if (resp.ok()) {
+    resp->set_heartbeat_interval_ms(
+        absl::ToInt64Milliseconds(options_.heartbeat_interval * stretch));
+    resp->set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(options_.heartbeat_timeout * stretch));
+  }
+  return resp;
+}
+
+int Coordinator::BeatStretchLocked() const {
+  return HeartbeatStretch(registry_.alive(), options_.max_heartbeats_per_second,
+                          options_.heartbeat_interval);
 }
 
 bool Coordinator::OwnsReportLocked(const WorkerRecord& worker, const JobRecord& rec,

@@ -111,7 +111,8 @@ const WorkerRecord* WorkerRegistry::Find(const std::string& name) const {
 
 void WorkerRegistry::Arm(WorkerRecord& w) {
   if (w.armed) return;
-  deadlines_.emplace(std::max(w.last_seen + timeout_, w.check_in_by), w.info.name());
+  deadlines_.emplace(std::max(w.last_seen + timeout_ * w.beat_stretch, w.check_in_by),
+                     w.info.name());
   w.armed = true;
 }
 
@@ -137,7 +138,7 @@ std::vector<std::string> WorkerRegistry::Expire(absl::Time now) {
     if (w == nullptr) continue;
     w->armed = false;
     if (!w->alive) continue;  // Re-armed by the heartbeat that brings it back.
-    const absl::Time due = std::max(w->last_seen + timeout_, w->check_in_by);
+    const absl::Time due = std::max(w->last_seen + timeout_ * w->beat_stretch, w->check_in_by);
     if (due >= now) {  // Heard from since this entry was made.
       Arm(*w);
       continue;

@@ -65,6 +65,13 @@ struct WorkerRecord {
   absl::Time check_in_by = absl::InfinitePast();
   bool alive = true;
   bool confirmed = true;  // False after a coordinator restart until it checks in.
+  // Heartbeat rate scaling (decision 162): the factor the heartbeat timeout is stretched
+  // by for this worker (lost `timeout * beat_stretch` after its last heartbeat): the
+  // larger of the interval it says it beats at and the one it was told last, in whole
+  // base intervals. `registered_stretch`: what Register told it (assumed for agents
+  // that do not say, older than the field).
+  int beat_stretch = 1;
+  int registered_stretch = 1;
   // Whether new attempts may be placed here is info.maintenance (an operator's cordon
   // or drain, WorkerRegistry::SetMaintenance): a worker that is not schedulable keeps
   // its trainers, takes no new ones and does not count as capacity.
@@ -121,6 +128,9 @@ struct WorkerRecord {
 class WorkerRegistry final : public ClusterView {
  public:
   explicit WorkerRegistry(absl::Duration heartbeat_timeout) : timeout_(heartbeat_timeout) {}
+
+  // Live workers (what heartbeat rate scaling divides by).
+  int alive() const { return alive_; }
 
   struct Registration {
     WorkerRecord* worker;

@@ -14,7 +14,8 @@ namespace ddp {
 // same worker, and the serving gate (a leader whose lease lapsed) is asked at each,
 // quiet beats included: a deposed leader ends the stream, it never goes silent.
 // Quiet beats (decision 161) are answered only when the answer differs from the last
-// one written or the beat asks for it (answer_now); every answer names its beat.
+// one written (its desired state, cluster id or heartbeat interval, decision 162) or
+// the beat asks for it (answer_now); every answer names its beat.
 class HeartbeatStreams::Stream {
  public:
   Stream(HeartbeatStreams* owner, grpc::ServerCompletionQueue* cq) : owner_(owner), cq_(cq) {
@@ -110,12 +111,14 @@ class HeartbeatStreams::Stream {
             return;
           }
           if (may_skip && answered_ && r->desired_version() == last_version_ &&
-              r->cluster_id() == last_cluster_) {
+              r->cluster_id() == last_cluster_ &&
+              r->heartbeat_interval_ms() == last_interval_ms_) {
             Read();
             return;
           }
           answered_ = true;
           last_version_ = r->desired_version();
+          last_interval_ms_ = r->heartbeat_interval_ms();
           if (r->cluster_id() != last_cluster_) last_cluster_ = r->cluster_id();
           resp_ = *std::move(r);
           resp_.set_acked_seq(seq);
@@ -136,6 +139,7 @@ class HeartbeatStreams::Stream {
   // answered.
   bool answered_ = false;
   uint64_t last_version_ = 0;
+  int64_t last_interval_ms_ = 0;  // A new interval (decision 162) is news.
   std::string last_cluster_;
 };
 

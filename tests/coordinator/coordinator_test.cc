@@ -990,5 +990,92 @@ TEST_F(CoordinatorTest, ListWorkersPagesInNameOrderAndSummarizesTheCluster) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("limit: must be >= 0")));
 }
 
+// Heartbeat rate scaling (decision 162).
+TEST(HeartbeatStretchTest, AWholeFactorKeepsTheLiveWorkersUnderTheRateUpToTheCap) {
+  EXPECT_EQ(HeartbeatStretch(10000, 0, absl::Seconds(1)), 1) << "0: never stretched";
+  EXPECT_EQ(HeartbeatStretch(0, 5000, absl::Seconds(1)), 1);
+  EXPECT_EQ(HeartbeatStretch(5000, 5000, absl::Seconds(1)), 1);
+  EXPECT_EQ(HeartbeatStretch(5001, 5000, absl::Seconds(1)), 2);
+  EXPECT_EQ(HeartbeatStretch(10000, 5000, absl::Seconds(1)), 2);
+  EXPECT_EQ(HeartbeatStretch(10000, 5000, absl::Milliseconds(500)), 4);
+  EXPECT_EQ(HeartbeatStretch(1000000, 5000, absl::Seconds(1)), kMaxHeartbeatStretch);
+}
+
+TEST_F(CoordinatorTest, ABadHeartbeatRateIsRefused) {
+  CoordinatorOptions o;
+  o.max_heartbeats_per_second = -1;
+  EXPECT_THAT(ValidateTimeouts(o), StatusIs(absl::StatusCode::kInvalidArgument,
+                                            HasSubstr("--max-heartbeats-per-second (-1)")));
+}
+
+TEST_F(CoordinatorTest, AtScaleWorkersAreToldALongerIntervalAndHeldToItsLongerTimeout) {
+  options_.max_heartbeats_per_second = 1;  // 1 s interval: one worker per second each.
+  Open();
+  auto silent_for = [&](const std::string& name) {
+    auto listed = coordinator_->ListWorkers(v1::ListWorkersRequest());
+    for (const v1::Worker& w : listed->workers()) {
+      if (w.name() == name) return w.alive();
+    }
+    ADD_FAILURE() << "no worker " << name;
+    return false;
+  };
+  auto beat = [&](const std::string& name, absl::Duration says) {
+    v1::HeartbeatRequest req;
+    req.set_worker(name);
+    req.set_incarnation(Incarnation(name));
+    req.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(says));
+    auto resp = coordinator_->Heartbeat(req);
+    EXPECT_TRUE(resp.ok()) << resp.status();
+    return resp.ok() ? *resp : v1::HeartbeatResponse();
+  };
+  Register("w1");
+  // Alone: 1 heartbeat a second, within the rate: the configured interval and timeout.
+  v1::HeartbeatResponse r = HeartbeatReply("w1");
+  EXPECT_EQ(r.heartbeat_interval_ms(), 1000);
+  EXPECT_EQ(r.heartbeat_timeout_ms(), 10000);
+  Register("w2");
+  Register("w3");
+  r = beat("w1", absl::Seconds(1));
+  EXPECT_EQ(r.heartbeat_interval_ms(), 3000) << "3 workers at 1 beat/s: every 3 s";
+  EXPECT_EQ(r.heartbeat_timeout_ms(), 30000);
+  beat("w2", absl::Seconds(3));
+  // w3 is silent past the configured 10 s but within the 30 s it was told at Register:
+  // alive.
+  for (int i = 0; i < 5; ++i) {
+    clock_.Advance(absl::Seconds(5));
+    beat("w1", absl::Seconds(3));
+    beat("w2", absl::Seconds(3));
+    coordinator_->Tick();
+  }
+  EXPECT_TRUE(silent_for("w3")) << "silent 25 s of its 30";
+  clock_.Advance(absl::Seconds(6));
+  beat("w1", absl::Seconds(3));
+  beat("w2", absl::Seconds(3));
+  coordinator_->Tick();
+  EXPECT_FALSE(silent_for("w3")) << "silent 31 s of its 30";
+  // Two live workers: w1 is told 2 s, but says it still beats every 3 s (it has not yet
+  // heard): held to the 3 s interval's 30 s timeout, not 20.
+  r = beat("w1", absl::Seconds(3));
+  EXPECT_EQ(r.heartbeat_interval_ms(), 2000);
+  EXPECT_EQ(r.heartbeat_timeout_ms(), 20000);
+  for (int i = 0; i < 5; ++i) {
+    clock_.Advance(absl::Seconds(5));
+    beat("w2", absl::Seconds(2));
+    coordinator_->Tick();
+  }
+  EXPECT_TRUE(silent_for("w1")) << "silent 25 s, held to 30";
+  clock_.Advance(absl::Seconds(6));
+  beat("w2", absl::Seconds(2));
+  coordinator_->Tick();
+  EXPECT_FALSE(silent_for("w1")) << "silent 31 s, held to 30";
+}
+
+TEST_F(CoordinatorTest, WithoutARateTheIntervalIsTheConfiguredOneWhateverTheWorkers) {
+  for (int i = 1; i <= 3; ++i) Register(absl::StrCat("w", i));
+  v1::HeartbeatResponse r = HeartbeatReply("w1");
+  EXPECT_EQ(r.heartbeat_interval_ms(), 1000);
+  EXPECT_EQ(r.heartbeat_timeout_ms(), 10000);
+}
+
 }  // namespace
 }  // namespace ddp

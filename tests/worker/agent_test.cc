@@ -114,6 +114,12 @@ class FakeCoordinator final : public CoordinatorClient {
     desired_.clear_tasks();
     for (const auto& t : tasks) *desired_.add_tasks() = t;
   }
+  // Heartbeat rate scaling (decision 162): the interval and timeout every answer gives.
+  void SetInterval(int64_t interval_ms, int64_t timeout_ms) {
+    absl::MutexLock lock(&mu_);
+    desired_.set_heartbeat_interval_ms(interval_ms);
+    desired_.set_heartbeat_timeout_ms(timeout_ms);
+  }
   // Quiet heartbeats (decision 161): before the agent starts.
   void SetQuiet(bool quiet) {
     absl::MutexLock lock(&mu_);
@@ -918,6 +924,37 @@ TEST_F(AgentTest, AQuietAgentTakesANewDesiredStateAtOnce) {
     }
   }
   EXPECT_TRUE(told_and_asked);
+}
+
+// Heartbeat rate scaling (decision 162): the agent beats at the interval the answers
+// give and says so in every beat; an answer whose interval is not below its timeout
+// (no coordinator sends one) changes nothing.
+TEST_F(AgentTest, BeatsAtTheIntervalTheAnswersGiveAndSaysWhichItUses) {
+  auto says = [](const std::vector<FakeCoordinator::Call>& calls, int64_t ms) {
+    int n = 0;
+    for (const auto& c : calls) {
+      if (c.method == "Heartbeat" && c.heartbeat.heartbeat_interval_ms() == ms) ++n;
+    }
+    return n;
+  };
+  StartAgent(Trainer("exit 0"));
+  ASSERT_TRUE(fake_->WaitFor([&](const auto& c) { return says(c, 50) >= 2; }))
+      << "Register's 50 ms";
+  fake_->SetInterval(100, 1000);
+  ASSERT_TRUE(fake_->WaitFor([&](const auto& c) { return says(c, 100) >= 2; }));
+  fake_->SetInterval(2000, 1000);  // Out of order: kept at 100 ms.
+  const size_t before = fake_->calls().size();
+  ASSERT_TRUE(fake_->WaitFor([&](const auto& c) {
+    int after = 0;
+    for (size_t i = before; i < c.size(); ++i) after += c[i].method == "Heartbeat";
+    return after >= 3;
+  }));
+  const auto calls = fake_->calls();
+  for (size_t i = before; i < calls.size(); ++i) {
+    if (calls[i].method != "Heartbeat") continue;
+    EXPECT_EQ(calls[i].heartbeat.heartbeat_interval_ms(), 100) << "call " << i;
+  }
+  EXPECT_EQ(says(calls, 2000), 0);
 }
 
 TEST_F(AgentTest, AnAgentWhoseClientHasNoQuietBeatsWaitsForEveryAnswer) {

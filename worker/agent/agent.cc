@@ -221,26 +221,7 @@ absl::Status Agent::RegisterOnce() {
         absl::FormatDuration(rpc_deadline_), " must be shorter than the heartbeat interval ",
         absl::FormatDuration(heartbeat_interval_)));
   }
-  const absl::Duration timeout = absl::Milliseconds(resp->heartbeat_timeout_ms());
-  const int beats_per_ack = options_.quiet_heartbeats && client_->QuietCapable()
-                                ? QuietBeatsPerAck(heartbeat_interval_, timeout, rpc_deadline_)
-                                : 1;
-  if (beats_per_ack != beats_per_ack_) {
-    DDP_LOG(INFO) << "quiet heartbeats: the coordinator is asked to answer one beat in "
-                  << beats_per_ack << " (fence.h)";
-  }
-  beats_per_ack_ = beats_per_ack;
-  const FencePlan fence = PlanFencing(heartbeat_interval_, timeout, rpc_deadline_, beats_per_ack_);
-  if (fence.tight && !fence_.tight) {
-    DDP_LOG(WARNING) << "the coordinator's heartbeat timeout of "
-                     << absl::Milliseconds(resp->heartbeat_timeout_ms())
-                     << " leaves too little time for other workers to notice a coordinator "
-                        "outage before this one must decide whether it is cut off: an outage "
-                        "may fence its ranks (a timeout of at least "
-                     << 2 * (heartbeat_interval_ + rpc_deadline_) + rpc_deadline_
-                     << " avoids it)";
-  }
-  fence_ = fence;
+  PlanBeats(heartbeat_interval_, absl::Milliseconds(resp->heartbeat_timeout_ms()));
   last_ok_sent_ = sent;
   last_told_.clear();
   fence_asked_ = false;
@@ -251,6 +232,42 @@ absl::Status Agent::RegisterOnce() {
                 << options_.slots << " slots, " << options_.advertise_addr << "), heartbeat every "
                 << heartbeat_interval_;
   return absl::OkStatus();
+}
+
+void Agent::PlanBeats(absl::Duration interval, absl::Duration timeout) {
+  heartbeat_interval_ = interval;
+  heartbeat_timeout_ = timeout;
+  const int beats_per_ack = options_.quiet_heartbeats && client_->QuietCapable()
+                                ? QuietBeatsPerAck(heartbeat_interval_, timeout, rpc_deadline_)
+                                : 1;
+  if (beats_per_ack != beats_per_ack_) {
+    DDP_LOG(INFO) << "quiet heartbeats: the coordinator is asked to answer one beat in "
+                  << beats_per_ack << " (fence.h)";
+  }
+  beats_per_ack_ = beats_per_ack;
+  const FencePlan fence = PlanFencing(heartbeat_interval_, timeout, rpc_deadline_, beats_per_ack_);
+  if (fence.tight && !fence_.tight) {
+    DDP_LOG(WARNING) << "the coordinator's heartbeat timeout of " << timeout
+                     << " leaves too little time for other workers to notice a coordinator "
+                        "outage before this one must decide whether it is cut off: an outage "
+                        "may fence its ranks (a timeout of at least "
+                     << 2 * (heartbeat_interval_ + rpc_deadline_) + rpc_deadline_
+                     << " avoids it)";
+  }
+  fence_ = fence;
+}
+
+void Agent::FollowInterval(const v1::HeartbeatResponse& resp) {
+  const absl::Duration interval = absl::Milliseconds(resp.heartbeat_interval_ms());
+  const absl::Duration timeout = absl::Milliseconds(resp.heartbeat_timeout_ms());
+  // 0: a coordinator older than the fields. Out of order: not a coordinator's answer
+  // (it checked its own at start), kept as it was.
+  if (resp.heartbeat_interval_ms() <= 0 || resp.heartbeat_timeout_ms() <= 0) return;
+  if (interval == heartbeat_interval_ && timeout == heartbeat_timeout_) return;
+  if (rpc_deadline_ >= interval || interval >= timeout) return;
+  DDP_LOG(INFO) << "the coordinator asks for a heartbeat every " << interval << " (was "
+                << heartbeat_interval_ << "), timeout " << timeout << " (decision 162)";
+  PlanBeats(interval, timeout);
 }
 
 int64_t Agent::Delivered() const { return reporter_->delivered(); }
@@ -267,6 +284,7 @@ absl::Status Agent::HeartbeatOnce(absl::Duration deadline) {
   v1::HeartbeatRequest req;
   req.set_worker(options_.name);
   req.set_incarnation(incarnation_);
+  req.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(heartbeat_interval_));
   if (!leaving_.empty()) req.set_leaving(leaving_);
   if (stopping_grace_ > absl::ZeroDuration()) {
     req.set_stopping_grace_ms(absl::ToInt64Milliseconds(stopping_grace_));
@@ -346,6 +364,7 @@ absl::Status Agent::HeartbeatOnce(absl::Duration deadline) {
     last_ok_sent_ = sent;
   }
   fence_asked_ = false;
+  FollowInterval(*resp);
   witnesses_.assign(resp->witnesses().begin(), resp->witnesses().end());
   for (const TaskKey& key : sent_finished) reported_finished_[key] = true;
   Reconcile(*resp);

@@ -140,6 +140,11 @@ class Agent {
   // One heartbeat, bounded by `deadline` (default: the RPC deadline).
   absl::Status HeartbeatOnce(absl::Duration deadline = absl::ZeroDuration());
   void Reconcile(const v1::HeartbeatResponse& desired);
+  // The heartbeat interval and timeout to use from now on (Register's, or a heartbeat
+  // answer's, decision 162): quiet beats' k and the fencing plan follow them.
+  void PlanBeats(absl::Duration interval, absl::Duration timeout);
+  // An answer's heartbeat_interval_ms and heartbeat_timeout_ms, when set and new.
+  void FollowInterval(const v1::HeartbeatResponse& resp);
   // Shutting down with ranks running: tells the coordinator (stopping_grace_ms) and
   // keeps heartbeating until they are stopped through the desired state (their jobs
   // moved after the notice's checkpoint) or --stop-grace is over. Returns the grace
@@ -201,6 +206,7 @@ class Agent {
 
   bool registered_ = false;
   absl::Duration heartbeat_interval_ = absl::Seconds(1);
+  absl::Duration heartbeat_timeout_ = absl::Seconds(5);
   absl::Duration rpc_deadline_ = absl::Seconds(2);
   Backoff backoff_;
   int failures_ = 0;
