@@ -6,8 +6,10 @@
 //     backward produces their gradients); the first bucket closes at 1 MiB, later ones
 //     at bucket_cap_mb (a bucket closes once it reaches its cap, as in
 //     compute_bucket_assignment_by_size).
-//   - A hook on every parameter copies its gradient, times 1/world, into the bucket's
-//     flat buffer. When a bucket's last gradient arrives, and every earlier bucket has
+//   - A post-hook on every parameter's AccumulateGrad node (PyTorch's
+//     grad_accumulators_ and autograd_hook) copies param.grad, accumulated, times
+//     1/world, into the bucket's flat buffer. It runs also when the incoming gradient is
+//     undefined (a tensor hook does not, under LibTorch 1.13). When a bucket's last gradient arrives, and every earlier bucket has
 //     been launched, its async all-reduce (SUM) starts, so communication overlaps the
 //     rest of backward. Buckets launch in index order on every rank, as collectives
 //     must match across ranks. The all-reduce is Comm's: through shared memory on a
@@ -15,7 +17,12 @@
 //     sums progress without waiting (Comm::Poll).
 //   - FinishBackward() launches buckets whose parameters got no gradient (unused in
 //     this forward; treated as zero), waits for every all-reduce with the collective
-//     timeout, and copies the averages into param.grad. With finish_in_backward (what
+//     timeout, and copies the averages into param.grad. As PyTorch, a parameter that
+//     got no gradient and that nothing marked unused (find_unused_parameters' graph
+//     walk, static_graph's first iteration) leaves the reduction unfinished: the
+//     gradients stay local and CheckPriorReduction() fails the next forward. A hook
+//     called with an undefined gradient (a custom Function returned none) reduces
+//     param.grad as it is, or zeros. With finish_in_backward (what
 //     libddp's DistributedDataParallel uses), the first hook of a sync backward queues
 //     it as the autograd engine's final callback, as PyTorch's reducer queues
 //     finalize_backward, so backward() returns with the averages in place; a failure
@@ -44,7 +51,9 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -53,6 +62,10 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "libddp/engine/comm.h"
+
+namespace torch::autograd {
+struct Node;
+}  // namespace torch::autograd
 
 namespace ddp {
 
@@ -105,9 +118,21 @@ class GradientReducer {
     // finish_in_backward: throws the exception backward() propagates when FinishBackward
     // fails (libddp throws its ddp::Error); null: std::runtime_error.
     std::function<void(const absl::Status&)> throw_failure;
+    // PyTorch's find_unused_parameters: SetOutputs() walks the autograd graph from the
+    // forward's outputs; parameters it does not reach are ready at the first hook, and
+    // the all-reduced "locally used" map leaves the gradients of parameters no rank
+    // used untouched (undefined stays undefined).
+    bool find_unused_parameters = false;
+    // PyTorch's static_graph: the first sync backward reduces everything at its end and
+    // records how often each parameter's hook fired and which ones were used (the
+    // all-reduced map); later backwards take the unused ones as ready at the first
+    // hook and a parameter as ready once its hook fired as often (reentrant backward).
+    bool static_graph = false;
+    // Parameter names, for errors (may be empty: indices only).
+    std::vector<std::string> names;
   };
 
-  // Registers a gradient hook on every parameter; they must all require grad and
+  // Registers a post-hook on every parameter's AccumulateGrad node; they must all require grad and
   // share dtype and device. `comm` must outlive the reducer; `trace` may be null.
   GradientReducer(std::vector<at::Tensor> params, Comm* comm, Options options,
                   ReducerTrace* trace);
@@ -117,6 +142,22 @@ class GradientReducer {
 
   // Arms the hooks for the next backward. sync=false: accumulate locally only.
   void PrepareForBackward(bool sync);
+  // find_unused_parameters: the forward's outputs, after PrepareForBackward(true)
+  // (PyTorch's prepare_for_backward(outputs)). Parameters autograd cannot reach from
+  // them are unused in this backward.
+  // Also, with finish_in_backward, a pre-hook on each output's grad_fn queues the end
+  // of the reduction in the backward that starts from them (PyTorch's _DDPSink), not in
+  // the one where the first gradient hook runs (a reentrant backward's, with activation
+  // checkpointing). Without outputs, the first hook queues it.
+  void SetOutputs(const std::vector<at::Tensor>& outputs);
+  // The outputs' pre-hook (SetOutputs).
+  void QueueFinishFromOutputs();
+  // Before a forward with grad enabled: FAILED_PRECONDITION with PyTorch's "Expected to
+  // have finished reduction in the prior iteration" when the last sync backward left
+  // parameters without a gradient that nothing marked unused (without
+  // find_unused_parameters: parameters this forward did not use) or, with
+  // static_graph, the graph changed.
+  absl::Status CheckPriorReduction() const;
   // After a sync backward: waits for every bucket and writes averaged gradients.
   // Returns the time spent waiting (communication not hidden by backward).
   // UNAVAILABLE when an all-reduce fails or times out (a peer died or hung).
@@ -148,7 +189,21 @@ class GradientReducer {
     std::unique_ptr<PendingSum> work;
   };
 
-  void OnGradient(size_t param_index, const at::Tensor& grad);
+  void OnGradient(size_t param_index);  // The AccumulateGrad post-hook.
+  // Writes parameter i's bucket view from param.grad as it is (zeros when undefined)
+  // and marks it ready. Caller holds mu_.
+  void MarkFromGradLocked(size_t i);
+  // Marks the parameters known unused this backward ready. Caller holds mu_.
+  void MarkUnusedLocked();
+  // finish_in_backward: queues FinishBackward as autograd's final callback, once per
+  // backward. Caller holds mu_.
+  void QueueFinishLocked();
+  // find_unused_parameters or static_graph's first sync backward.
+  bool TracksUsageLocked() const {
+    return (options_.find_unused_parameters && !options_.static_graph) ||
+           (options_.static_graph && finished_ == 0);
+  }
+  std::string ParamName(size_t i) const;
   void LaunchReadyLocked();  // Caller holds mu_.
   void FinishFromCallback();
   void Launch(Bucket& bucket, size_t index);
@@ -169,7 +224,7 @@ class GradientReducer {
   std::vector<BucketLayout> buckets_;
   std::vector<Bucket> state_;
   std::vector<std::pair<size_t, size_t>> locate_;  // param -> (bucket, slot)
-  std::vector<unsigned> hook_handles_;
+  std::vector<uintptr_t> hook_keys_;  // Our post-hook on accumulators_[i].
   BucketHook comm_hook_;
   bool relayout_pending_ = false;     // Registration order until the first sync backward.
   std::vector<size_t> ready_order_;   // Parameters in the order that backward readied them.
@@ -184,6 +239,21 @@ class GradientReducer {
   int64_t last_bytes_ = 0;
   int64_t finished_ = 0;
   std::optional<absl::Status> callback_error_;
+
+  // find_unused_parameters / static_graph.
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // AccumulateGrad nodes.
+  bool outputs_given_ = false;         // SetOutputs since PrepareForBackward.
+  bool finish_from_outputs_ = false;   // The outputs' grad_fn queue the finish.
+  bool hooks_fired_ = false;           // A hook ran in this sync backward.
+  std::shared_ptr<GradientReducer*> self_;  // Null once destroyed (outputs' pre-hooks).
+  std::vector<size_t> unused_;         // Known unused this backward.
+  bool marked_unused_ = false;         // unused_ marked ready this backward.
+  std::vector<float> local_used_;      // Per parameter: a defined gradient this backward.
+  std::vector<bool> global_used_;      // The all-reduced map (static_graph: the first's).
+  std::vector<int> expected_fires_;    // static_graph: hook calls per backward.
+  std::vector<int> fires_;             // This backward's hook calls.
+  std::vector<size_t> unmarked_;       // Left without a gradient by the last sync backward.
+  bool graph_changed_ = false;         // static_graph: more hook calls than recorded.
 };
 
 }  // namespace ddp

@@ -2,6 +2,8 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include <cstdlib>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "libddp/engine/api_bridge.h"
@@ -21,6 +23,7 @@ absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Impl::Create(
   // As DDP does, only parameters that require grad are reduced; frozen ones are
   // broadcast once with the rest and then left alone.
   std::vector<at::Tensor> trainable;
+  std::vector<std::string> trainable_names;
   std::string first_trainable;
   std::vector<at::Tensor> state;
   for (auto& [name, p] : parameters) {
@@ -39,6 +42,7 @@ absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Impl::Create(
     }
     if (trainable.empty()) first_trainable = name;
     trainable.push_back(p);
+    trainable_names.push_back(name);
   }
   if (trainable.empty()) {
     return absl::InvalidArgumentError("model: no parameter requires grad: nothing to train");
@@ -57,6 +61,9 @@ absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Impl::Create(
   ro.bucket_cap_bytes = static_cast<int64_t>(options.bucket_cap_mb * 1024 * 1024);
   ro.first_bucket_cap_bytes = static_cast<int64_t>(options.first_bucket_cap_mb * 1024 * 1024);
   ro.finish_in_backward = true;
+  ro.find_unused_parameters = options.find_unused_parameters;
+  ro.static_graph = options.static_graph;
+  ro.names = std::move(trainable_names);
   // A failed all-reduce leaves backward() as the ddp::Error its status maps to.
   ro.throw_failure = [](const absl::Status& status) { ThrowIfError(status); };
   impl->state = std::move(state);
@@ -87,6 +94,8 @@ absl::Status DataParallel::Impl::PrepareForward() {
   if (sync_buffers && options.broadcast_buffers && !buffers.empty()) {
     DDP_RETURN_IF_ERROR(group->impl().comm->Broadcast(buffers));
   }
+  // PyTorch's ensure_prior_reduction_finished (a forward with grad enabled only).
+  if (grad_enabled) DDP_RETURN_IF_ERROR(reducer->CheckPriorReduction());
   sync_buffers = grad_enabled && grad_sync;
   if (grad_enabled) reducer->PrepareForBackward(grad_sync);
   return absl::OkStatus();
@@ -103,6 +112,25 @@ DataParallel::DataParallel(NamedTensors parameters, NamedTensors buffers,
 DataParallel::~DataParallel() = default;
 
 void DataParallel::prepare_forward() { ThrowIfError(impl_->PrepareForward()); }
+
+void DataParallel::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
+  if (at::GradMode::is_enabled()) impl_->reducer->SetOutputs(outputs);
+}
+
+bool DataParallel::needs_outputs() const {
+  return impl_->options.find_unused_parameters && !impl_->options.static_graph;
+}
+
+namespace detail {
+void ThrowNoOutputs(const char* type_name) {
+  ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
+      "find_unused_parameters: DistributedDataParallel::forward cannot find the tensors in "
+      "the module's result (", type_name, "): return a tensor, a std::vector or a std::tuple "
+      "of tensors, or call the module yourself between model.core().prepare_forward() and "
+      "model.core().prepare_for_backward(outputs)")));
+  std::abort();  // Not reached: ThrowIfError throws for an error status.
+}
+}  // namespace detail
 
 DataParallel::NoSync DataParallel::no_sync() {
   const bool prev = impl_->grad_sync;

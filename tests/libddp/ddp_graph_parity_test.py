@@ -70,6 +70,48 @@ class DdpGraphParityTest(unittest.TestCase):
     def test_undefined_grad_world3(self):
         self.check(3, "undefined")
 
+    def test_find_unused_parameters_world2(self):
+        self.check(2, "unused")
+
+    def test_find_unused_parameters_world3(self):
+        self.check(3, "unused")
+
+    def test_static_graph_world2(self):
+        self.check(2, "static")
+
+    def test_static_graph_world3(self):
+        self.check(3, "static")
+
+    def test_static_graph_with_reentrant_checkpointing_world2(self):
+        self.check(2, "checkpoint")
+
+    def test_static_graph_with_reentrant_checkpointing_world3(self):
+        self.check(3, "checkpoint")
+
+    def check_error(self, world, case, what):
+        ref, got = self.check(world, case)
+        for rank, (g, w) in enumerate(zip(got, ref["ranks"])):
+            for text in (g["error"], w["error"]):
+                self.assertIn("Expected to have finished reduction in the prior iteration", text)
+                self.assertIn(what, text)
+            # PyTorch's line naming the parameters, word for word.
+            [line] = [l for l in w["error"].split("\n") if l.startswith("Parameter indices")]
+            self.assertIn(line + "\n", g["error"] + "\n", f"rank {rank}: {g['error']}")
+            self.assertIn(f"Parameters which did not receive grad for rank {rank}: ", g["error"])
+
+    def test_unused_parameter_without_the_flag_fails_the_next_forward(self):
+        self.check_error(2, "error", "find_unused_parameters")
+
+    def test_static_graph_that_changes_fails_the_next_forward(self):
+        self.check_error(2, "static_error", "your training graph has changed")
+
+    def test_find_unused_parameters_without_outputs_is_an_error(self):
+        [(code, out, err)] = run_program(1, ["--case", "no_outputs"])
+        self.assertEqual(code, 0, err)
+        got = json.loads(out)
+        self.assertEqual(got.get("error_code"), 1, got)  # ddp::ErrorCode::kFailedPrecondition
+        self.assertEqual(got["message"], "names prepare_for_backward")
+
 
 if __name__ == "__main__":
     PROGRAM = sys.argv.pop(1)

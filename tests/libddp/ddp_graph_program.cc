@@ -6,7 +6,10 @@
 // defined after each backward, the final parameters and the last step's gradients,
 // or, when a forward throws, the ddp::Error's message as "error".
 //
-//   ddp_graph_program --case undefined
+//   ddp_graph_program --case undefined|unused|static|error|static_error|checkpoint|no_outputs
+//
+// no_outputs (a misuse): find_unused_parameters through DataParallel without
+// prepare_for_backward(outputs); backward() must throw a ddp::Error naming it.
 #include <ddp/ddp.h>
 #include <torch/torch.h>
 
@@ -35,6 +38,31 @@ struct Gate : torch::autograd::Function<Gate> {
     const bool give = ctx->saved_data["give"].toBool();
     const torch::Tensor& grad = grads[0];
     return {grad * saved[1], give ? (grad * saved[0]).sum(0) : torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// torch.utils.checkpoint(fn, h, use_reentrant=True): fn runs without grad in the
+// forward and again in the backward, whose own (nested, reentrant) backward accumulates
+// the gradients of fn's parameters. `fn` is a NetImpl's Segment, passed by address.
+struct NetImpl;
+torch::Tensor Segment(NetImpl* net, const torch::Tensor& h);
+struct Checkpoint : torch::autograd::Function<Checkpoint> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& h,
+                               int64_t net) {
+    ctx->save_for_backward({h});
+    ctx->saved_data["net"] = net;
+    return Segment(reinterpret_cast<NetImpl*>(net), h);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    torch::Tensor h = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    torch::Tensor out;
+    {
+      torch::AutoGradMode enable(true);
+      out = Segment(reinterpret_cast<NetImpl*>(ctx->saved_data["net"].toInt()), h);
+    }
+    torch::autograd::backward({out}, {grads[0]});
+    return {h.grad(), torch::Tensor()};
   }
 };
 
@@ -67,6 +95,12 @@ struct NetImpl : torch::nn::Module {
       out = out + never(h);
       return Gate::apply(out, gate, (step + rank) % 3 == 0);
     }
+    if (kind == "checkpoint") {
+      out = Checkpoint::apply(h, reinterpret_cast<int64_t>(this));
+      out = out + even(h);
+      if (rank == 1) out = out + rank1(h);
+      return Gate::apply(out, gate, true);
+    }
     if (kind == "error") {
       out = out + even(h);
       return out + rank1(h);
@@ -77,10 +111,16 @@ struct NetImpl : torch::nn::Module {
     const bool give = kind.rfind("static", 0) == 0 || (step + rank) % 3 == 0;
     return Gate::apply(out, gate, give);
   }
+  torch::Tensor SegmentOf(const torch::Tensor& h) {
+    torch::Tensor out = b(h);
+    return out + even(h);
+  }
   std::string kind;
   torch::nn::Linear a{nullptr}, b{nullptr}, even{nullptr}, rank1{nullptr}, never{nullptr};
   torch::Tensor gate;
 };
+
+torch::Tensor Segment(NetImpl* net, const torch::Tensor& h) { return net->SegmentOf(h); }
 
 std::string Json(const torch::Tensor& t) {
   if (!t.defined()) return "null";
@@ -104,6 +144,27 @@ int Run(const std::string& kind) {
   const int64_t rank = group->rank();
   auto net = std::make_shared<NetImpl>(kind);
   ddp::DdpOptions options;
+  options.find_unused_parameters = kind == "unused" || kind == "no_outputs";
+  options.static_graph = kind.rfind("static", 0) == 0 || kind == "checkpoint";
+  if (kind == "no_outputs") {
+    ddp::NamedTensors named;
+    for (const auto& item : net->named_parameters()) named.emplace_back(item.key(), item.value());
+    ddp::DataParallel dp(named, {}, group, options);
+    dp.prepare_forward();
+    torch::Tensor out = net->forward(torch::ones({kBatch, 4}), 0, rank);
+    try {
+      out.sum().backward();
+      std::cout << "{\"error\": \"no error\"}\n";
+    } catch (const ddp::Error& e) {
+      std::cout << "{\"error_code\": " << static_cast<int>(e.code()) << ", \"message\": \""
+                << (std::string(e.what()).find("call prepare_for_backward(outputs)") !=
+                            std::string::npos
+                        ? "names prepare_for_backward"
+                        : "other")
+                << "\"}\n";
+    }
+    return 0;
+  }
   ddp::DistributedDataParallel model(net, group, options);
   const std::vector<torch::Tensor> params = net->parameters();
   torch::optim::SGD opt(params, torch::optim::SGDOptions(0.1).momentum(0.9));

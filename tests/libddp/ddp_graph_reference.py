@@ -20,6 +20,10 @@ no random generator. CASE:
              error, which is printed as "error".
   static_error  static_graph=True, but `even` only on even steps: the third forward
              raises PyTorch's "training graph has changed" error.
+  checkpoint static_graph=True and activation checkpointing (reentrant): b and even run
+             inside torch.utils.checkpoint, even once more outside it, so its gradient
+             arrives twice per backward (once from the nested backward); `rank1` only on
+             rank 1, `never` never.
 Prints {"torch": version, "ranks": [per rank: losses, defined (per step, per parameter:
 whether param.grad was defined after backward), params (final, flattened per
 parameter), grads (the last step's, or None)]}.
@@ -34,6 +38,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 STEPS, BATCH = 5, 6
 
@@ -71,6 +76,12 @@ class Net(nn.Module):
         if self.case == "undefined":
             out = out + self.even(h) + self.rank1(h) + self.never(h)
             return Gate.apply(out, self.gate, (step + rank) % 3 == 0)
+        if self.case == "checkpoint":
+            out = torch.utils.checkpoint.checkpoint(self.segment, h, use_reentrant=True)
+            out = out + self.even(h)
+            if rank == 1:
+                out = out + self.rank1(h)
+            return Gate.apply(out, self.gate, True)
         if self.case == "error":
             return out + self.even(h) + self.rank1(h)
         if self.case in ("unused", "static_error") and step % 2 == 0:
@@ -81,6 +92,10 @@ class Net(nn.Module):
             out = out + self.rank1(h)
         give = self.case.startswith("static") or (step + rank) % 3 == 0
         return Gate.apply(out, self.gate, give)
+
+    def segment(self, h):
+        out = self.b(h)
+        return out + self.even(h)
 
 
 def formula_param(numel, k):
@@ -103,7 +118,7 @@ def run(rank, world, case, port, out):
     kwargs = {}
     if case == "unused":
         kwargs["find_unused_parameters"] = True
-    if case.startswith("static"):
+    if case.startswith("static") or case == "checkpoint":
         kwargs["static_graph"] = True
     model = nn.parallel.DistributedDataParallel(net, **kwargs)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)

@@ -328,7 +328,10 @@ TEST(DistributedDataParallelTest, AModelWithNothingToTrainIsRefused) {
   }
 }
 
-TEST(DistributedDataParallelTest, NoSyncIsScopedAndUnusedParametersGetZeros) {
+// As PyTorch's DDP without find_unused_parameters: the backward leaves the unused
+// parameter's gradient undefined and the next forward fails, naming it
+// (ddp_graph_parity_test compares with PyTorch on 2 and 3 ranks).
+TEST(DistributedDataParallelTest, NoSyncIsScopedAndUnusedParametersFailTheNextForward) {
   auto group = WorldOfOne();
   struct TwoHeadsImpl : torch::nn::Module {
     TwoHeadsImpl() : used(register_module("used", torch::nn::Linear(3, 1))),
@@ -345,10 +348,44 @@ TEST(DistributedDataParallelTest, NoSyncIsScopedAndUnusedParametersGetZeros) {
   }
   EXPECT_TRUE(model.core().require_backward_grad_sync());
   model(torch::ones({4, 3})).sum().backward();
-  EXPECT_TRUE(net->unused->weight.grad().defined());
-  EXPECT_EQ(net->unused->weight.grad().abs().sum().item<double>(), 0.0);
+  EXPECT_TRUE(net->used->weight.grad().defined());
+  EXPECT_FALSE(net->unused->weight.grad().defined());
   EXPECT_EQ(model.core().buckets().size(), 1u);
   EXPECT_EQ(model.core().buckets()[0].params, 4);
+  try {
+    model(torch::ones({4, 3}));
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("Expected to have finished reduction in the prior iteration"));
+    EXPECT_THAT(e.what(), HasSubstr("DdpOptions::find_unused_parameters"));
+    EXPECT_THAT(e.what(), HasSubstr("for rank 0: 2 3"));
+    EXPECT_THAT(e.what(), HasSubstr("unused.weight, unused.bias"));
+  }
+  {  // A forward without grad (evaluation) is fine, as in PyTorch.
+    torch::NoGradGuard no_grad;
+    EXPECT_EQ(model(torch::ones({4, 3})).size(0), 4);
+  }
+}
+
+TEST(DistributedDataParallelTest, FindUnusedParametersLeavesUnusedGradientsUndefined) {
+  auto group = WorldOfOne();
+  struct TwoHeadsImpl : torch::nn::Module {
+    TwoHeadsImpl() : used(register_module("used", torch::nn::Linear(3, 1))),
+                     unused(register_module("unused", torch::nn::Linear(3, 1))) {}
+    std::tuple<torch::Tensor, torch::Tensor> forward(const torch::Tensor& x) {
+      return {used(x), x * 2};
+    }
+    torch::nn::Linear used, unused;
+  };
+  auto net = std::make_shared<TwoHeadsImpl>();
+  DdpOptions options;
+  options.find_unused_parameters = true;
+  DistributedDataParallel model(net, group, options);
+  for (int step = 0; step < 2; ++step) {
+    std::get<0>(model(torch::ones({4, 3}))).sum().backward();
+    EXPECT_TRUE(net->used->weight.grad().defined());
+    EXPECT_FALSE(net->unused->weight.grad().defined());
+  }
 }
 
 TEST(CheckpointerTest, AnEmptyDirIsRefused) {

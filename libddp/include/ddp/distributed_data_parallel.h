@@ -19,7 +19,12 @@
 //     when backward ends, the averaged gradients are in param.grad(). Nothing to call
 //     between backward() and the optimizer;
 //   - parameters with requires_grad false (frozen) are broadcast once and left alone;
-//     a parameter this forward did not use contributes zeros;
+//   - a parameter that gets no gradient in a backward (this forward did not use it)
+//     is, as in PyTorch, an error at the next forward ("Expected to have finished
+//     reduction in the prior iteration ...", naming the parameters) unless
+//     DdpOptions::find_unused_parameters or static_graph says how to handle it; a
+//     parameter a custom autograd Function gave no gradient (an undefined tensor)
+//     counts as zeros, as PyTorch's reducer does;
 //   - buffers (BatchNorm's running statistics) are broadcast from rank 0 before a
 //     forward that follows a gradient-syncing training forward (broadcast_buffers);
 //   - inside no_sync() backward only accumulates locally; the next backward outside it
@@ -36,8 +41,14 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <ATen/core/grad_mode.h>
+
 #include <memory>
+#include <optional>
 #include <string>
+#include <tuple>
+#include <type_traits>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -50,6 +61,26 @@ struct DdpOptions {
   double bucket_cap_mb = 25.0;       // PyTorch's bucket_cap_mb.
   double first_bucket_cap_mb = 1.0;  // PyTorch's first bucket (1 MiB).
   bool broadcast_buffers = true;     // PyTorch's broadcast_buffers.
+  // PyTorch's find_unused_parameters: after each forward, the autograd graph is walked
+  // from the forward's outputs; parameters it does not reach are ready at once (their
+  // buckets do not wait for them), and an all-reduced "locally used" map decides their
+  // gradients: a parameter no rank used (or whose gradient was undefined on every rank)
+  // keeps its gradient as it is (undefined stays undefined, so SGD's momentum skips it);
+  // one some rank used gets the average, the others' counted as zeros.
+  // DistributedDataParallel::forward finds the outputs in a returned tensor,
+  // std::vector or std::tuple of tensors; with DataParallel (or another return type)
+  // call prepare_for_backward(outputs) after each forward. Costs a graph walk per
+  // forward and one small all-reduce per backward.
+  bool find_unused_parameters = false;
+  // PyTorch's static_graph (DDP(static_graph=True), _set_static_graph): the set of used
+  // parameters and how many gradients each gets per backward are the same every
+  // iteration. The first backward reduces everything at its end and records them;
+  // later ones need no graph walk and no usage all-reduce, take the unused parameters
+  // as ready at once, and handle a parameter whose gradient arrives more than once in a
+  // backward (reentrant activation checkpointing). A graph that changes is the error
+  // "your training graph has changed" at the next forward. Takes precedence over
+  // find_unused_parameters, as in PyTorch.
+  bool static_graph = false;
 };
 
 struct BucketInfo {
@@ -86,6 +117,15 @@ class DataParallel {
   // What DDP.forward does before calling the module: broadcasts buffers when due, and
   // arms the gradient hooks when grad mode is on (syncing unless inside no_sync()).
   void prepare_forward();
+  // The forward's output tensors, after each forward with grad enabled (PyTorch's
+  // reducer.prepare_for_backward(outputs)). Needed with find_unused_parameters:
+  // parameters autograd cannot reach from them are unused in this iteration. Optional
+  // otherwise; given, the reduction ends with the backward that starts from them, so a
+  // reentrant backward inside it (activation checkpointing) is handled as in PyTorch.
+  void prepare_for_backward(const std::vector<at::Tensor>& outputs);
+  // Whether prepare_for_backward needs the outputs (find_unused_parameters without
+  // static_graph).
+  bool needs_outputs() const;
 
   // RAII: backward passes of forwards made while it lives only accumulate locally.
   class NoSync {
@@ -133,6 +173,45 @@ inline NamedTensors Named(const torch::OrderedDict<std::string, at::Tensor>& ite
   for (const auto& item : items) out.emplace_back(item.key(), item.value());
   return out;
 }
+// The tensors of a forward's result, for find_unused_parameters: a tensor, a
+// std::vector or a std::tuple / std::pair of tensors (nested); nullopt for anything else.
+inline std::optional<std::vector<at::Tensor>> OutputTensors(const at::Tensor& t) {
+  return std::vector<at::Tensor>{t};
+}
+inline std::optional<std::vector<at::Tensor>> OutputTensors(const std::vector<at::Tensor>& v) {
+  return v;
+}
+template <typename T>
+std::optional<std::vector<at::Tensor>> OutputTensors(const T&) {
+  return std::nullopt;
+}
+template <typename... Ts>
+std::optional<std::vector<at::Tensor>> OutputTensors(const std::tuple<Ts...>& t);
+template <typename A, typename B>
+std::optional<std::vector<at::Tensor>> OutputTensors(const std::pair<A, B>& p) {
+  return OutputTensors(std::tie(p.first, p.second));
+}
+template <typename... Ts>
+std::optional<std::vector<at::Tensor>> OutputTensors(const std::tuple<Ts...>& t) {
+  std::optional<std::vector<at::Tensor>> all(std::in_place);
+  std::apply(
+      [&](const auto&... items) {
+        auto add = [&](const auto& item) {
+          auto part = OutputTensors(item);
+          if (!part) {
+            all.reset();
+          } else if (all) {
+            all->insert(all->end(), part->begin(), part->end());
+          }
+        };
+        (add(items), ...);
+      },
+      t);
+  return all;
+}
+// Throws ddp::Error: find_unused_parameters with a forward result it cannot look into.
+[[noreturn]] void ThrowNoOutputs(const char* type_name);
+
 // The module moved to `device` first, as DDP(model.to(device)) expects.
 template <typename M>
 M& OnDevice(M& module, const at::Device& device) {
@@ -151,10 +230,27 @@ class DistributedDataParallel {
         core_(detail::Named(detail::OnDevice(module_, group->device())->named_parameters()),
               detail::Named(module_->named_buffers()), group, options) {}
 
+  // With find_unused_parameters, the result's tensors go to
+  // core().prepare_for_backward (a tensor, a std::vector or a std::tuple of tensors;
+  // another result type is an error naming what to do).
   template <typename... Args>
   decltype(auto) forward(Args&&... args) {
     core_.prepare_forward();
-    return module_->forward(std::forward<Args>(args)...);
+    using R = decltype(module_->forward(std::forward<Args>(args)...));
+    if constexpr (std::is_void_v<R> || std::is_reference_v<R>) {
+      return module_->forward(std::forward<Args>(args)...);
+    } else {
+      R out = module_->forward(std::forward<Args>(args)...);
+      if (at::GradMode::is_enabled()) {
+        auto tensors = detail::OutputTensors(out);
+        if (tensors) {
+          core_.prepare_for_backward(*tensors);
+        } else if (core_.needs_outputs()) {
+          detail::ThrowNoOutputs(typeid(R).name());
+        }
+      }
+      return out;
+    }
   }
   template <typename... Args>
   decltype(auto) operator()(Args&&... args) {
