@@ -213,6 +213,17 @@ GradientReducer::~GradientReducer() {
 void GradientReducer::PrepareForBackward(bool sync) {
   std::lock_guard<std::mutex> lock(mu_);
   sync_ = sync;
+  // A parameter whose data was replaced (Module::load's set_ or set_data) may have a
+  // new AccumulateGrad node, which this forward's graph will use: hook it instead.
+  for (size_t i = 0; i < hook_keys_.size(); ++i) {
+    std::shared_ptr<torch::autograd::Node> acc =
+        torch::autograd::impl::grad_accumulator(params_[i]);
+    if (acc == accumulators_[i]) continue;
+    accumulators_[i]->del_post_hook(hook_keys_[i]);
+    accumulators_[i] = std::move(acc);
+    hook_keys_[i] = accumulators_[i]->add_post_hook(
+        std::make_unique<GradReadyHook>([this, i] { OnGradient(i); }));
+  }
   callback_queued_ = false;
   std::fill(ready_.begin(), ready_.end(), false);
   next_launch_ = 0;
