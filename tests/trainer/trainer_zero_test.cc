@@ -12,7 +12,6 @@
 //     and parameters of the uninterrupted run.
 #include <ATen/ATen.h>
 
-#include <filesystem>
 #include <map>
 #include <vector>
 
@@ -120,7 +119,7 @@ std::vector<std::map<int64_t, double>> RunPyTorch(const Knobs& k, std::string* v
   EXPECT_TRUE(run->exit.ok()) << run->err;
   auto json = testing::ParseJson(testing::ReadFile(dir + "/out.json"));
   EXPECT_TRUE(json.ok()) << json.status() << "\n" << run->err;
-  std::filesystem::remove_all(dir);
+  testing::RemoveTree(dir);
   if (!json.ok()) return out;
   *version = json->struct_value().fields().at("torch").string_value();
   const auto& ranks = json->struct_value().fields().at("ranks").struct_value().fields();
@@ -171,8 +170,8 @@ TEST(TrainerZeroTest, MatchesPyTorchsZeroAndTheRunWithoutIt) {
     EXPECT_EQ(zero.fingerprint.size(), 16u);
     std::cerr << c.optimizer << ", world " << c.world << ": largest loss difference from "
               << "PyTorch " << torch_version << "'s ZeroRedundancyOptimizer: " << worst << "\n";
-    std::filesystem::remove_all(zero.dir);
-    std::filesystem::remove_all(plain.dir);
+    testing::RemoveTree(zero.dir);
+    testing::RemoveTree(plain.dir);
   }
 }
 
@@ -252,9 +251,9 @@ TEST(TrainerZeroTest, ACheckpointResumesWithoutZeroAndTheReverse) {
       }
     }
     EXPECT_EQ(b.fingerprint, uninterrupted.fingerprint);
-    std::filesystem::remove_all(a.dir);
+    testing::RemoveTree(a.dir);
   }
-  std::filesystem::remove_all(uninterrupted.dir);
+  testing::RemoveTree(uninterrupted.dir);
 }
 
 // Without shared storage every node writes its own checkpoints ({node}): each writer
@@ -272,8 +271,8 @@ TEST(TrainerZeroTest, EveryNodesWriterGetsTheWholeState) {
     EXPECT_EQ(got.global_step, 5) << "node " << node;
     EXPECT_TRUE(SameState(got, want)) << "node " << node;
   }
-  std::filesystem::remove_all(zero.dir);
-  std::filesystem::remove_all(plain.dir);
+  testing::RemoveTree(zero.dir);
+  testing::RemoveTree(plain.dir);
 }
 
 // A world of one: PyTorch allows it, and it is the plain optimizer.
@@ -285,8 +284,8 @@ TEST(TrainerZeroTest, OneRankIsThePlainOptimizer) {
   EXPECT_EQ(zero.losses[0].size(), 6u);
   EXPECT_EQ(zero.losses[0], plain.losses[0]);
   EXPECT_EQ(zero.fingerprint, plain.fingerprint);
-  std::filesystem::remove_all(zero.dir);
-  std::filesystem::remove_all(plain.dir);
+  testing::RemoveTree(zero.dir);
+  testing::RemoveTree(plain.dir);
 }
 
 }  // namespace
