@@ -1,6 +1,8 @@
 // The agent's building blocks on their own: retry backoff, the outbox's bounds, line
-// cutting, UTF-8 repair of outgoing messages, and telling a stopped trainer.
+// cutting, UTF-8 repair of outgoing messages, the output pump's view of a rank's
+// pipes, and telling a stopped trainer.
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <memory>
@@ -8,7 +10,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/process.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -16,6 +20,7 @@
 #include "worker/agent/backoff.h"
 #include "worker/agent/event_buffer.h"
 #include "worker/agent/line_cutter.h"
+#include "worker/agent/output_pump.h"
 #include "worker/agent/proto_utf8.h"
 #include "worker/agent/trainer_task.h"
 
@@ -90,6 +95,42 @@ TEST(LineCutterTest, SplitsLinesAcrossChunksAndCutsLongOnesOnACharacterBoundary)
                                             std::pair<std::string, int64_t>{"01234567", 5},
                                             std::pair<std::string, int64_t>{"123456", 8},
                                             std::pair<std::string, int64_t>{"end", 0}));
+}
+
+// The exit of a rank that flooded its output is reported once its pipes are drained,
+// or, after a grace, once they hold nothing unread (a grandchild may keep a pipe open).
+// The pump takes a pipe's last chunk out of the pipe before its lines reach the outbox:
+// in between, Unread must still say the pump is behind, or the agent would report the
+// exit ahead of those lines (it once did, under load, for a trainer's last 30,000).
+TEST(OutputPumpTest, LinesReadButNotYetPushedStillCountAsUnread) {
+  EventBuffer buffer;
+  absl::Notification first_push, release;
+  OutputPump pump(&buffer, RealClock(), [&] {
+    if (!first_push.HasBeenNotified()) {
+      first_push.Notify();
+      release.WaitForNotificationWithTimeout(absl::Seconds(20));
+    }
+  });
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const OutputSource source{"job-1", 1, 0};
+  const OutputSource other{"job-1", 1, 1};
+  const std::string bytes = "first\nsecond\nlast\n";
+  ASSERT_EQ(::write(fds[1], bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+  ::close(fds[1]);
+  pump.Add(source, -1, fds[0], -1);
+  ASSERT_TRUE(first_push.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  // The pump holds all three lines (the pipe is empty) and has pushed one.
+  EXPECT_EQ(buffer.pushed(), 1);
+  EXPECT_TRUE(pump.Unread(source)) << "lines in the pump's hands are not yet delivered";
+  EXPECT_FALSE(pump.Drained(source));
+  EXPECT_FALSE(pump.Unread(other)) << "only the rank being read is behind";
+  release.Notify();
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (!pump.Drained(source) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(2));
+  ASSERT_TRUE(pump.Drained(source));
+  EXPECT_FALSE(pump.Unread(source));
+  EXPECT_EQ(buffer.pushed(), 3) << "every line was in the outbox before the pipe counted as drained";
 }
 
 TEST(RepairUtf8Test, RepairsEveryStringFieldOfANestedMessage) {

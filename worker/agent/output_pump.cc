@@ -61,6 +61,10 @@ bool OutputPump::Drained(const OutputSource& source) {
 
 bool OutputPump::Unread(const OutputSource& source) {
   absl::MutexLock lock(&mu_);
+  if (reading_ != nullptr && reading_->source.job_id == source.job_id &&
+      reading_->source.attempt == source.attempt && reading_->source.rank == source.rank) {
+    return true;
+  }
   for (const auto& s : streams_) {
     int n = 0;
     if (s->source.job_id == source.job_id && s->source.attempt == source.attempt &&
@@ -204,6 +208,10 @@ void OutputPump::Loop() {
     for (size_t i = 1; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
       Stream* s = owners[i];
+      {
+        absl::MutexLock lock(&mu_);
+        reading_ = s;
+      }
       char buf[65536];
       ssize_t n = ::read(s->fd, buf, sizeof(buf));
       if (n > 0) {
@@ -214,6 +222,8 @@ void OutputPump::Loop() {
         Closing(*s);
         closed.push_back(s);
       }
+      absl::MutexLock lock(&mu_);
+      reading_ = nullptr;
     }
     if (closed.empty()) continue;
     absl::MutexLock lock(&mu_);

@@ -65,8 +65,11 @@ class OutputPump {
   int64_t malformed_event_lines() const { return malformed_total_.load(); }
   // True once every pipe of `source` has been read to its end.
   bool Drained(const OutputSource& source);
-  // True while some pipe of `source` holds bytes the pump has not read yet: the pump
-  // is behind (a flood), as opposed to a pipe held open by a silent grandchild.
+  // True while some pipe of `source` holds bytes the pump has not read yet, or the
+  // pump is turning bytes it read from one of them into events: the pump is behind (a
+  // flood), as opposed to a pipe held open by a silent grandchild. (A pipe's last
+  // chunk is out of the pipe before its lines are in the buffer; without the second
+  // half an exit could be reported ahead of them.)
   bool Unread(const OutputSource& source);
   // Forgets a drained source (its task is gone).
   void Forget(const OutputSource& source);
@@ -100,6 +103,10 @@ class OutputPump {
   std::vector<std::unique_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);
   std::map<OutputSource, int> open_ ABSL_GUARDED_BY(mu_);  // Pipes not yet at EOF.
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // The stream whose bytes the loop thread is reading and emitting (set before the
+  // read, cleared once its lines are pushed), so Unread() never sees an empty pipe
+  // while its last lines are still in the pump's hands.
+  const Stream* reading_ ABSL_GUARDED_BY(mu_) = nullptr;
   int64_t poll_errors_ = 0;  // Loop thread only.
   // Contract problems already logged (each kind once), loop thread only.
   std::set<std::string> logged_problems_;
