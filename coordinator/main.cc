@@ -70,7 +70,8 @@ int main(int argc, char** argv) {
   flags.Double("max-heartbeats-per-second", &opts.timing.max_heartbeats_per_second,
                "spread heartbeats out past this many a second: the workers are told a "
                "--heartbeat-interval and --heartbeat-timeout stretched by the same whole "
-               "factor (up to 4) that keeps the live workers under it (0: never)");
+               "factor (up to 4) that keeps the live workers under it (0: never; the "
+               "default 5000 first stretches the 1s interval past 5,000 live workers)");
   flags.Duration("recovery-grace", &opts.timing.recovery_grace,
                  "after a restart, how long recovered workers have to check in (at least "
                  "--heartbeat-timeout; keep it above the agents' reconnect bound)");

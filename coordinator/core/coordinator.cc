@@ -453,8 +453,13 @@ absl::Status Coordinator::Recover() {
     const absl::Time now = clock_->Now();
     // With heartbeat rate scaling (decision 162) a recovered agent may beat at a
     // stretched interval that this coordinator has not told it: it gets the largest
-    // stretch until it says which it uses (agents older than the field never say).
-    const int stretch = options_.max_heartbeats_per_second > 0 ? kMaxHeartbeatStretch : 1;
+    // stretch the last leader could have told it until it says which it uses (agents
+    // older than the field never say). That leader's live workers were among the
+    // stored ones, lost ones included, so their count bounds its factor (decision 164:
+    // a cluster under the rate keeps the plain grace).
+    const int stretch =
+        HeartbeatStretch(static_cast<int>(loaded->workers.size()),
+                         options_.max_heartbeats_per_second, options_.heartbeat_interval);
     const absl::Duration grace =
         std::max(options_.recovery_grace, options_.heartbeat_timeout * stretch);
     for (const v1::Worker& w : loaded->workers) {

@@ -77,6 +77,9 @@
 
 namespace ddp {
 
+// The default rate past which heartbeats are spread out (decision 164).
+inline constexpr double kDefaultMaxHeartbeatsPerSecond = 5000;
+
 struct CoordinatorOptions {
   // Ordered, and checked by ValidateTimeouts(): rpc_deadline < heartbeat_interval <
   // heartbeat_timeout; each job's rdzv.timeout_s must exceed heartbeat_timeout and its
@@ -96,8 +99,9 @@ struct CoordinatorOptions {
   // heartbeats a second, the interval the agents are told (RegisterResponse and every
   // HeartbeatResponse) and the timeout they are held to are both stretched by the
   // same whole factor, HeartbeatStretch(). 0: never (every worker beats every
-  // heartbeat_interval, as before).
-  double max_heartbeats_per_second = 0;
+  // heartbeat_interval). On by default (decision 164): with the 1 s interval, past
+  // 5,000 live workers.
+  double max_heartbeats_per_second = kDefaultMaxHeartbeatsPerSecond;
   // How long a formed attempt's workers have to report every trainer started (a
   // pid): a worker that holds its task but never starts it fails the attempt
   // (retryably) after this, not after rdzv.timeout_s. Zero: StartTimeout()'s default.

@@ -1071,10 +1071,63 @@ TEST_F(CoordinatorTest, AtScaleWorkersAreToldALongerIntervalAndHeldToItsLongerTi
 }
 
 TEST_F(CoordinatorTest, WithoutARateTheIntervalIsTheConfiguredOneWhateverTheWorkers) {
+  options_.max_heartbeats_per_second = 0;
+  Open();
   for (int i = 1; i <= 3; ++i) Register(absl::StrCat("w", i));
   v1::HeartbeatResponse r = HeartbeatReply("w1");
   EXPECT_EQ(r.heartbeat_interval_ms(), 1000);
   EXPECT_EQ(r.heartbeat_timeout_ms(), 10000);
+}
+
+TEST_F(CoordinatorTest, TheRateIsOnByDefaultAndLeavesAClusterBelowItAlone) {
+  EXPECT_EQ(CoordinatorOptions().max_heartbeats_per_second, kDefaultMaxHeartbeatsPerSecond);
+  EXPECT_GT(kDefaultMaxHeartbeatsPerSecond, 0);
+  for (int i = 1; i <= 3; ++i) Register(absl::StrCat("w", i));
+  v1::HeartbeatResponse r = HeartbeatReply("w1");
+  EXPECT_EQ(r.heartbeat_interval_ms(), 1000);
+  EXPECT_EQ(r.heartbeat_timeout_ms(), 10000);
+}
+
+// After a restart (or a takeover) the agents may beat at a stretched interval the new
+// coordinator never told them: it waits for them as long as the last leader could have
+// told them, which the stored workers bound (decision 164), not always 4 timeouts.
+TEST_F(CoordinatorTest, RecoveredWorkersAreWaitedForAsLongAsTheLastLeaderCouldHaveToldThem) {
+  options_.max_heartbeats_per_second = 2;  // 1 s interval: 2 workers per factor.
+  options_.recovery_grace = absl::Seconds(1);
+  Open();
+  auto alive = [&](const std::string& name) {
+    auto listed = coordinator_->ListWorkers(v1::ListWorkersRequest());
+    for (const v1::Worker& w : listed->workers()) {
+      if (w.name() == name) return w.alive();
+    }
+    ADD_FAILURE() << "no worker " << name;
+    return false;
+  };
+  auto silent_for = [&](absl::Duration d) {
+    clock_.Advance(d);
+    coordinator_->Tick();
+  };
+  // Two workers: within the rate, never stretched: the plain 10 s timeout as grace.
+  Register("w1");
+  Register("w2");
+  Open();  // Recovers.
+  silent_for(absl::Seconds(9));
+  EXPECT_TRUE(alive("w1"));
+  silent_for(absl::Seconds(2));
+  EXPECT_FALSE(alive("w1")) << "11 s silent: below the rate nothing was ever stretched";
+  EXPECT_FALSE(alive("w2"));
+  // Five stored workers (the two lost ones count: the last leader may have had them
+  // live): the factor could have been 3, so 30 s.
+  Register("w1", 1, "w1-inc2");
+  Register("w2", 1, "w2-inc2");
+  Register("w3");
+  Register("w4");
+  Register("w5");
+  Open();
+  silent_for(absl::Seconds(29));
+  EXPECT_TRUE(alive("w3")) << "29 s silent of the 30 s a factor of 3 allows";
+  silent_for(absl::Seconds(2));
+  EXPECT_FALSE(alive("w3"));
 }
 
 }  // namespace
