@@ -19,7 +19,7 @@ between repeats), and the figures are the medians over --repeats of each side an
 per-repeat ratios: on a shared machine whose speed drifts between repeats, the paired
 ratio is the figure that holds.
 
-    /usr/bin/python3 bench/libddp_bench.py --before OLD/build/bin [--repeats 7]
+    /usr/bin/python3 bench/libddp_bench.py --before OLD/build/bin [--after NEW/bin] [--repeats 7]
                                           [--out bench/results/libddp_before_after.json]
 
 runs comparison 2 alone for two builds in one run (a change's "before" build's bin/ and
@@ -126,9 +126,9 @@ def throughput_library(bin_dir=BIN):
     return sum(d["samples"] for d in done) / max(d["train_s"] for d in done)
 
 
-def before_after(before_bin, repeats, out):
+def before_after(before_bin, repeats, out, after_bin=None):
     """Comparison 2 for two builds, interleaved: {build: {program: [samples/s]}}."""
-    bins = {"before": os.path.abspath(before_bin), "after": BIN}
+    bins = {"before": os.path.abspath(before_bin), "after": os.path.abspath(after_bin or BIN)}
     runs = [(build, prog) for build in bins for prog in ("ddp-trainer", "libddp")]
     tp = {build: {"ddp-trainer": [], "libddp": []} for build in bins}
     for r in range(repeats):
@@ -166,6 +166,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--before", help="another build's bin/: comparison 2, before and after")
+    ap.add_argument("--after", help="with --before: the after build's bin/ (default build/bin)")
     ap.add_argument("--limit", type=int, default=6000, help="Fashion-MNIST training images")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--batch-sizes", default="64,32")
@@ -182,7 +183,7 @@ def main():
         out = a.out
         if out == ap.get_default("out"):
             out = os.path.join(ROOT, "bench", "results", "libddp_before_after.json")
-        return before_after(a.before, a.repeats, out)
+        return before_after(a.before, a.repeats, out, a.after)
     batches = [int(b) for b in a.batch_sizes.split(",")]
     lib_s = {b: [] for b in batches}
     py_s = {b: [] for b in batches}
