@@ -6,6 +6,7 @@
 #ifndef DDP_LIBDDP_ENGINE_API_BRIDGE_H_
 #define DDP_LIBDDP_ENGINE_API_BRIDGE_H_
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -65,6 +66,10 @@ struct DataParallel::Impl {
   BucketHook comm_hook;          // register_comm_hook's, kept across Rebuild().
   bool sync_buffers = true;      // Broadcast buffers before the next forward.
   bool grad_sync = true;         // false inside no_sync().
+  // Set by ddp::Join (src/join.cc) while the model is in an enabled Join: runs in
+  // prepare_forward instead of the buffer broadcast (the join's collectives and the
+  // buffers' broadcast from a rank that has not joined).
+  std::function<absl::Status(Impl&)> join_pre_forward;
 
   // What the public constructor does, in statuses. `trace` (may be null) records the
   // reducer's timeline.

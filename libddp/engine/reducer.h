@@ -172,6 +172,14 @@ class GradientReducer {
   // hook passed to Comm's sums.
   int64_t last_allreduce_bytes() const;
 
+  // ddp::Join with divide_by_initial_world_size false: the next backwards divide the
+  // gradients by `n` (the ranks still training) instead of the world size.
+  // (DDP's div factor from Join's "not joined" count). Call it between backwards.
+  void SetDivFactor(int64_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    scale_ = at::scalar_tensor(1.0 / static_cast<double>(n),
+                               at::TensorOptions().dtype(at::kDouble));
+  }
   const std::vector<BucketLayout>& buckets() const { return buckets_; }
   // finish_in_backward: the wait of the last sync backward's FinishBackward.
   absl::Duration last_wait() const;

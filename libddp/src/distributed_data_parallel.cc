@@ -91,7 +91,9 @@ absl::Status DataParallel::Impl::PrepareForward() {
   // PyTorch's rule (DDP._pre_forward / _post_forward): buffers are broadcast before
   // this forward when the previous one was a gradient-syncing training forward (or
   // none ran yet), and this forward decides for the next.
-  if (sync_buffers && options.broadcast_buffers && !buffers.empty()) {
+  if (join_pre_forward) {  // In a ddp::Join: its collectives, and the buffers' (join.cc).
+    DDP_RETURN_IF_ERROR(join_pre_forward(*this));
+  } else if (sync_buffers && options.broadcast_buffers && !buffers.empty()) {
     DDP_RETURN_IF_ERROR(group->impl().comm->Broadcast(buffers));
   }
   // PyTorch's ensure_prior_reduction_finished (a forward with grad enabled only).

@@ -1,0 +1,97 @@
+"""ddp::Join (uneven inputs) with DistributedDataParallel, against PyTorch's
+Join([ddp_model]), live.
+
+    PYTHON join_parity_test.py JOIN_PROGRAM
+
+PYTHON is the flavour's reference Python (Debian's torch 1.13 in build/, the venv's
+2.x in build-torch2/). For 2 and 3 ranks, rank r training on 5 + 2r batches (rank 0
+runs out first, so the buffers must come from a rank still training and the final
+model from the last to join), and each mode of join_reference.py
+(divide_by_initial_world_size true and false, throw_on_early_termination),
+join_program (libddp's public API, real ranks over Gloo/shared memory) must reproduce
+PyTorch's per-step losses on every rank, which ranks throw and with which of PyTorch's
+messages, and the parameters and buffers every rank holds after the Join: bit for bit
+on 2 ranks (a + b + 0 is one sum in any order), within TOLERANCE on 3, where Gloo's
+ring and libddp's shared-memory sum may add the three ranks in different orders. Then
+the misuse cases each give a ddp::Error that says what to do.
+"""
+import json
+import sys
+import unittest
+
+from local_ranks import run_ranks, run_reference  # this directory
+
+PROGRAM = None
+TOLERANCE = 1e-6
+MODES = ("divide", "nodivide", "throw")
+
+
+class JoinParityTest(unittest.TestCase):
+    def close(self, got, want, exact, where):
+        self.assertEqual(len(got), len(want), where)
+        for k, (g, w) in enumerate(zip(got, want)):
+            if exact:
+                self.assertEqual(g, w, f"{where}[{k}]")
+            else:
+                self.assertLessEqual(abs(g - w), TOLERANCE * max(1.0, abs(w)), f"{where}[{k}]")
+        return max((abs(g - w) for g, w in zip(got, want)), default=0.0)
+
+    def check(self, world):
+        ref = run_reference("join_reference.py", world)
+        results = run_ranks([PROGRAM], world, prefix="join-parity-", timeout=120)
+        exact = world == 2
+        worst = 0.0
+        got_all = []
+        for rank, (code, out, err) in enumerate(results):
+            self.assertEqual(code, 0, f"rank {rank}: {err}")
+            got = json.loads(out)
+            got_all.append(got)
+            for mode in MODES:
+                g, w = got["modes"][mode], ref["ranks"][rank][mode]
+                where = f"world {world} {mode} rank {rank} (PyTorch {ref['torch']})"
+                self.assertEqual(len(g["losses"]), len(w["losses"]), where)
+                worst = max(worst, self.close(g["losses"], w["losses"], exact, f"{where} loss"))
+                if w["error"] is None:
+                    self.assertIsNone(g["error"], where)
+                else:
+                    # PyTorch's RuntimeError text, then libddp's note on the option.
+                    self.assertIsNotNone(g["error"], where)
+                    self.assertIn(w["error"], g["error"], where)
+                for kind in ("params", "buffers"):
+                    self.assertEqual(len(g[kind]), len(w[kind]), f"{where} {kind}")
+                    for k, (a, b) in enumerate(zip(g[kind], w[kind])):
+                        worst = max(worst, self.close(a, b, exact, f"{where} {kind} {k}"))
+        # Uneven inputs really happened: rank r ran 5 + 2r steps, and after the Join
+        # every rank holds the last joiner's model.
+        for rank, got in enumerate(got_all):
+            self.assertEqual(len(got["modes"]["divide"]["losses"]), 5 + 2 * rank)
+            self.assertEqual(got["modes"]["divide"]["params"],
+                             got_all[-1]["modes"]["divide"]["params"])
+        self.assertNotEqual(got_all[0]["modes"]["divide"]["params"],
+                            got_all[0]["modes"]["nodivide"]["params"])
+        print(f"world {world}: largest difference from PyTorch {worst:.3g}", file=sys.stderr)
+        return got_all
+
+    def check_misuse(self, got_all):
+        for rank, got in enumerate(got_all):
+            m = got["misuse"]
+            where = f"rank {rank} misuse"
+            self.assertIn("no joinables", m["no_joinables"], where)
+            self.assertIn("requires at least one joinable", m["no_joinables"], where)
+            self.assertIn("communication hook", m["comm_hook"], where)
+            for option in ("find_unused_parameters", "static_graph"):
+                self.assertIn(f"DdpOptions::{option}", m[option], where)
+            self.assertIn("one Join at a time", m["two_joinables"], where)
+            self.assertIn("already in an enabled Join", m["nested"], where)
+            self.assertIn("called twice", m["finish_twice"], where)
+
+    def test_world2(self):
+        self.check_misuse(self.check(2))
+
+    def test_world3(self):
+        self.check_misuse(self.check(3))
+
+
+if __name__ == "__main__":
+    PROGRAM = sys.argv.pop(1)
+    unittest.main(verbosity=2)

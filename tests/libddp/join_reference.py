@@ -1,0 +1,109 @@
+#!/usr/bin/python3
+"""PyTorch's own Join([ddp_model]) (uneven inputs) on the setup of join_program.cc.
+
+    python3 tests/libddp/join_reference.py WORLD > out.json
+
+Net (Linear(4, 8), BatchNorm1d(8), ReLU, Linear(8, 3): parameters l1.weight, l1.bias,
+bn.weight, bn.bias, l2.weight, l2.bias; buffers bn.running_mean, bn.running_var,
+bn.num_batches_tracked) trains under DistributedDataParallel (Gloo, CPU) on WORLD
+ranks, rank r on 5 + 2r batches, SGD with momentum, inside
+Join([model], throw_on_early_termination=..., divide_by_initial_world_size=...).
+Parameters and inputs come from closed formulas, no random generator. One run per mode
+on one process group:
+  divide     divide_by_initial_world_size=True (PyTorch's default)
+  nodivide   divide_by_initial_world_size=False
+  throw      throw_on_early_termination=True: every rank raises, rank 0 out of the
+             Join's exit, the others from their next forward
+Prints {"torch": version, "ranks": [per rank: {mode: losses (per step this rank ran),
+params and buffers (after the Join, flattened per tensor), error (the exception's
+message, or None)}]}.
+"""
+import json
+import os
+import socket
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+from torch.distributed.algorithms.join import Join
+
+BATCH = 6
+MODES = ("divide", "nodivide", "throw")
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1 = nn.Linear(4, 8)
+        self.bn = nn.BatchNorm1d(8)
+        self.l2 = nn.Linear(8, 3)
+        with torch.no_grad():
+            for k, p in enumerate(self.parameters()):
+                p.copy_(formula_param(p.numel(), k).view(p.shape))
+
+    def forward(self, x):
+        return self.l2(torch.relu(self.bn(self.l1(x))))
+
+
+def formula_param(numel, k):
+    return (torch.sin(torch.arange(numel, dtype=torch.float64) * 0.37 + k) * 0.5).float()
+
+
+def formula_batch(step, rank):
+    i = torch.arange(BATCH * 4, dtype=torch.float64)
+    x = torch.cos(i * 0.3 + step * 7 + rank * 13).float().view(BATCH, 4)
+    j = torch.arange(BATCH * 3, dtype=torch.float64)
+    y = torch.sin(j * 0.21 + step * 5 + rank * 3).float().view(BATCH, 3)
+    return x, y
+
+
+def train(rank, mode):
+    net = Net()
+    model = nn.parallel.DistributedDataParallel(net)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    result = {"losses": [], "error": None}
+    try:
+        with Join([model], throw_on_early_termination=(mode == "throw"),
+                  divide_by_initial_world_size=(mode != "nodivide")):
+            for step in range(5 + 2 * rank):
+                x, y = formula_batch(step, rank)
+                loss = ((model(x) - y) ** 2).mean()
+                loss.backward()
+                result["losses"].append(loss.item())
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+    except RuntimeError as e:
+        result["error"] = str(e)
+    result["params"] = [p.detach().view(-1).tolist() for p in net.parameters()]
+    result["buffers"] = [b.detach().double().view(-1).tolist() for b in net.buffers()]
+    return result
+
+
+def run(rank, world, port, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    out[rank] = {mode: train(rank, mode) for mode in MODES}
+    dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    world = int(sys.argv[1])
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(run, args=(world, free_port(), out), nprocs=world)
+        ranks = [out[r] for r in range(world)]
+    json.dump({"torch": torch.__version__, "ranks": ranks}, sys.stdout)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()
