@@ -565,7 +565,7 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const v1::SubmitJobRequest& request,
     ScheduleLocked(touched);
     view = SummaryLocked(job);
   }
-  FillView(view, false);
+  FillView(view, false).IgnoreError();  // Without history it cannot fail.
   return view;
 }
 
@@ -593,16 +593,21 @@ v1::Job Coordinator::SummaryLocked(const JobRecord& rec) {
   return view;
 }
 
-void Coordinator::FillView(v1::Job& view, bool metric_history) {
+absl::Status Coordinator::FillView(v1::Job& view, bool metric_history) {
   const int attempt =
       view.attempts().empty() ? 0 : view.attempts(view.attempts_size() - 1).number();
   hub_->Fill(view.id(), attempt, &view);
-  if (metric_history) {
-    auto history = store_->MetricHistory(view.id());
-    if (history.ok()) {
-      for (auto& m : *history) *view.add_history() = std::move(m);
-    }
+  if (!metric_history) return absl::OkStatus();
+  auto history = store_->MetricHistory(view.id());
+  if (!history.ok()) {
+    return absl::Status(history.status().code(),
+                        absl::StrCat("job '", view.id(), "': its metric history could not be read "
+                                     "from the state store (try again; the job itself is "
+                                     "unaffected): ",
+                                     history.status().message()));
   }
+  for (auto& m : *history) *view.add_history() = std::move(m);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id, bool metric_history,
@@ -617,7 +622,8 @@ absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& job_id, bool metr
     view = SummaryLocked(*rec);
   }
   if (!caller.Owns(view)) view.set_spec_yaml(RedactSpecEnv(view.spec_yaml()));
-  FillView(view, metric_history);  // Reads of history never hold the lock.
+  // Reads of history never hold the lock.
+  if (absl::Status filled = FillView(view, metric_history); !filled.ok()) return filled;
   return view;
 }
 
@@ -670,7 +676,7 @@ absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& job_id, const Cal
         "job ", job_id, " is cancelled, but the coordinator could not store that yet (",
         st.message(), "); it keeps retrying: check the coordinator's --state-dir"));
   }
-  FillView(view, false);
+  FillView(view, false).IgnoreError();  // Without history it cannot fail.
   return view;
 }
 

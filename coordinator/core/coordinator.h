@@ -378,9 +378,11 @@ class Coordinator {
 
   // The job as clients see it, without what lives outside the lock: queue position
   // and live trainers. FillView adds the latest metrics and epochs (from the hub)
-  // and, on request, the stored metric history; call it unlocked.
+  // and, on request, the stored metric history (the store's error, naming what was
+  // read, when it cannot: an empty history would read as a job that never stepped);
+  // call it unlocked.
   v1::Job SummaryLocked(const JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FillView(v1::Job& view, bool metric_history) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status FillView(v1::Job& view, bool metric_history) ABSL_LOCKS_EXCLUDED(mu_);
   std::string NewJobIdLocked(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tick()'s work under the lock; returns the finished jobs past retention (marked
   // retiring) when retention is due.

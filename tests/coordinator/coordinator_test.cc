@@ -1130,5 +1130,41 @@ TEST_F(CoordinatorTest, RecoveredWorkersAreWaitedForAsLongAsTheLastLeaderCouldHa
   EXPECT_FALSE(alive("w3"));
 }
 
+// A history the store cannot give is an error, not an empty history (which would read
+// as a job that never stepped: an empty plot, an empty TensorBoard export).
+TEST_F(CoordinatorTest, AMetricHistoryTheStoreCannotReadIsAnErrorNotAnEmptyHistory) {
+  Register("w1");
+  Register("w2");
+  const std::string id = Submit(JobYaml());
+  StartOnTwoWorkers(id);
+  v1::TrainerEvent step;
+  step.mutable_step()->set_global_step(3);
+  step.mutable_step()->set_loss(0.5);
+  ASSERT_TRUE(ReportEvents("w1", id, /*attempt=*/1, /*rank=*/0, {step}).ok());
+  ASSERT_TRUE(coordinator_->Flush().ok());
+  auto read = coordinator_->GetJob(id, /*metric_history=*/true, Caller{});
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_EQ(read->history_size(), 1);
+  EXPECT_EQ(read->history(0).global_step(), 3);
+
+  memory().FailHistoryReads(absl::UnavailableError("the database is away"));
+  read = coordinator_->GetJob(id, /*metric_history=*/true, Caller{});
+  EXPECT_THAT(read.status(),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr(absl::StrCat("job '", id, "': its metric history could not be "
+                                              "read from the state store"))));
+  EXPECT_THAT(read.status(), StatusIs(absl::StatusCode::kUnavailable,
+                                      HasSubstr("the database is away")));
+  auto plain = coordinator_->GetJob(id, /*metric_history=*/false, Caller{});
+  ASSERT_TRUE(plain.ok()) << "a read without history does not touch it: " << plain.status();
+  EXPECT_EQ(plain->state(), v1::RUNNING);
+  ASSERT_EQ(plain->metrics_size(), 1) << "the latest metrics still come from the hub";
+
+  memory().FailHistoryReads(absl::OkStatus());
+  read = coordinator_->GetJob(id, /*metric_history=*/true, Caller{});
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->history_size(), 1) << "nothing was lost meanwhile";
+}
+
 }  // namespace
 }  // namespace ddp

@@ -8,6 +8,7 @@ struct MemoryStore::Data {
   const std::string cluster_id = NewClusterId();
   absl::Mutex mu;
   absl::Status fail ABSL_GUARDED_BY(mu);
+  absl::Status fail_history ABSL_GUARDED_BY(mu);
   // Rows by their keys, as the SQLite tables' primary keys.
   std::map<std::string, RowBatch::JobRow> jobs ABSL_GUARDED_BY(mu);
   std::map<std::pair<std::string, int>, v1::Attempt> attempts ABSL_GUARDED_BY(mu);
@@ -27,6 +28,11 @@ MemoryStore::MemoryStore(RetentionOptions retention, std::shared_ptr<Data> data)
 void MemoryStore::FailWrites(absl::Status status) {
   absl::MutexLock lock(&data_->mu);
   data_->fail = std::move(status);
+}
+
+void MemoryStore::FailHistoryReads(absl::Status status) {
+  absl::MutexLock lock(&data_->mu);
+  data_->fail_history = std::move(status);
 }
 
 absl::Status MemoryStore::Write(const RowBatch& batch) {
@@ -172,6 +178,7 @@ absl::StatusOr<std::vector<v1::RankMetrics>> MemoryStore::MetricHistory(
     const std::string& job_id) {
   Data& d = *data_;
   absl::MutexLock lock(&d.mu);
+  if (!d.fail_history.ok()) return d.fail_history;
   std::vector<v1::RankMetrics> out;
   if (auto rows = d.metrics.find(job_id); rows != d.metrics.end()) out = rows->second;
   std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) {

@@ -29,6 +29,9 @@ class MemoryStore final : public Store {
 
   // Every Write and AppendAll from now on fails with `status` (OK: none does).
   void FailWrites(absl::Status status);
+  // Every MetricHistory from now on fails with `status` (OK: none does): a store
+  // that cannot be read (PostgreSQL away, a disk error).
+  void FailHistoryReads(absl::Status status);
 
   const RetentionOptions& retention() const override { return retention_; }
   absl::Status Write(const RowBatch& batch) override;
