@@ -113,6 +113,20 @@ class ScrapeView final : public prometheus::Collectable {
                             "Time between two heartbeats of a worker (the heartbeat interval "
                             "when all is well).",
                             c.heartbeat_lag));
+    MetricFamily interval = Family(
+        "ddp_heartbeat_interval_seconds",
+        "The heartbeat interval workers are told now: --heartbeat-interval, stretched past "
+        "--max-heartbeats-per-second.",
+        MetricType::Gauge);
+    AddGauge(interval, {}, absl::ToDoubleSeconds(c.heartbeat_interval));
+    out.push_back(std::move(interval));
+    MetricFamily timeout = Family(
+        "ddp_heartbeat_timeout_seconds",
+        "The silence after which a worker is declared lost, as workers are told now (stretched "
+        "with the interval).",
+        MetricType::Gauge);
+    AddGauge(timeout, {}, absl::ToDoubleSeconds(c.heartbeat_timeout));
+    out.push_back(std::move(timeout));
     out.push_back(Histogram("ddp_rendezvous_seconds",
                             "From an attempt's forming to its last trainer up.", c.rendezvous));
 

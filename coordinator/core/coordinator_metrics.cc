@@ -69,6 +69,9 @@ CoordinatorMetrics Coordinator::Metrics() {
     out.heartbeat_lag = heartbeat_lag_;
     out.rendezvous = rendezvous_times_;
     out.job_restarts = restarts_total_;
+    const int stretch = BeatStretchLocked();
+    out.heartbeat_interval = options_.heartbeat_interval * stretch;
+    out.heartbeat_timeout = options_.heartbeat_timeout * stretch;
     out.recoveries_started = recoveries_started_;
     out.recoveries_ended = recoveries_ended_;
     for (const auto& [name, w] : registry_.workers()) {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "ddp/v1/job_service.pb.h"
 #include "ddp/v1/types.pb.h"
 
@@ -51,6 +52,10 @@ struct CoordinatorMetrics {
   BucketHistogram heartbeat_lag{HeartbeatLagBounds()};
   BucketHistogram rendezvous{RendezvousBounds()};
   int64_t job_restarts = 0;  // Attempts formed after a job's first, since start.
+  // What workers are told now: the configured heartbeat interval and timeout, times
+  // the rate scaling's factor (decisions 162, 164; 1 below the rate).
+  absl::Duration heartbeat_interval;
+  absl::Duration heartbeat_timeout;
   int64_t recoveries_started = 0;                      // Live recoveries begun.
   std::map<std::string, int64_t> recoveries_ended;  // By outcome: recovered, failed.
   // Each rank of each RUNNING job, with its latest metrics of the running attempt

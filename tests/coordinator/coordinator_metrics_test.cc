@@ -104,6 +104,23 @@ TEST_F(CoordinatorMetricsTest, CountsHeartbeatGapsRendezvousRestartsAndShowsRunn
   EXPECT_EQ(m.heartbeat_lag.counts()[m.heartbeat_lag.bounds().size() - 2], 2u);
 }
 
+// Operators see when rate scaling (decisions 162, 164) stretches what workers are told.
+TEST_F(CoordinatorMetricsTest, ShowTheHeartbeatIntervalAndTimeoutWorkersAreToldNow) {
+  options_.heartbeat_interval = absl::Seconds(1);
+  options_.heartbeat_timeout = absl::Seconds(10);
+  options_.max_heartbeats_per_second = 2;  // Two workers per factor.
+  Open();
+  Register("w1");
+  CoordinatorMetrics m = coordinator_->Metrics();
+  EXPECT_EQ(m.heartbeat_interval, absl::Seconds(1));
+  EXPECT_EQ(m.heartbeat_timeout, absl::Seconds(10));
+  Register("w2");
+  Register("w3");
+  m = coordinator_->Metrics();
+  EXPECT_EQ(m.heartbeat_interval, absl::Seconds(2)) << "3 workers at 2 beats/s: every 2 s";
+  EXPECT_EQ(m.heartbeat_timeout, absl::Seconds(20));
+}
+
 TEST(BucketHistogramTest, CountsEachValueInTheFirstBucketWhoseBoundHoldsIt) {
   BucketHistogram h({1, 2, 5});
   for (double v : {0.5, 1.0, 1.5, 5.0, 9.0}) h.Observe(v);

@@ -128,6 +128,8 @@ TEST_F(OpsServerTest, MetricsCountWorkersJobsAndRpcsByMethodAndCode) {
   EXPECT_THAT(*body, HasSubstr("ddp_job_restarts_total 0\n"));
   EXPECT_THAT(*body, HasSubstr("# TYPE ddp_heartbeat_lag_seconds histogram"));
   EXPECT_THAT(*body, HasSubstr("# TYPE ddp_rendezvous_seconds histogram"));
+  EXPECT_THAT(*body, HasSubstr("# TYPE ddp_heartbeat_interval_seconds gauge"));
+  EXPECT_THAT(*body, HasSubstr("# TYPE ddp_heartbeat_timeout_seconds gauge"));
   EXPECT_THAT(*body, HasSubstr("ddp_rpc_requests_total{code=\"OK\",method=\"ddp.v1.WorkerService/"
                                "Register\"} 2\n"));
   EXPECT_THAT(*body, HasSubstr("ddp_rpc_requests_total{code=\"NOT_FOUND\",method=\"ddp.v1."
