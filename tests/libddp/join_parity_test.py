@@ -10,7 +10,8 @@ model from the last to join), and each mode of join_reference.py
 (divide_by_initial_world_size true and false, throw_on_early_termination),
 join_program (libddp's public API, real ranks over Gloo/shared memory) must reproduce
 PyTorch's per-step losses on every rank, which ranks throw and with which of PyTorch's
-messages, and the parameters and buffers every rank holds after the Join: bit for bit
+messages, the parameters and buffers every rank holds after the Join, and the loss and
+parameters of one even step after it (divided by the world size again): bit for bit
 on 2 ranks (a + b + 0 is one sum in any order), within TOLERANCE on 3, where Gloo's
 ring and libddp's shared-memory sum may add the three ranks in different orders. Then
 the misuse cases each give a ddp::Error that says what to do.
@@ -57,7 +58,13 @@ class JoinParityTest(unittest.TestCase):
                     # PyTorch's RuntimeError text, then libddp's note on the option.
                     self.assertIsNotNone(g["error"], where)
                     self.assertIn(w["error"], g["error"], where)
-                for kind in ("params", "buffers"):
+                self.assertEqual("after" in g, "after" in w, where)
+                if "after" in w:  # One even step after the Join, back to 1/world.
+                    worst = max(worst, self.close([g["after"]], [w["after"]], exact,
+                                                  f"{where} loss after the Join"))
+                for kind in ("params", "buffers", "params_after"):
+                    if kind not in w:
+                        continue
                     self.assertEqual(len(g[kind]), len(w[kind]), f"{where} {kind}")
                     for k, (a, b) in enumerate(zip(g[kind], w[kind])):
                         worst = max(worst, self.close(a, b, exact, f"{where} {kind} {k}"))

@@ -3,7 +3,9 @@
 // ddp::join, once per mode (divide, nodivide, throw) on one process group; then the
 // misuse cases, whose ddp::Error messages it records. Run one process per rank with
 // torchrun's environment; it prints one JSON object on stdout:
-//   {"modes": {mode: {"losses", "params", "buffers", "error"}}, "misuse": {case: message}}
+//   {"modes": {mode: {"losses", "params", "buffers", "error", "after", "params_after"}},
+//    "misuse": {case: message}}
+// ("after", "params_after": one even step on every rank after the Join; not in throw.)
 //
 //   join_program
 #include <ddp/ddp.h>
@@ -99,7 +101,21 @@ std::string Train(const std::shared_ptr<ddp::ProcessGroup>& group, const std::st
   out << std::setprecision(17) << "{\"losses\": [";
   for (size_t s = 0; s < losses.size(); ++s) out << (s ? ", " : "") << losses[s];
   out << "], \"params\": " << JsonList(net->parameters())
-      << ", \"buffers\": " << JsonList(net->buffers()) << ", \"error\": " << error << "}";
+      << ", \"buffers\": " << JsonList(net->buffers()) << ", \"error\": " << error;
+  if (mode != "throw") {  // One even step after the Join: divided by the world size again.
+    const torch::Tensor i = torch::arange(kBatch * 4, torch::kDouble);
+    const torch::Tensor x =
+        torch::cos(i * 0.3 + 100 * 7 + rank * 13).to(torch::kFloat).view({kBatch, 4});
+    const torch::Tensor j = torch::arange(kBatch * 3, torch::kDouble);
+    const torch::Tensor y =
+        torch::sin(j * 0.21 + 100 * 5 + rank * 3).to(torch::kFloat).view({kBatch, 3});
+    torch::Tensor loss = (model(x) - y).pow(2).mean();
+    loss.backward();
+    out << ", \"after\": " << loss.item<double>();
+    opt.step();
+    out << ", \"params_after\": " << JsonList(net->parameters());
+  }
+  out << "}";
   return out.str();
 }
 

@@ -14,9 +14,11 @@ on one process group:
   nodivide   divide_by_initial_world_size=False
   throw      throw_on_early_termination=True: every rank raises, rank 0 out of the
              Join's exit, the others from their next forward
-Prints {"torch": version, "ranks": [per rank: {mode: losses (per step this rank ran),
-params and buffers (after the Join, flattened per tensor), error (the exception's
-message, or None)}]}.
+After the Join (divide and nodivide), every rank trains one more step outside it.
+Prints {"torch": version, "ranks": [per rank: {mode: losses (per step this rank ran in
+the Join), params and buffers (after the Join, flattened per tensor), error (the
+exception's message, or None), after and params_after (that step's loss and the
+parameters after it; not in throw)}]}.
 """
 import json
 import os
@@ -78,6 +80,15 @@ def train(rank, mode):
         result["error"] = str(e)
     result["params"] = [p.detach().view(-1).tolist() for p in net.parameters()]
     result["buffers"] = [b.detach().double().view(-1).tolist() for b in net.buffers()]
+    if mode != "throw":
+        # One even step on every rank after the Join: the gradients are divided by the
+        # world size again whatever divide_by_initial_world_size was.
+        x, y = formula_batch(100, rank)
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        result["after"] = loss.item()
+        opt.step()
+        result["params_after"] = [p.detach().view(-1).tolist() for p in net.parameters()]
     return result
 
 
