@@ -15,7 +15,7 @@ import json
 import sys
 import unittest
 
-from local_ranks import run_ranks, run_reference  # this directory
+from local_ranks import assert_close, run_ranks, run_reference  # this directory
 
 PROGRAM = None
 TOLERANCE = 1e-6
@@ -31,13 +31,7 @@ def reference(world, case):
 
 class DdpGraphParityTest(unittest.TestCase):
     def close(self, got, want, exact, where):
-        self.assertEqual(len(got), len(want), where)
-        for k, (g, w) in enumerate(zip(got, want)):
-            if exact:
-                self.assertEqual(g, w, f"{where}[{k}]")
-            else:
-                self.assertLessEqual(abs(g - w), TOLERANCE * max(1.0, abs(w)), f"{where}[{k}]")
-        return max((abs(g - w) for g, w in zip(got, want)), default=0.0)
+        return assert_close(self, got, want, exact, TOLERANCE, where)
 
     def check(self, world, case):
         ref = reference(world, case)

@@ -59,3 +59,15 @@ def run_reference(script, *args, timeout=300):
                          capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
+
+
+def assert_close(test, got, want, exact, tolerance, where):
+    """Asserts `got` equals `want` element by element (bit for bit when `exact`, else
+    within `tolerance` relative to max(1, |want|)); returns the largest difference."""
+    test.assertEqual(len(got), len(want), where)
+    for k, (g, w) in enumerate(zip(got, want)):
+        if exact:
+            test.assertEqual(g, w, f"{where}[{k}]")
+        else:
+            test.assertLessEqual(abs(g - w), tolerance * max(1.0, abs(w)), f"{where}[{k}]")
+    return max((abs(g - w) for g, w in zip(got, want)), default=0.0)
