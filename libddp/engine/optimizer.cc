@@ -5,8 +5,19 @@
 #include <torch/optim/sgd.h>
 #include <ATen/ops/_foreach_add.h>
 #include <ATen/ops/_foreach_mul.h>
+#include <torch/version.h>
+#if TORCH_VERSION_MAJOR >= 2
+#include <ATen/ops/_foreach_addcdiv.h>
+#include <ATen/ops/_foreach_addcmul.h>
+#include <ATen/ops/_foreach_div.h>
+#include <ATen/ops/_foreach_lerp.h>
+#include <ATen/ops/_foreach_maximum.h>
+#include <ATen/ops/_foreach_sqrt.h>
+#include <ATen/ops/maximum.h>
+#endif
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "libddp/engine/torch_compat.h"
@@ -121,6 +132,141 @@ class MultiTensorSgd final : public torch::optim::SGD {
   }
 };
 
+#if TORCH_VERSION_MAJOR >= 2
+// torch.optim.Adam and AdamW as PyTorch 2.x computes them. LibTorch's own
+// torch::optim::Adam(W) decays the first moment with mul_ and add_, as torch.optim did up
+// to 1.13; since 2.0 torch.optim does it with one lerp_, which rounds differently in the
+// last bit. Those bits are enough for a bf16 run to leave PyTorch's: a weight whose fp32
+// value moves by one ulp can round to another bf16 value in the next forward (seen on
+// an H100 at NCCL world 1, 3.7e-4 apart after 60 steps). Each path below is the one
+// torch.optim takes: the loop over parameters (_single_tensor_adam, its default on the
+// CPU) or the multi-tensor one (_multi_tensor_adam, its default when every parameter is
+// on a GPU), op for op. The state stays LibTorch's (AdamParamState, AdamWParamState), so
+// checkpoints and OptimizerStateDict see a torch::optim::Adam(W). 1.13's torch.optim is
+// LibTorch's arithmetic, so there the LibTorch classes are used as they are.
+template <typename Base, typename Options, typename State, bool kDecoupled>
+class PyTorchAdam final : public Base {
+ public:
+  PyTorchAdam(const std::vector<at::Tensor>& params, const Options& options, bool multi_tensor)
+      : Base(params, options), multi_tensor_(multi_tensor) {}
+
+  at::Tensor step(torch::optim::Optimizer::LossClosure closure = nullptr) override {
+    at::NoGradGuard no_grad;
+    at::Tensor loss = {};
+    if (closure != nullptr) {
+      at::AutoGradMode enable_grad(true);
+      loss = closure();
+    }
+    for (auto& group : this->param_groups_) {
+      const auto& o = static_cast<const Options&>(group.options());
+      std::vector<at::Tensor> params, grads, avgs, avg_sqs, max_sqs;
+      std::vector<int64_t> steps;
+      for (const at::Tensor& p : group.params()) {
+        if (!p.grad().defined()) continue;
+        auto key = OptimizerStateKey(*this, p);
+        auto it = this->state_.find(key);
+        if (it == this->state_.end()) {  // As LibTorch's Adam starts a parameter's state.
+          auto s = std::make_unique<State>();
+          s->step(0);
+          s->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
+          s->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+          if (o.amsgrad()) s->max_exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+          it = this->state_.emplace(key, std::move(s)).first;
+        }
+        auto& s = static_cast<State&>(*it->second);
+        s.step(s.step() + 1);
+        params.push_back(p);
+        grads.push_back(p.grad());
+        avgs.push_back(s.exp_avg());
+        avg_sqs.push_back(s.exp_avg_sq());
+        if (o.amsgrad()) max_sqs.push_back(s.max_exp_avg_sq());
+        steps.push_back(s.step());
+      }
+      if (params.empty()) continue;
+      if (multi_tensor_) {
+        MultiTensorStep(o, params, grads, avgs, avg_sqs, max_sqs, steps);
+      } else {
+        for (size_t i = 0; i < params.size(); ++i) {
+          SingleTensorStep(o, params[i], grads[i], avgs[i], avg_sqs[i],
+                           o.amsgrad() ? max_sqs[i] : at::Tensor(), steps[i]);
+        }
+      }
+    }
+    return loss;
+  }
+
+ private:
+  static double Lr(const Options& o) { return o.lr(); }
+  static double Beta1(const Options& o) { return std::get<0>(o.betas()); }
+  static double Beta2(const Options& o) { return std::get<1>(o.betas()); }
+
+  // _single_tensor_adam, capturable and differentiable off.
+  static void SingleTensorStep(const Options& o, at::Tensor& p, at::Tensor grad,
+                               at::Tensor& exp_avg, at::Tensor& exp_avg_sq, at::Tensor max_sq,
+                               int64_t step) {
+    const double lr = Lr(o), beta1 = Beta1(o), beta2 = Beta2(o), wd = o.weight_decay();
+    if (wd != 0) {
+      if (kDecoupled) {
+        p.mul_(1 - lr * wd);
+      } else {
+        grad = grad.add(p, wd);
+      }
+    }
+    exp_avg.lerp_(grad, 1 - beta1);
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+    const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(step));
+    const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(step));
+    const double step_size = lr / bias_correction1;
+    const double bias_correction2_sqrt = std::pow(bias_correction2, 0.5);  // Python's **0.5.
+    at::Tensor denom;
+    if (o.amsgrad()) {
+      at::maximum_out(max_sq, max_sq, exp_avg_sq);
+      denom = (max_sq.sqrt() / bias_correction2_sqrt).add_(o.eps());
+    } else {
+      denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(o.eps());
+    }
+    p.addcdiv_(exp_avg, denom, -step_size);
+  }
+
+  // _multi_tensor_adam, capturable off (one device and dtype: a GPU's fp32 parameters).
+  static void MultiTensorStep(const Options& o, std::vector<at::Tensor>& params,
+                              std::vector<at::Tensor> grads, std::vector<at::Tensor>& avgs,
+                              std::vector<at::Tensor>& avg_sqs, std::vector<at::Tensor>& max_sqs,
+                              const std::vector<int64_t>& steps) {
+    const double lr = Lr(o), beta1 = Beta1(o), beta2 = Beta2(o), wd = o.weight_decay();
+    if (wd != 0) {
+      if (kDecoupled) {
+        at::_foreach_mul_(params, 1 - lr * wd);
+      } else {
+        grads = at::_foreach_add(grads, params, wd);
+      }
+    }
+    at::_foreach_lerp_(avgs, grads, 1 - beta1);
+    at::_foreach_mul_(avg_sqs, beta2);
+    at::_foreach_addcmul_(avg_sqs, grads, grads, 1 - beta2);
+    std::vector<c10::Scalar> step_sizes, bias_correction2_sqrts;
+    for (int64_t step : steps) {
+      const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(step));
+      const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(step));
+      step_sizes.emplace_back((lr / bias_correction1) * -1);
+      bias_correction2_sqrts.emplace_back(std::pow(bias_correction2, 0.5));
+    }
+    std::vector<at::Tensor> denoms;
+    if (o.amsgrad()) {
+      at::_foreach_maximum_(max_sqs, avg_sqs);
+      denoms = at::_foreach_sqrt(max_sqs);
+    } else {
+      denoms = at::_foreach_sqrt(avg_sqs);
+    }
+    at::_foreach_div_(denoms, bias_correction2_sqrts);
+    at::_foreach_add_(denoms, o.eps());
+    at::_foreach_addcdiv_(params, avgs, denoms, step_sizes);
+  }
+
+  bool multi_tensor_;
+};
+#endif
+
 }  // namespace
 
 absl::StatusOr<OptimizerSpec> OptimizerSpecOf(torch::optim::Optimizer& opt) {
@@ -179,20 +325,34 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const OptimizerSpec& spec
       if (foreach) return std::make_unique<MultiTensorSgd>(params, options);
       return std::make_unique<torch::optim::SGD>(params, options);
     }
-    case OptimizerKind::kAdam:
-      return std::make_unique<torch::optim::Adam>(
-          params, torch::optim::AdamOptions(spec.lr)
-                      .betas({spec.beta1, spec.beta2})
-                      .eps(spec.eps)
-                      .weight_decay(spec.weight_decay)
-                      .amsgrad(spec.amsgrad));
-    case OptimizerKind::kAdamW:
-      return std::make_unique<torch::optim::AdamW>(
-          params, torch::optim::AdamWOptions(spec.lr)
-                      .betas({spec.beta1, spec.beta2})
-                      .eps(spec.eps)
-                      .weight_decay(spec.weight_decay)
-                      .amsgrad(spec.amsgrad));
+    case OptimizerKind::kAdam: {
+      auto options = torch::optim::AdamOptions(spec.lr)
+                         .betas({spec.beta1, spec.beta2})
+                         .eps(spec.eps)
+                         .weight_decay(spec.weight_decay)
+                         .amsgrad(spec.amsgrad);
+#if TORCH_VERSION_MAJOR >= 2
+      return std::make_unique<PyTorchAdam<torch::optim::Adam, torch::optim::AdamOptions,
+                                          torch::optim::AdamParamState, false>>(params, options,
+                                                                                foreach);
+#else
+      return std::make_unique<torch::optim::Adam>(params, options);
+#endif
+    }
+    case OptimizerKind::kAdamW: {
+      auto options = torch::optim::AdamWOptions(spec.lr)
+                         .betas({spec.beta1, spec.beta2})
+                         .eps(spec.eps)
+                         .weight_decay(spec.weight_decay)
+                         .amsgrad(spec.amsgrad);
+#if TORCH_VERSION_MAJOR >= 2
+      return std::make_unique<PyTorchAdam<torch::optim::AdamW, torch::optim::AdamWOptions,
+                                          torch::optim::AdamWParamState, true>>(params, options,
+                                                                                foreach);
+#else
+      return std::make_unique<torch::optim::AdamW>(params, options);
+#endif
+    }
   }
   return nullptr;
 }

@@ -25,9 +25,11 @@ namespace ddp {
 // param group; INVALID_ARGUMENT naming what is not supported otherwise.
 absl::StatusOr<OptimizerSpec> OptimizerSpecOf(torch::optim::Optimizer& optimizer);
 
-// `multi_tensor`: SGD's update for all parameters in a few kernels (torch.optim's
-// foreach path), the same values as the loop over parameters; unset: PyTorch's default,
-// when every parameter is on a GPU. Adam and AdamW loop over parameters either way.
+// `multi_tensor`: the update of all parameters in a few kernels (torch.optim's foreach
+// path), the same values as the loop over parameters; unset: PyTorch's default, when
+// every parameter is on a GPU. With LibTorch 2.x, Adam and AdamW compute as torch.optim
+// 2.x does (its lerp_ of the first moment; LibTorch's own classes round differently);
+// with 1.13 they are LibTorch's, which is 1.13's torch.optim, and loop either way.
 std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(
     const OptimizerSpec& spec, const std::vector<at::Tensor>& params,
     std::optional<bool> multi_tensor = std::nullopt);

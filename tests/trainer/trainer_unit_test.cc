@@ -1,4 +1,6 @@
 // In-process tests of the trainer's building blocks against PyTorch's behaviour.
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
 #include <filesystem>
@@ -271,6 +273,71 @@ TEST(MultiTensorSgdTest, EqualsTheLoopOverParametersBitForBit) {
         EXPECT_TRUE(at::equal(field.value().toTensor(), other.at(field.key()).toTensor()))
             << field.key().toStringRef();
       }
+    }
+  }
+}
+
+// Adam and AdamW: the multi-tensor path gives the loop's values bit for bit (amsgrad,
+// weight decay, a late first gradient), and both keep LibTorch's state.
+TEST(MultiTensorAdamTest, EqualsTheLoopOverParametersBitForBit) {
+  for (const auto& [kind, amsgrad, weight_decay] :
+       std::vector<std::tuple<OptimizerKind, bool, double>>{
+           {OptimizerKind::kAdam, false, 0.0}, {OptimizerKind::kAdam, true, 1e-2},
+           {OptimizerKind::kAdamW, false, 1e-2}, {OptimizerKind::kAdamW, true, 0.0}}) {
+    SCOPED_TRACE(::testing::Message() << "adamw " << (kind == OptimizerKind::kAdamW)
+                                      << " amsgrad " << amsgrad << " weight_decay "
+                                      << weight_decay);
+    OptimizerSpec spec;
+    spec.kind = kind;
+    spec.lr = 0.01;
+    spec.amsgrad = amsgrad;
+    spec.weight_decay = weight_decay;
+    auto make_params = [] {
+      std::vector<at::Tensor> ps;
+      for (int i = 0; i < 3; ++i) {
+        ps.push_back(at::linspace(-1, 1, 6 + i).sin().mul(i + 1).set_requires_grad(true));
+      }
+      return ps;
+    };
+    std::vector<at::Tensor> loop_params = make_params(), foreach_params = make_params();
+    auto loop = MakeOptimizer(spec, loop_params, /*multi_tensor=*/false);
+    auto foreach = MakeOptimizer(spec, foreach_params, /*multi_tensor=*/true);
+    if (kind == OptimizerKind::kAdamW) {
+      ASSERT_NE(dynamic_cast<torch::optim::AdamW*>(foreach.get()), nullptr);
+    } else {
+      ASSERT_NE(dynamic_cast<torch::optim::Adam*>(foreach.get()), nullptr);
+    }
+    at::Tensor first;
+    for (int step = 0; step < 5; ++step) {
+      for (size_t i = 0; i < loop_params.size(); ++i) {
+        if (i == 2 && step < 2) continue;  // Parameter 2's state starts late.
+        const at::Tensor g = at::linspace(0.3, -0.7, loop_params[i].numel()).mul(step + 1).cos();
+        loop_params[i].mutable_grad() = g.clone();
+        foreach_params[i].mutable_grad() = g.clone();
+      }
+      loop->step();
+      foreach->step();
+      if (step == 0) first = loop_params[0].detach().clone();
+      for (size_t i = 0; i < loop_params.size(); ++i) {
+        EXPECT_TRUE(at::equal(loop_params[i], foreach_params[i])) << "step " << step << " param " << i;
+      }
+    }
+    EXPECT_FALSE(at::equal(first, loop_params[0])) << "the parameters did not move";
+    const auto sa = OptimizerStateDict(spec, *loop, loop_params).toGenericDict().at("state")
+                        .toGenericDict();
+    const auto sb = OptimizerStateDict(spec, *foreach, foreach_params).toGenericDict().at("state")
+                        .toGenericDict();
+    ASSERT_EQ(sa.size(), 3u);
+    ASSERT_EQ(sb.size(), 3u);
+    for (const auto& entry : sa) {
+      const auto other = sb.at(entry.key()).toGenericDict();
+      for (const auto& field : entry.value().toGenericDict()) {
+        EXPECT_TRUE(at::equal(field.value().toTensor(), other.at(field.key()).toTensor()))
+            << field.key().toStringRef();
+      }
+      // Parameter 2 took 3 steps, the others 5.
+      EXPECT_EQ(entry.value().toGenericDict().at("step").toTensor().item<double>(),
+                entry.key().toInt() == 2 ? 3.0 : 5.0);
     }
   }
 }
