@@ -218,9 +218,10 @@ def loss_fn(kind, out, y, reduction="mean"):
     return F.binary_cross_entropy_with_logits(out.reshape(-1), y, reduction=reduction)
 
 
-# train.precision: bf16 -> torch.autocast("cpu", torch.bfloat16) around each forward and
+# train.precision: bf16 -> torch.autocast(device, torch.bfloat16) around each forward and
 # its loss (training and validation), as ddp-trainer's Autocast; fp32 -> nothing.
 AUTOCAST_DTYPE = None
+DEVICE = None  # The rank's torch.device (train.device, as ddp-trainer picks it).
 
 
 def autocast():
@@ -228,7 +229,26 @@ def autocast():
     import torch
     if AUTOCAST_DTYPE is None:
         return contextlib.nullcontext()
-    return torch.autocast("cpu", dtype=AUTOCAST_DTYPE)
+    return torch.autocast(DEVICE.type, dtype=AUTOCAST_DTYPE)
+
+
+def pick_device(spec):
+    """ddp-trainer's choice of backend and device (docs/job-spec.md, train.device): cuda
+    with nccl or auto -> NCCL, cuda with gloo -> Gloo's CUDA path, the GPU being
+    cuda:(LOCAL_RANK mod visible GPUs); auto -> a GPU when the backend is nccl, or auto
+    with a GPU visible; else the CPU over Gloo."""
+    import torch
+    backend = spec.get("backend", "auto")
+    device = spec["train"].get("device", "auto")
+    if device == "auto":
+        device = "cuda" if backend == "nccl" or (backend == "auto" and torch.cuda.is_available()) else "cpu"
+    if device == "cpu":
+        return "gloo", torch.device("cpu")
+    if not torch.cuda.is_available():
+        sys.exit("train.device cuda: this torch sees no GPU")
+    gpu = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    torch.cuda.set_device(gpu)
+    return ("gloo" if backend == "gloo" else "nccl"), gpu
 
 
 def validate(ddp, val, rank, world, batch_size, kind):
@@ -244,7 +264,7 @@ def validate(ddp, val, rank, world, batch_size, kind):
     with torch.no_grad():
         for i in range(0, len(idx), chunk):
             sel = idx[i:i + chunk]
-            bx, by = vx.index_select(0, sel), vy.index_select(0, sel)
+            bx, by = vx.index_select(0, sel).to(DEVICE), vy.index_select(0, sel).to(DEVICE)
             with autocast():
                 out = ddp(bx)
                 loss_sum += loss_fn(kind, out, by, reduction="sum").item()
@@ -254,8 +274,8 @@ def validate(ddp, val, rank, world, batch_size, kind):
                 correct += out.reshape(-1).gt(0).eq(by.gt(0.5)).sum().item()
             count += len(sel)
     ddp.train()
-    totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64)
-    dist.all_reduce(totals)
+    totals = torch.tensor([loss_sum, correct, count], dtype=torch.float64, device=DEVICE)
+    dist.all_reduce(totals)  # On the device: NCCL reduces CUDA tensors only.
     loss_sum, correct, count = totals.tolist()
     return loss_sum / count, (correct / count if kind != "mse" else None)
 
@@ -273,7 +293,7 @@ def child(args):
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     spec, opt = load_spec(args.spec)
     os.chdir(os.path.dirname(os.path.abspath(args.spec)))
-    global AUTOCAST_DTYPE
+    global AUTOCAST_DTYPE, DEVICE
     train = spec["train"]
     if train.get("precision", "fp32") == "bf16":
         AUTOCAST_DTYPE = torch.bfloat16
@@ -283,8 +303,10 @@ def child(args):
     torch.manual_seed(train["seed"])
     out = num_classes if train["loss"] == "cross_entropy" else 1
     model = build_model(spec, list(x.shape[1:]), out)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    ddp = DDP(model, bucket_cap_mb=train["bucket_cap_mb"])
+    backend, DEVICE = pick_device(spec)
+    dist.init_process_group(backend, rank=rank, world_size=world)
+    ddp = DDP(model.to(DEVICE), bucket_cap_mb=train["bucket_cap_mb"],
+              device_ids=[DEVICE] if DEVICE.type == "cuda" else None)
     optimizer = make_optimizer(opt, ddp.parameters())
     sampler = DistributedSampler(TensorDataset(x, y), num_replicas=world, rank=rank,
                                  shuffle=train["shuffle"], seed=train["seed"], drop_last=False)
@@ -318,6 +340,7 @@ def child(args):
             group = batches[step * accum:(step + 1) * accum]
             total = 0.0
             for j, (bx, by) in enumerate(group):
+                bx, by = bx.to(DEVICE), by.to(DEVICE)
                 sync = j == len(group) - 1
                 with contextlib.nullcontext() if sync else ddp.no_sync():
                     with autocast():
@@ -350,7 +373,8 @@ def child(args):
     dist.barrier()
     dist.destroy_process_group()
     import resource
-    print(json.dumps({"rank": rank, "losses": losses, "epochs": epochs, "samples": samples,
+    print(json.dumps({"rank": rank, "backend": backend, "device": str(DEVICE),
+                      "losses": losses, "epochs": epochs, "samples": samples,
                       "train_s": wall, "threads": threads, "param_sums": fingerprint,
                       "max_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}),
           flush=True)

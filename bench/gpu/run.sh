@@ -19,10 +19,12 @@
 #    PyTorch's DDP, NCCL at world 1 and Gloo's CUDA path at world 2 on the one GPU;
 # 5. runs the full stack (bench/gpu/stack.py): the carried ddp-coordinator, ddp-worker and
 #    ddpctl (.gpu-carry/stack.tar.xz, built on Debian 12 with their libraries) running jobs
-#    whose trainers are step 2's ddp-trainer, on the carried Fashion-MNIST.
-# Everything it prints goes to $OUT/run.log too. A failed build stops it; steps 3 to 5 each
+#    whose trainers are step 2's ddp-trainer, on the carried Fashion-MNIST;
+# 6. holds ddp-trainer's per-step losses on the GPU, fp32 and bf16, to PyTorch's own DDP
+#    under torch.autocast("cuda") (bench/gpu/parity.py).
+# Everything it prints goes to $OUT/run.log too. A failed build stops it; steps 3 to 6 each
 # run whatever the others gave, and it exits 1 at the end naming those that failed.
-# DDP_GPU_STEPS (default tests,bench,stack) picks which of steps 3 to 5 run.
+# DDP_GPU_STEPS (default tests,stack,parity,bench) picks which of steps 3 to 6 run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dry_run=0
@@ -140,10 +142,18 @@ gpu_tests() {
   fi
 }
 
+gpu_parity() {
+  local args=(--build "$build" --out "$out" --python "$python" --ld-library-path "$engine_ld")
+  (( dry_run )) && args+=(--dry-run)
+  "$python" bench/gpu/parity.py "${args[@]}"
+}
+
 gpu_bench() {
   local args=(--build "$build" --out "$out" --python "$python" --ld-library-path "$engine_ld")
   (( dry_run )) && args+=(--dry-run)
-  "$python" bench/gpu/bench.py "${args[@]}"
+  # DDP_GPU_BENCH_ARGS: more of bench.py's options, e.g. "--repeats 3 --models mlp,cnn".
+  # shellcheck disable=SC2086
+  "$python" bench/gpu/bench.py "${args[@]}" ${DDP_GPU_BENCH_ARGS:-}
 }
 
 full_stack() {
@@ -172,7 +182,7 @@ full_stack() {
   "$python" bench/gpu/stack.py "${args[@]}"
 }
 
-steps=,${DDP_GPU_STEPS:-tests,bench,stack},
+steps=,${DDP_GPU_STEPS:-tests,stack,parity,bench},
 if [[ $steps == *,tests,* ]]; then
   step "the GPU tests"
   gpu_tests || failed+=("the GPU tests")
@@ -182,6 +192,10 @@ fi
 if [[ $steps == *,stack,* ]]; then
   step "the full stack"
   full_stack || failed+=("the full stack")
+fi
+if [[ $steps == *,parity,* ]]; then
+  step "parity with PyTorch's DDP on the GPU, fp32 and bf16"
+  gpu_parity || failed+=("the parity check")
 fi
 if [[ $steps == *,bench,* ]]; then
   step "the GPU bench"

@@ -2,10 +2,13 @@
 // so, where no CUDA GPU is visible (CPU machines, CPU-only LibTorch builds); on the GPU
 // machine bench/gpu/run.sh runs them.
 //
-// The ranks are threads of this process, each with its own process group on one
-// loopback TCPStore, so one GPU serves both ranks of a world of 2 (Gloo's CUDA path; NCCL
-// refuses two ranks on one device). The CPU path over Gloo is the reference: the same
-// model, parameters, data and steps must give the same losses within float tolerance.
+// The ranks are threads of this process, or processes (TrainInProcesses), each with its
+// own process group on one loopback TCPStore, so one GPU serves both ranks of a world of
+// 2 (Gloo's CUDA path; NCCL refuses two ranks on one device). The CPU path over Gloo is
+// the reference: the same model, parameters, data and steps must give the same losses
+// within float tolerance. The features past plain DDP (Join, ZeRO, the communication
+// hooks) are held to PyTorch on the CPU by their parity tests; here their GPU path is held
+// to their CPU path.
 #include <ddp/ddp.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -18,9 +21,11 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <cmath>
+#include <fstream>
+#include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -66,11 +71,27 @@ struct RankRun {
   at::Device device = at::kCPU;
 };
 
+// What a run uses past plain DDP and SGD.
+enum class Feature { kPlain, kJoin, kZero, kFp16Hook, kPowerSgd };
+const char* const kFeatureNames[] = {"plain", "join", "zero", "fp16", "powersgd"};
+
+Feature FeatureNamed(const std::string& name) {
+  for (int i = 0; i < 5; ++i) {
+    if (name == kFeatureNames[i]) return static_cast<Feature>(i);
+  }
+  throw std::invalid_argument("no feature " + name);
+}
+
 // Rank `r` of `world` trains a 8-16-3 MLP with SGD for `steps` steps on rows r, r + world,
 // ... of fixed data. Parameters are set from a formula (no random generator: threads
 // would race on it), and DDP broadcasts rank 0's anyway. Throws what libddp throws.
+// `feature`: kJoin gives rank r `steps - 5r` steps inside a ddp::join (uneven inputs),
+// and the losses are rank 0's own (a joined rank runs no other collective); kZero steps
+// a ZeroRedundancyOptimizer over SGD with momentum; kFp16Hook and kPowerSgd register
+// PyTorch's fp16_compress_hook and powerSGD_hook (rank 1, PowerSGD from step 3).
 RankRun TrainRank(int r, int world, int port, const std::string& backend,
-                  const std::string& device, int steps, bool bf16) {
+                  const std::string& device, int steps, bool bf16,
+                  Feature feature = Feature::kPlain) {
   const at::Tensor x = at::linspace(-2.0, 2.0, 64 * 8).reshape({64, 8}).sin();
   const at::Tensor y = at::arange(64).remainder(3);
   ddp::Environment env;
@@ -97,21 +118,45 @@ RankRun TrainRank(int r, int world, int port, const std::string& backend,
     }
   }
   ddp::DistributedDataParallel model(net, group);
-  torch::optim::SGD opt(model.module()->parameters(), torch::optim::SGDOptions(0.1));
-  for (int step = 0; step < steps; ++step) {
-    const at::Tensor rows = at::arange(r, 64, world);
-    const at::Tensor xb = x.index_select(0, rows).to(group->device());
-    const at::Tensor yb = y.index_select(0, rows).to(group->device());
-    at::Tensor loss;
-    {
-      std::optional<ddp::Autocast> autocast;
-      if (bf16) autocast.emplace(group->device());
-      loss = torch::nn::functional::cross_entropy(model(xb), yb);
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  if (feature == Feature::kZero) {
+    opt = std::make_unique<ddp::ZeroRedundancyOptimizer>(
+        model.module()->parameters(), group, torch::optim::SGDOptions(0.1).momentum(0.9));
+  } else {
+    opt = std::make_unique<torch::optim::SGD>(model.module()->parameters(),
+                                              torch::optim::SGDOptions(0.1));
+  }
+  if (feature == Feature::kFp16Hook) {
+    model.register_comm_hook(group, ddp::hooks::fp16_compress_hook);
+  } else if (feature == Feature::kPowerSgd) {
+    ddp::hooks::PowerSGDOptions options;
+    options.start_powerSGD_iter = 3;
+    model.register_comm_hook(std::make_shared<ddp::hooks::PowerSGDState>(group, options),
+                             ddp::hooks::powerSGD_hook);
+  }
+  const bool join = feature == Feature::kJoin;
+  auto train = [&] {
+    for (int step = 0; step < (join ? steps - 5 * r : steps); ++step) {
+      const at::Tensor rows = at::arange(r, 64, world);
+      const at::Tensor xb = x.index_select(0, rows).to(group->device());
+      const at::Tensor yb = y.index_select(0, rows).to(group->device());
+      at::Tensor loss;
+      {
+        std::optional<ddp::Autocast> autocast;
+        if (bf16) autocast.emplace(group->device());
+        loss = torch::nn::functional::cross_entropy(model(xb), yb);
+      }
+      opt->zero_grad();
+      loss.backward();
+      opt->step();
+      run.losses.push_back(join ? loss.item<double>()
+                                : group->sum({loss.item<double>()})[0] / world);
     }
-    opt.zero_grad();
-    loss.backward();
-    opt.step();
-    run.losses.push_back(group->sum({loss.item<double>()})[0] / world);
+  };
+  if (join) {
+    ddp::join({ddp::joinable(model)}, train);
+  } else {
+    train();
   }
   group->barrier();
   return run;
@@ -119,7 +164,7 @@ RankRun TrainRank(int r, int world, int port, const std::string& backend,
 
 // `world` ranks as threads of this process, each with its own process group.
 TrainRun Train(int world, const std::string& backend, const std::string& device, int steps,
-               bool bf16 = false) {
+               bool bf16 = false, Feature feature = Feature::kPlain) {
   const int port = FreePort();
   std::vector<RankRun> runs(world);
   std::vector<std::string> errors(world);
@@ -127,7 +172,7 @@ TrainRun Train(int world, const std::string& backend, const std::string& device,
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       try {
-        runs[r] = TrainRank(r, world, port, backend, device, steps, bf16);
+        runs[r] = TrainRank(r, world, port, backend, device, steps, bf16, feature);
       } catch (const std::exception& e) {
         errors[r] = e.what();
       }
@@ -150,7 +195,7 @@ TrainRun Train(int world, const std::string& backend, const std::string& device,
 // (seen on an H200, for 300 s, cause not established; as processes they pass), and a
 // user's ranks are processes anyway, as under ddp-worker and torchrun.
 TrainRun TrainInProcesses(int world, const std::string& backend, const std::string& device,
-                          int steps) {
+                          int steps, Feature feature = Feature::kPlain) {
   const int port = FreePort();
   char dir_template[] = "/tmp/ddp-cuda-test-XXXXXX";
   const std::string dir = mkdtemp(dir_template);
@@ -165,6 +210,7 @@ TrainRun TrainInProcesses(int world, const std::string& backend, const std::stri
       setenv("DDP_CUDA_TEST_BACKEND", backend.c_str(), 1);
       setenv("DDP_CUDA_TEST_DEVICE", device.c_str(), 1);
       setenv("DDP_CUDA_TEST_STEPS", std::to_string(steps).c_str(), 1);
+      setenv("DDP_CUDA_TEST_FEATURE", kFeatureNames[static_cast<int>(feature)], 1);
       setenv("DDP_CUDA_TEST_OUT", out.c_str(), 1);
       execl("/proc/self/exe", "libddp_cuda_test", "--gtest_also_run_disabled_tests",
             "--gtest_filter=CudaTest.DISABLED_RankProcess", static_cast<char*>(nullptr));
@@ -210,7 +256,7 @@ TEST(CudaTest, DISABLED_RankProcess) {  // Run by TrainInProcesses only.
   const RankRun run = TrainRank(rank, std::stoi(env("DDP_CUDA_TEST_WORLD")),
                                 std::stoi(env("DDP_CUDA_TEST_PORT")), env("DDP_CUDA_TEST_BACKEND"),
                                 env("DDP_CUDA_TEST_DEVICE"), std::stoi(env("DDP_CUDA_TEST_STEPS")),
-                                /*bf16=*/false);
+                                /*bf16=*/false, FeatureNamed(env("DDP_CUDA_TEST_FEATURE")));
   if (rank != 0) return;
   std::ofstream out(env("DDP_CUDA_TEST_OUT"));
   out << run.backend << " " << run.device.str() << "\n";
@@ -253,6 +299,49 @@ TEST(CudaTest, TwoRanksShareOneGpuOverGloo) {
   EXPECT_TRUE(gpu.device.is_cuda()) << gpu.device;
   ExpectSameLosses(gpu, Train(2, "gloo", "cpu", 20), 20);
 }
+
+// Join, ZeRO, fp16 compression and PowerSGD on the GPU, NCCL at world 1 and two ranks
+// over Gloo's CUDA path, each against the same feature on the CPU path.
+class CudaFeatureTest : public ::testing::TestWithParam<Feature> {};
+
+TEST_P(CudaFeatureTest, TrainsOnTheGpuAsOnTheCpuPath) {
+  REQUIRE_GPU();
+  const Feature feature = GetParam();
+  const TrainRun nccl = Train(1, "nccl", "cuda", 20, /*bf16=*/false, feature);
+  EXPECT_EQ(nccl.backend, "nccl");
+  ExpectSameLosses(nccl, Train(1, "gloo", "cpu", 20, /*bf16=*/false, feature), 20);
+  const TrainRun gloo = TrainInProcesses(2, "gloo", "cuda", 20, feature);
+  EXPECT_TRUE(gloo.device.is_cuda()) << gloo.device;
+  ExpectSameLosses(gloo, Train(2, "gloo", "cpu", 20, /*bf16=*/false, feature), 20);
+}
+
+TEST_P(CudaFeatureTest, TheCpuPathRunsEverywhere) {
+  // The reference above, on this machine: it learns, and differs from plain DDP where
+  // the feature changes the arithmetic (ZeRO adds momentum, PowerSGD compresses to rank
+  // 1; fp16's rounding of these gradients can vanish in a loss's first digits, and Join's
+  // losses are rank 0's own, so those two are only checked to learn).
+  const Feature feature = GetParam();
+  const TrainRun run = Train(2, "gloo", "cpu", 20, /*bf16=*/false, feature);
+  ASSERT_THAT(run.errors, ::testing::IsEmpty());
+  ASSERT_EQ(run.losses.size(), 20u);
+  EXPECT_LT(run.losses.back(), run.losses.front()) << "the model did not learn";
+  // The ranks as processes (as on the GPU) are told the feature and train as threads do.
+  ExpectSameLosses(TrainInProcesses(2, "gloo", "cpu", 20, feature), run, 20);
+  if (feature == Feature::kZero || feature == Feature::kPowerSgd) {
+    const TrainRun plain = Train(2, "gloo", "cpu", 20);
+    ASSERT_THAT(plain.errors, ::testing::IsEmpty());
+    double apart = 0;
+    for (int i = 0; i < 20; ++i) apart = std::max(apart, std::abs(run.losses[i] - plain.losses[i]));
+    EXPECT_GT(apart, 1e-6) << "the feature did not change the run";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Features, CudaFeatureTest,
+                         ::testing::Values(Feature::kJoin, Feature::kZero, Feature::kFp16Hook,
+                                           Feature::kPowerSgd),
+                         [](const ::testing::TestParamInfo<Feature>& info) {
+                           return std::string(kFeatureNames[static_cast<int>(info.param)]);
+                         });
 
 TEST(CudaTest, GpuMemoryIsWhatTheCachingAllocatorHolds) {
   REQUIRE_GPU();
