@@ -1,5 +1,7 @@
 #include "coordinator/core/admission.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -7,11 +9,17 @@ namespace ddp {
 
 absl::Status CheckSubmission(const JobSpec& spec, const std::string& source,
                              const std::string& workdir, const Caller& caller,
-                             const UsageLimits& limits, absl::Duration heartbeat_timeout) {
-  if (absl::Seconds(spec.rdzv.timeout_s) <= heartbeat_timeout) {
+                             const UsageLimits& limits, absl::Duration heartbeat_timeout,
+                             int heartbeat_stretch) {
+  const absl::Duration held_to = heartbeat_timeout * std::max(1, heartbeat_stretch);
+  if (absl::Seconds(spec.rdzv.timeout_s) <= held_to) {
     return absl::InvalidArgumentError(absl::StrCat(
         source, ": rdzv.timeout_s: must be greater than the coordinator's heartbeat timeout (",
-        absl::StrFormat("%gs", absl::ToDoubleSeconds(heartbeat_timeout)),
+        absl::StrFormat("%gs", absl::ToDoubleSeconds(held_to)),
+        heartbeat_stretch > 1
+            ? absl::StrFormat(": %gs stretched %dx for this cluster's size, decision 162",
+                              absl::ToDoubleSeconds(heartbeat_timeout), heartbeat_stretch)
+            : "",
         "): timeouts are ordered heartbeat < rendezvous"));
   }
   if (spec.is_command() && limits.command_jobs == UsageLimits::CommandJobs::kOff) {

@@ -58,14 +58,19 @@ struct Caller {
   bool Owns(const v1::Job& job) const { return admin || (!name.empty() && job.owner() == name); }
 };
 
-// INVALID_ARGUMENT: rdzv.timeout_s not above `heartbeat_timeout` (timeouts are
+// INVALID_ARGUMENT: rdzv.timeout_s not above the heartbeat timeout workers are held to
+// (`heartbeat_timeout` times `heartbeat_stretch`; timeouts are
 // ordered heartbeat < rendezvous), or a relative `workdir`. PERMISSION_DENIED: a
 // command job that `limits.command_jobs` does not let `caller` submit, or a priority
 // above `limits.max_user_priority` from a caller that is not an admin. `source` names
 // the file in messages. Needs no lock: it reads the submission and constants only.
+// `heartbeat_timeout` is the configured one; `heartbeat_stretch` the factor heartbeat rate
+// scaling holds workers to now (decision 162), which the rendezvous timeout must exceed
+// too.
 absl::Status CheckSubmission(const JobSpec& spec, const std::string& source,
                              const std::string& workdir, const Caller& caller,
-                             const UsageLimits& limits, absl::Duration heartbeat_timeout);
+                             const UsageLimits& limits, absl::Duration heartbeat_timeout,
+                             int heartbeat_stretch = 1);
 
 class Admission {
  public:

@@ -520,8 +520,13 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const v1::SubmitJobRequest& request,
   auto spec = ParseJobSpec(request.spec_yaml(), source);
   if (!spec.ok()) return spec.status();
   const std::string workdir = !request.workdir().empty() ? request.workdir() : spec->workdir;
+  int stretch = 1;
+  {
+    absl::MutexLock lock(&mu_);
+    stretch = BeatStretchLocked();
+  }
   if (absl::Status st = CheckSubmission(*spec, source, workdir, caller, limits_,
-                                        options_.heartbeat_timeout);
+                                        options_.heartbeat_timeout, stretch);
       !st.ok()) {
     return st;
   }

@@ -132,6 +132,33 @@ TEST_F(HeartbeatRateTest, TheRateIsOnByDefaultAndLeavesAClusterBelowItAlone) {
   EXPECT_EQ(r.heartbeat_timeout_ms(), 10000);
 }
 
+// Timeouts are ordered heartbeat < rendezvous: a job's rdzv.timeout_s must exceed the
+// heartbeat timeout workers are held to now, stretched at scale, not only the configured
+// one (else its trainers' rendezvous can give up before a dead node is declared lost).
+TEST_F(HeartbeatRateTest, ARendezvousTimeoutMustExceedTheStretchedHeartbeatTimeout) {
+  options_.max_heartbeats_per_second = 1;  // 1 s interval: the 3 workers stretch it 3x.
+  Open();
+  for (int i = 1; i <= 3; ++i) Register(absl::StrCat("w", i));
+  ASSERT_EQ(HeartbeatReply("w1").heartbeat_timeout_ms(), 30000);
+  const std::string job =
+      "name: demo\nmodel: {mlp: {}}\ndata: {synthetic: {}}\ntrain: {batch_size: 4}\n";
+  v1::SubmitJobRequest req;
+  req.set_spec_yaml(job + "rdzv: {timeout_s: 20}\n");  // Above 10 s, not above 30 s.
+  req.set_source_name("job.yaml");
+  EXPECT_THAT(coordinator_->Submit(req),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("job.yaml: rdzv.timeout_s: must be greater than the "
+                                 "coordinator's heartbeat timeout (30s: 10s stretched 3x")));
+  EXPECT_TRUE(coordinator_->ListJobs(10).empty());
+  EXPECT_FALSE(Submit(job + "rdzv: {timeout_s: 31}\n").empty());
+  // Below the rate (one worker left alive), the configured timeout rules again.
+  clock_.Advance(absl::Seconds(31));
+  Heartbeat("w1");
+  coordinator_->Tick();
+  ASSERT_EQ(HeartbeatReply("w1").heartbeat_timeout_ms(), 10000);
+  EXPECT_FALSE(Submit(job + "rdzv: {timeout_s: 11}\n").empty());
+}
+
 // After a restart (or a takeover) the agents may beat at a stretched interval the new
 // coordinator never told them: it waits for them as long as the last leader could have
 // told them, which the stored workers bound (decision 164), not always 4 timeouts.
