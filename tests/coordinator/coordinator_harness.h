@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "coordinator/core/coordinator.h"
 #include "coordinator/core/event_hub.h"
 #include "coordinator/store/state_store.h"
@@ -228,6 +229,24 @@ class CoordinatorHarness : public ::testing::Test {
   std::unique_ptr<Coordinator> coordinator_;
   int next_port_ = 41000;
   std::map<std::string, std::string> incarnations_;  // By worker name.
+};
+
+// The timing coordinator_test.cc and heartbeat_rate_test.cc drive: a 1 s heartbeat
+// interval and a 10 s timeout, RPCs held 500 ms, and workers that beat right after
+// registering, as agents do.
+class TimedCoordinatorHarness : public CoordinatorHarness {
+ protected:
+  TimedCoordinatorHarness() {
+    options_.rpc_deadline = absl::Milliseconds(500);
+    options_.heartbeat_interval = absl::Seconds(1);
+    options_.heartbeat_timeout = absl::Seconds(10);
+  }
+
+  void Register(const std::string& name, int slots = 1, const std::string& incarnation = "") {
+    CoordinatorHarness::Register(name, /*gpus=*/0, slots,
+                                 incarnation.empty() ? name + "-inc1" : incarnation);
+    Heartbeat(name);
+  }
 };
 
 }  // namespace ddp::testing

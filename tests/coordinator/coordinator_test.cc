@@ -45,20 +45,8 @@ class CountingListener final : public EventHub::Listener {
 // written for (the defaults are faster): 500ms RPC, 1s interval, 10s heartbeat
 // timeout, so the start timeout is 10s. Workers heartbeat right after registering,
 // as agents do.
-class CoordinatorTest : public testing::CoordinatorHarness {
+class CoordinatorTest : public testing::TimedCoordinatorHarness {
  protected:
-  CoordinatorTest() {
-    options_.rpc_deadline = absl::Milliseconds(500);
-    options_.heartbeat_interval = absl::Seconds(1);
-    options_.heartbeat_timeout = absl::Seconds(10);
-  }
-
-  void Register(const std::string& name, int slots = 1, const std::string& incarnation = "") {
-    CoordinatorHarness::Register(name, /*gpus=*/0, slots,
-                                 incarnation.empty() ? name + "-inc1" : incarnation);
-    Heartbeat(name);  // As the agent does right after registering.
-  }
-
   std::vector<std::string> LogTexts(const std::string& job_id) {
     std::vector<std::string> out;
     for (const auto& l : hub_->Logs(job_id, 0, std::nullopt, 100)) {

@@ -18,22 +18,8 @@ namespace {
 using ::ddp::testing::StatusIs;
 using ::testing::HasSubstr;
 
-// coordinator_test.cc's timing: 1 s interval, 10 s timeout; workers beat right after
-// registering, as agents do.
-class HeartbeatRateTest : public testing::CoordinatorHarness {
- protected:
-  HeartbeatRateTest() {
-    options_.rpc_deadline = absl::Milliseconds(500);
-    options_.heartbeat_interval = absl::Seconds(1);
-    options_.heartbeat_timeout = absl::Seconds(10);
-  }
-
-  void Register(const std::string& name, int slots = 1, const std::string& incarnation = "") {
-    CoordinatorHarness::Register(name, /*gpus=*/0, slots,
-                                 incarnation.empty() ? name + "-inc1" : incarnation);
-    Heartbeat(name);
-  }
-};
+// coordinator_test.cc's timing: 1 s interval, 10 s timeout.
+class HeartbeatRateTest : public testing::TimedCoordinatorHarness {};
 
 TEST(HeartbeatStretchTest, AWholeFactorKeepsTheLiveWorkersUnderTheRateUpToTheCap) {
   EXPECT_EQ(HeartbeatStretch(10000, 0, absl::Seconds(1)), 1) << "0: never stretched";
