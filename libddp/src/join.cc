@@ -201,6 +201,14 @@ class DdpJoinHook : public JoinHook {
     impl.sync_buffers = should_sync;  // PyTorch's require_forward_param_sync.
     if (!should_sync) return;
     ThrowIfError(owner_.Shadowable());
+    if (impl.reducer == nullptr) {
+      // Dropped by a live recovery (DropReducer) that has not rebuilt it.
+      ThrowIfError(absl::FailedPreconditionError(
+          "Join: this rank has joined and must shadow the others' gradient all-reduce, but "
+          "its model has no reducer (a live recovery dropped it and has not rebuilt it, or "
+          "failed): it cannot tell the buckets to shadow. Let the recovery finish (or "
+          "restart the job) before the Join ends"));
+    }
     // _match_all_reduce_for_bwd_pass: zeros in each bucket's place, in bucket order.
     const at::TensorOptions opts = impl.trainable[0].options().requires_grad(false);
     std::vector<at::Tensor> zeros;
