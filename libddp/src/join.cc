@@ -15,6 +15,10 @@
 // of the parameters (and buffers) from that rank. The sums go through Comm as the
 // reducer's do (shared memory on a node, or the backend), the max and the broadcasts
 // from any root through the backend, on both sides alike.
+//
+// A ZeroRedundancyOptimizer joinable (after the model) adds, to each iteration, the
+// training ranks' ZeRO step (every shard broadcast from its owner) and, on the joined
+// rank, its main hook: the same step on its own shard (PyTorch's _ZeROJoinHook).
 #include "ddp/join.h"
 
 #include <ATen/ATen.h>
@@ -29,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "ddp/zero_redundancy_optimizer.h"
 #include "libddp/engine/api_bridge.h"
 
 namespace ddp {
@@ -243,6 +248,39 @@ std::unique_ptr<JoinHook> DdpJoinable::join_hook(const JoinOptions& options) {
   return std::make_unique<DdpJoinHook>(*this);
 }
 
+// ZeroRedundancyOptimizer as a Joinable (PyTorch's Joinable side of
+// ZeroRedundancyOptimizer): while it lives, the optimizer's step() notifies it.
+class ZeroJoinable : public Joinable {
+ public:
+  ZeroJoinable(ZeroRedundancyOptimizer& zero, Joinable*& slot) : zero_(zero), slot_(slot) {
+    if (slot_ != nullptr) {
+      ThrowIfError(absl::InvalidArgumentError(
+          "ddp::joinable: this ZeroRedundancyOptimizer already has a live Joinable (in "
+          "another Join): one Join at a time per optimizer; let the first end before making "
+          "another"));
+    }
+    slot_ = this;
+  }
+  ~ZeroJoinable() override { slot_ = nullptr; }
+
+  // PyTorch's _ZeROJoinHook: no options; main_hook is the optimizer's step, which
+  // updates this rank's shard with the gradients it holds and broadcasts every shard.
+  std::unique_ptr<JoinHook> join_hook(const JoinOptions&) override {
+    struct Hook : JoinHook {
+      explicit Hook(ZeroRedundancyOptimizer& z) : zero(z) {}
+      void main_hook() override { zero.step(); }
+      ZeroRedundancyOptimizer& zero;
+    };
+    return std::make_unique<Hook>(zero_);
+  }
+  at::Device join_device() const override { return zero_.group()->device(); }
+  ProcessGroup& join_process_group() const override { return *zero_.group(); }
+
+ private:
+  ZeroRedundancyOptimizer& zero_;
+  Joinable*& slot_;
+};
+
 Comm& JoinComm(Joinable& joinable) { return *joinable.join_process_group().impl().comm; }
 
 }  // namespace
@@ -271,6 +309,14 @@ Join::Join(std::vector<std::shared_ptr<Joinable>> joinables, JoinOptions options
     }
     if (auto* ddp = dynamic_cast<DdpJoinable*>(j); ddp != nullptr && options_.enable) {
       ThrowIfError(ddp->Shadowable());
+    }
+    if (i == 0 && options_.enable && dynamic_cast<ZeroJoinable*>(j) != nullptr) {
+      ThrowIfError(absl::InvalidArgumentError(
+          "Join: a ZeroRedundancyOptimizer cannot be the first joinable: list the model "
+          "first, ddp::join({ddp::joinable(model), ddp::joinable(optimizer)}, ...) "
+          "(PyTorch's order). The first joinable sends each iteration's \"not joined\" "
+          "before the others' collectives, and a joined rank's optimizer step would send a "
+          "second one, putting the ranks' collectives out of step"));
     }
   }
   for (auto& j : joinables_) hooks_.push_back(j->join_hook(options_));
@@ -333,6 +379,10 @@ void join(std::vector<std::shared_ptr<Joinable>> joinables, const std::function<
 
 std::shared_ptr<Joinable> joinable(DataParallel& core) {
   return std::make_shared<DdpJoinable>(core);
+}
+
+std::shared_ptr<Joinable> joinable(ZeroRedundancyOptimizer& optimizer) {
+  return std::make_shared<ZeroJoinable>(optimizer, optimizer.joinable_);
 }
 
 }  // namespace ddp

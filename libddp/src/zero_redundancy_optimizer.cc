@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "ddp/join.h"
 #include "libddp/engine/api_bridge.h"
 
 namespace ddp {
@@ -270,6 +271,9 @@ void ZeroRedundancyOptimizer::SyncOptionsToLocal() {
 }
 
 at::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
+  // PyTorch's step starts so; vacuous unless this optimizer is the first joinable of an
+  // enabled Join, which Join refuses (decision 166).
+  if (joinable_ != nullptr) Join::notify_join_context(*joinable_);
   SyncOptionsToLocal();
   at::Tensor loss = local_->step(std::move(closure));
   BroadcastShards();

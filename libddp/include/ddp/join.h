@@ -1,6 +1,6 @@
 // ddp::Join: PyTorch's torch.distributed.algorithms.join.Join (uneven inputs) for
-// LibTorch programs, with ddp::DistributedDataParallel as a Joinable (PyTorch's
-// DDP.join()).
+// LibTorch programs, with ddp::DistributedDataParallel and ddp::ZeroRedundancyOptimizer
+// as Joinables (ddp::joinable(model), ddp::joinable(optimizer)).
 //
 // When ranks have different numbers of batches, a rank that runs out first would leave
 // the others waiting forever in their next gradient all-reduce. Inside a Join, a rank
@@ -18,6 +18,12 @@
 //     }
 //   });                                           // every rank leaves with the same model
 //
+// With ZeRO (PyTorch's Join([ddp_model, zero_optim])), the optimizer joins too, after
+// the model:
+//   ddp::ZeroRedundancyOptimizer zero(net->parameters(), group,
+//                                     torch::optim::AdamOptions(1e-3));
+//   ddp::join({ddp::joinable(model), ddp::joinable(zero)}, [&] { ... zero.step(); ... });
+//
 // What happens, as in PyTorch 2.x:
 //   - every forward of a model in an enabled Join first all-reduces a 1 ("not joined")
 //     on the Join's first joinable (Join::notify_join_context); a joined rank, in
@@ -32,6 +38,12 @@
 //         follows, so none is shadowed);
 //       * one all-reduce of zeros per gradient bucket, in bucket order, matching the
 //         training ranks' backward;
+//     ZeroRedundancyOptimizer's (PyTorch's _ZeROJoinHook), after the model's: its
+//     step(), which updates this rank's shard with the gradients the joined rank holds
+//     (DDP's shadow all-reduces zeros of its own, not into them: undefined gradients
+//     after zero_grad() leave the shard as it is, zeros after zero_grad(false) still
+//     move it by momentum or Adam's moments), then broadcasts every shard, matching the
+//     training ranks' step;
 //   - when all have joined, every joinable's post_hook(is_last_joiner):
 //     DistributedDataParallel's broadcasts the parameters (and buffers, with
 //     broadcast_buffers) from the highest of the last ranks to join, so every rank
@@ -48,7 +60,8 @@
 // Limitations (ddp::Error when met; decision 158):
 //   - the training ranks' collectives are only DistributedDataParallel's: a collective
 //     of your own inside the body (an all-reduce of a metric, a barrier,
-//     ZeroRedundancyOptimizer's step, SyncBatchNorm's statistics) has no shadow on a
+//     a ZeroRedundancyOptimizer's step without ddp::joinable(optimizer) in the Join,
+//     SyncBatchNorm's statistics) has no shadow on a
 //     joined rank and hangs or mismatches, as in PyTorch ("the joined rank does not
 //     participate"): keep those outside the Join, or write a Joinable whose main_hook
 //     issues the matching collective. libddp cannot detect this one;
@@ -57,8 +70,11 @@
 //     joined rank cannot replay; PyTorch runs the hook on zeros;
 //   - find_unused_parameters and static_graph cannot be joined yet (their extra
 //     "locally used" all-reduce is not shadowed);
-//   - ddp::ZeroRedundancyOptimizer is not a Joinable (PyTorch's _ZeROJoinHook): its
-//     step's broadcasts are not shadowed.
+//   - a ZeroRedundancyOptimizer cannot be the first joinable of an enabled Join (list
+//     the model first, as PyTorch's documentation does): the first joinable sends each
+//     iteration's "not joined" before the others' collectives, and a joined rank's ZeRO
+//     step would send a second one (PyTorch's does, and the ranks' collectives go out of
+//     step) (decision 166).
 #ifndef DDP_JOIN_H_
 #define DDP_JOIN_H_
 
@@ -74,6 +90,8 @@
 #include "ddp/process_group.h"
 
 namespace ddp {
+
+class ZeroRedundancyOptimizer;  // ddp/zero_redundancy_optimizer.h
 
 // Join's settings (PyTorch: Join(joinables, enable, throw_on_early_termination,
 // **kwargs); divide_by_initial_world_size is DDP's kwarg, given to every join_hook).
@@ -115,8 +133,9 @@ class Joinable {
 class Join {
  public:
   // Throws ddp::Error (kInvalidArgument) for no joinables, a null one, joinables on
-  // different process groups, one already in another Join, or a model this Join cannot
-  // shadow (see the limitations above). Runs no collective.
+  // different process groups, one already in another Join, a model this Join cannot
+  // shadow, or a ZeroRedundancyOptimizer first (see the limitations above). Runs no
+  // collective.
   explicit Join(std::vector<std::shared_ptr<Joinable>> joinables, JoinOptions options = {});
   // Disables the joinables' configs. It does not shadow: call finish() when this rank's
   // inputs are exhausted (ddp::join does), or the others wait in their next forward.
@@ -155,6 +174,11 @@ template <typename M>
 std::shared_ptr<Joinable> joinable(DistributedDataParallel<M>& model) {
   return joinable(model.core());
 }
+
+// ZeroRedundancyOptimizer as a Joinable (PyTorch's ZeroRedundancyOptimizer.join_hook:
+// a joined rank runs the optimizer's step() for each iteration the others run); the
+// optimizer must outlive it; one at a time per optimizer; list it after the model.
+std::shared_ptr<Joinable> joinable(ZeroRedundancyOptimizer& optimizer);
 
 }  // namespace ddp
 

@@ -37,6 +37,13 @@
 // a factory that returns nothing or other param groups, param groups that differ across
 // ranks (every rank must pass the same parameters in the same groups and order).
 // With one rank it is the plain optimizer.
+//
+// Uneven inputs: ddp::joinable(opt) (ddp/join.h) is the optimizer as a Joinable,
+// PyTorch's ZeroRedundancyOptimizer in Join([model, opt]):
+//   ddp::join({ddp::joinable(model), ddp::joinable(opt)}, [&] { ...training loop... });
+// a rank that has run out still runs step() for every iteration the others run (its
+// shard's update with the gradients it holds: none after zero_grad(), zeros after
+// zero_grad(false)), so its parameters are still broadcast to them (decision 166).
 #ifndef DDP_ZERO_REDUNDANCY_OPTIMIZER_H_
 #define DDP_ZERO_REDUNDANCY_OPTIMIZER_H_
 
@@ -57,6 +64,8 @@
 #include "ddp/process_group.h"
 
 namespace ddp {
+
+class Joinable;  // ddp/join.h
 
 // What makes the optimizer of one rank's shard (PyTorch's optimizer_class and
 // **defaults): the options of a LibTorch optimizer (torch::optim::SGDOptions,
@@ -100,7 +109,8 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
 
   // Collective: the local optimizer's step on this rank's parameters (with the param
   // groups' current options), then each rank's parameters broadcast from it. Returns
-  // what the local optimizer's step returned (the closure's loss, if any).
+  // what the local optimizer's step returned (the closure's loss, if any). In a Join
+  // (ddp::joinable(*this)) it first calls Join::notify_join_context, as PyTorch's.
   at::Tensor step(LossClosure closure = nullptr) override;
 
   // Collective: every rank's optimizer state sent to rank `to` (kInvalidArgument for a
@@ -162,6 +172,9 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   std::vector<std::vector<std::vector<int64_t>>> shards_;
   std::vector<int64_t> sizes_;              // Per rank, the numel it owns.
   bool consolidated_ = false;
+  // The live ddp::joinable(*this), if any (join.cc sets and clears it).
+  friend std::shared_ptr<Joinable> joinable(ZeroRedundancyOptimizer& optimizer);
+  Joinable* joinable_ = nullptr;
 };
 
 }  // namespace ddp
