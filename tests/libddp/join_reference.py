@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""PyTorch's own Join([ddp_model]) (uneven inputs) on the setup of join_program.cc.
+"""PyTorch's own Join([ddp_model]) and Join([ddp_model, zero_optim]) (uneven inputs) on
+the setup of join_program.cc.
 
     python3 tests/libddp/join_reference.py WORLD > out.json
 
@@ -14,11 +15,17 @@ on one process group:
   nodivide   divide_by_initial_world_size=False
   throw      throw_on_early_termination=True: every rank raises, rank 0 out of the
              Join's exit, the others from their next forward
+  zero_sgd   ZeroRedundancyOptimizer over the same SGD, Join([model, optimizer]),
+             zero_grad(set_to_none=False): a joined rank's ZeRO step sees zeros
+  zero_adam  ZeroRedundancyOptimizer over Adam (ADAM_LR, ADAM_EPS), Join([model, optimizer]),
+             zero_grad(set_to_none=True): a joined rank's ZeRO step sees no gradients
 After the Join (divide and nodivide), every rank trains one more step outside it.
 Prints {"torch": version, "ranks": [per rank: {mode: losses (per step this rank ran in
 the Join), params and buffers (after the Join, flattened per tensor), error (the
 exception's message, or None), after and params_after (that step's loss and the
-parameters after it; not in throw)}]}.
+parameters after it; not in throw), and in the zero modes on rank 0 state: the state
+consolidated on rank 0 right after the Join (consolidate_state_dict(0), state_dict():
+{index: {name: flattened values}})}]}.
 """
 import json
 import os
@@ -30,9 +37,15 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.distributed.algorithms.join import Join
+from torch.distributed.optim import ZeroRedundancyOptimizer
 
 BATCH = 6
-MODES = ("divide", "nodivide", "throw")
+ADAM_LR = 0.01
+# l1.bias feeds BatchNorm: its gradient is 0 but for rounding, which Adam's default eps
+# (1e-8) would turn into steps of about ADAM_LR, of a sign that depends on the order
+# the ranks' sums add in; this eps keeps such steps small.
+ADAM_EPS = 1e-3
+MODES = ("divide", "nodivide", "throw", "zero_sgd", "zero_adam")
 
 
 class Net(nn.Module):
@@ -64,10 +77,18 @@ def formula_batch(step, rank):
 def train(rank, mode):
     net = Net()
     model = nn.parallel.DistributedDataParallel(net)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    if mode == "zero_sgd":
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD,
+                                      lr=0.1, momentum=0.9)
+    elif mode == "zero_adam":
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam,
+                                      lr=ADAM_LR, eps=ADAM_EPS)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    joinables = [model, opt] if mode.startswith("zero") else [model]
     result = {"losses": [], "error": None}
     try:
-        with Join([model], throw_on_early_termination=(mode == "throw"),
+        with Join(joinables, throw_on_early_termination=(mode == "throw"),
                   divide_by_initial_world_size=(mode != "nodivide")):
             for step in range(5 + 2 * rank):
                 x, y = formula_batch(step, rank)
@@ -75,11 +96,18 @@ def train(rank, mode):
                 loss.backward()
                 result["losses"].append(loss.item())
                 opt.step()
-                opt.zero_grad(set_to_none=True)
+                opt.zero_grad(set_to_none=(mode != "zero_sgd"))
     except RuntimeError as e:
         result["error"] = str(e)
     result["params"] = [p.detach().view(-1).tolist() for p in net.parameters()]
     result["buffers"] = [b.detach().double().view(-1).tolist() for b in net.buffers()]
+    if mode.startswith("zero"):
+        opt.consolidate_state_dict(0)
+        if rank == 0:
+            sd = opt.state_dict()
+            result["state"] = {
+                str(i): {k: torch.as_tensor(v).double().flatten().tolist()
+                         for k, v in s.items()} for i, s in sd["state"].items()}
     if mode != "throw":
         # One even step on every rank after the Join: the gradients are divided by the
         # world size again whatever divide_by_initial_world_size was.
