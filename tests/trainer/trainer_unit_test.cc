@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <tuple>
 #include <vector>
@@ -222,6 +223,54 @@ TEST(CheckpointSchemaTest, AnotherModelIsRefusedAndAnotherDataOrderIsNoticed) {
   EXPECT_TRUE(SameDataOrder(unknown, in.sampler));
 }
 
+// Steps an optimizer of `spec` on the loop over parameters and one on the multi-tensor
+// path over the same parameters and gradients for 5 steps (parameter 2's first gradient
+// two steps late) and expects the same values after every step and the same state (what
+// a checkpoint keeps) bit for bit; `is_kind` checks what the multi-tensor one is.
+// Returns the loop's state dict's "state".
+c10::impl::GenericDict ExpectMultiTensorEqualsLoop(
+    const OptimizerSpec& spec, const std::function<bool(torch::optim::Optimizer*)>& is_kind) {
+  auto make_params = [] {
+    std::vector<at::Tensor> ps;
+    for (int i = 0; i < 3; ++i) {
+      ps.push_back(at::linspace(-1, 1, 6 + i).sin().mul(i + 1).set_requires_grad(true));
+    }
+    return ps;
+  };
+  std::vector<at::Tensor> loop_params = make_params(), foreach_params = make_params();
+  auto loop = MakeOptimizer(spec, loop_params, /*multi_tensor=*/false);
+  auto foreach = MakeOptimizer(spec, foreach_params, /*multi_tensor=*/true);
+  EXPECT_TRUE(is_kind(foreach.get()));
+  const at::Tensor first = loop_params[0].detach().clone();
+  for (int step = 0; step < 5; ++step) {
+    for (size_t i = 0; i < loop_params.size(); ++i) {
+      if (i == 2 && step < 2) continue;  // Parameter 2's state starts late.
+      const at::Tensor g = at::linspace(0.3, -0.7, loop_params[i].numel()).mul(step + 1).cos();
+      loop_params[i].mutable_grad() = g.clone();
+      foreach_params[i].mutable_grad() = g.clone();
+    }
+    loop->step();
+    foreach->step();
+    for (size_t i = 0; i < loop_params.size(); ++i) {
+      EXPECT_TRUE(at::equal(loop_params[i], foreach_params[i])) << "step " << step << " param " << i;
+    }
+  }
+  EXPECT_FALSE(at::equal(first, loop_params[0])) << "the parameters did not move";
+  const auto sa = OptimizerStateDict(spec, *loop, loop_params).toGenericDict().at("state")
+                      .toGenericDict();
+  const auto sb = OptimizerStateDict(spec, *foreach, foreach_params).toGenericDict().at("state")
+                      .toGenericDict();
+  EXPECT_EQ(sa.size(), sb.size());
+  for (const auto& entry : sa) {
+    const auto other = sb.at(entry.key()).toGenericDict();
+    for (const auto& field : entry.value().toGenericDict()) {
+      EXPECT_TRUE(at::equal(field.value().toTensor(), other.at(field.key()).toTensor()))
+          << field.key().toStringRef();
+    }
+  }
+  return sa;
+}
+
 // SGD's multi-tensor update (PyTorch's default on a GPU) gives the loop over
 // parameters' values bit for bit: weight decay, momentum, Nesterov, a parameter whose
 // first gradient comes late, and the momentum buffers a checkpoint keeps.
@@ -237,48 +286,14 @@ TEST(MultiTensorSgdTest, EqualsTheLoopOverParametersBitForBit) {
     spec.momentum = momentum;
     spec.nesterov = nesterov;
     spec.weight_decay = weight_decay;
-    auto make_params = [] {
-      std::vector<at::Tensor> ps;
-      for (int i = 0; i < 3; ++i) {
-        ps.push_back(at::linspace(-1, 1, 6 + i).sin().mul(i + 1).set_requires_grad(true));
-      }
-      return ps;
-    };
-    std::vector<at::Tensor> loop_params = make_params(), foreach_params = make_params();
-    auto loop = MakeOptimizer(spec, loop_params, /*multi_tensor=*/false);
-    auto foreach = MakeOptimizer(spec, foreach_params, /*multi_tensor=*/true);
-    ASSERT_NE(dynamic_cast<torch::optim::SGD*>(foreach.get()), nullptr);
-    for (int step = 0; step < 5; ++step) {
-      for (size_t i = 0; i < loop_params.size(); ++i) {
-        // Parameter 2 has no gradient in the first two steps (its buffer starts late).
-        if (i == 2 && step < 2) continue;
-        const at::Tensor g = at::linspace(0.3, -0.7, loop_params[i].numel()).mul(step + 1).cos();
-        loop_params[i].mutable_grad() = g.clone();
-        foreach_params[i].mutable_grad() = g.clone();
-      }
-      loop->step();
-      foreach->step();
-      for (size_t i = 0; i < loop_params.size(); ++i) {
-        EXPECT_TRUE(at::equal(loop_params[i], foreach_params[i])) << "step " << step << " param " << i;
-      }
-    }
-    const c10::IValue a = OptimizerStateDict(spec, *loop, loop_params);
-    const c10::IValue b = OptimizerStateDict(spec, *foreach, foreach_params);
-    const auto sa = a.toGenericDict().at("state").toGenericDict();
-    const auto sb = b.toGenericDict().at("state").toGenericDict();
-    ASSERT_EQ(sa.size(), sb.size());
-    for (const auto& entry : sa) {
-      const auto other = sb.at(entry.key()).toGenericDict();
-      for (const auto& field : entry.value().toGenericDict()) {
-        EXPECT_TRUE(at::equal(field.value().toTensor(), other.at(field.key()).toTensor()))
-            << field.key().toStringRef();
-      }
-    }
+    ExpectMultiTensorEqualsLoop(
+        spec, [](torch::optim::Optimizer* o) { return dynamic_cast<torch::optim::SGD*>(o); });
   }
 }
 
-// Adam and AdamW: the multi-tensor path gives the loop's values bit for bit (amsgrad,
-// weight decay, a late first gradient), and both keep LibTorch's state.
+// Adam and AdamW (decision 165): the multi-tensor path gives the loop's values bit for
+// bit (amsgrad, both weight decays, a late first gradient), and both keep LibTorch's
+// state, with each parameter's own step count.
 TEST(MultiTensorAdamTest, EqualsTheLoopOverParametersBitForBit) {
   for (const auto& [kind, amsgrad, weight_decay] :
        std::vector<std::tuple<OptimizerKind, bool, double>>{
@@ -292,50 +307,13 @@ TEST(MultiTensorAdamTest, EqualsTheLoopOverParametersBitForBit) {
     spec.lr = 0.01;
     spec.amsgrad = amsgrad;
     spec.weight_decay = weight_decay;
-    auto make_params = [] {
-      std::vector<at::Tensor> ps;
-      for (int i = 0; i < 3; ++i) {
-        ps.push_back(at::linspace(-1, 1, 6 + i).sin().mul(i + 1).set_requires_grad(true));
-      }
-      return ps;
-    };
-    std::vector<at::Tensor> loop_params = make_params(), foreach_params = make_params();
-    auto loop = MakeOptimizer(spec, loop_params, /*multi_tensor=*/false);
-    auto foreach = MakeOptimizer(spec, foreach_params, /*multi_tensor=*/true);
-    if (kind == OptimizerKind::kAdamW) {
-      ASSERT_NE(dynamic_cast<torch::optim::AdamW*>(foreach.get()), nullptr);
-    } else {
-      ASSERT_NE(dynamic_cast<torch::optim::Adam*>(foreach.get()), nullptr);
-    }
-    at::Tensor first;
-    for (int step = 0; step < 5; ++step) {
-      for (size_t i = 0; i < loop_params.size(); ++i) {
-        if (i == 2 && step < 2) continue;  // Parameter 2's state starts late.
-        const at::Tensor g = at::linspace(0.3, -0.7, loop_params[i].numel()).mul(step + 1).cos();
-        loop_params[i].mutable_grad() = g.clone();
-        foreach_params[i].mutable_grad() = g.clone();
-      }
-      loop->step();
-      foreach->step();
-      if (step == 0) first = loop_params[0].detach().clone();
-      for (size_t i = 0; i < loop_params.size(); ++i) {
-        EXPECT_TRUE(at::equal(loop_params[i], foreach_params[i])) << "step " << step << " param " << i;
-      }
-    }
-    EXPECT_FALSE(at::equal(first, loop_params[0])) << "the parameters did not move";
-    const auto sa = OptimizerStateDict(spec, *loop, loop_params).toGenericDict().at("state")
-                        .toGenericDict();
-    const auto sb = OptimizerStateDict(spec, *foreach, foreach_params).toGenericDict().at("state")
-                        .toGenericDict();
-    ASSERT_EQ(sa.size(), 3u);
-    ASSERT_EQ(sb.size(), 3u);
-    for (const auto& entry : sa) {
-      const auto other = sb.at(entry.key()).toGenericDict();
-      for (const auto& field : entry.value().toGenericDict()) {
-        EXPECT_TRUE(at::equal(field.value().toTensor(), other.at(field.key()).toTensor()))
-            << field.key().toStringRef();
-      }
-      // Parameter 2 took 3 steps, the others 5.
+    const bool adamw = kind == OptimizerKind::kAdamW;
+    const auto state = ExpectMultiTensorEqualsLoop(spec, [adamw](torch::optim::Optimizer* o) {
+      return adamw ? dynamic_cast<torch::optim::AdamW*>(o) != nullptr
+                   : dynamic_cast<torch::optim::Adam*>(o) != nullptr;
+    });
+    ASSERT_EQ(state.size(), 3u);
+    for (const auto& entry : state) {  // Parameter 2 took 3 steps, the others 5.
       EXPECT_EQ(entry.value().toGenericDict().at("step").toTensor().item<double>(),
                 entry.key().toInt() == 2 ? 3.0 : 5.0);
     }
