@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -76,7 +77,7 @@ enum class Feature { kPlain, kJoin, kZero, kFp16Hook, kPowerSgd };
 const char* const kFeatureNames[] = {"plain", "join", "zero", "fp16", "powersgd"};
 
 Feature FeatureNamed(const std::string& name) {
-  for (int i = 0; i < 5; ++i) {
+  for (size_t i = 0; i < std::size(kFeatureNames); ++i) {
     if (name == kFeatureNames[i]) return static_cast<Feature>(i);
   }
   throw std::invalid_argument("no feature " + name);
