@@ -3,10 +3,18 @@
     torchrun-style environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK)
     python3 bench/gpu/pytorch_ddp.py --model NAME --batch B --steps N --warmup W
                                      --backend nccl|gloo --device cuda|cpu [--samples S]
+                                     [--compile reduce-overhead] [--compile-backend B]
 
 The same loop as ddp-bench-gpu: SGD (lr 0.01, momentum 0.9), synthetic samples held on
 the CPU and each batch copied to the device, loss.item() every step; prints one JSON
 line with the samples and seconds of the steps after the first W.
+
+--compile MODE: torch.compile(model, mode=MODE) before DDP (nanoGPT's order; MODE
+"default" for torch.compile's default). "reduce-overhead" runs the compiled forward and
+backward as CUDA graphs (cudagraph trees), recorded in the first steps after the compile:
+the W warm-up steps (bench.py gives 20) hold the compile and the recording, and the JSON
+line gives the first step's seconds (the compile). --compile-backend other than inductor
+(aot_eager: the dry run on a CPU, where inductor's C++ compile takes minutes) drops MODE.
 """
 import argparse
 import json
@@ -31,6 +39,9 @@ def main():
     ap.add_argument("--backend", default="nccl")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--samples", type=int, default=0)
+    ap.add_argument("--compile", default="none",
+                    help="none, or torch.compile's mode: default, reduce-overhead, ...")
+    ap.add_argument("--compile-backend", default="inductor")
     a = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group(a.backend)
@@ -44,9 +55,17 @@ def main():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(samples, FEATURES[a.model], generator=g)
     y = torch.randint(0, CLASSES, (samples,), generator=g)
-    model = DDP(make(a.model).to(dev), device_ids=[dev] if dev.type == "cuda" else None)
+    module = make(a.model).to(dev)
+    compiled = None
+    if a.compile != "none":
+        kwargs = {"backend": a.compile_backend}
+        if a.compile_backend == "inductor" and a.compile != "default":
+            kwargs["mode"] = a.compile
+        module = torch.compile(module, **kwargs)
+        compiled = kwargs.get("mode", "default") + f" ({a.compile_backend})"
+    model = DDP(module, device_ids=[dev] if dev.type == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    train_s, timed = 0.0, 0
+    train_s, timed, first_step_s = 0.0, 0, None
     for step in range(a.warmup + a.steps):
         t0 = time.perf_counter()
         begin = ((step * world + rank) * a.batch) % (samples - a.batch + 1)
@@ -57,11 +76,15 @@ def main():
         loss.backward()
         opt.step()
         loss.item()
+        if step == 0:
+            first_step_s = time.perf_counter() - t0
         if step >= a.warmup:
             train_s += time.perf_counter() - t0
             timed += a.batch
     print(json.dumps({"rank": rank, "samples": timed, "train_s": train_s, "backend": a.backend,
-                      "device": str(dev)}), flush=True)
+                      "device": str(dev), "compile": compiled,
+                      "first_step_s": round(first_step_s, 3) if first_step_s else None}),
+          flush=True)
     dist.barrier()
     dist.destroy_process_group()
 
