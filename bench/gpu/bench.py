@@ -334,6 +334,26 @@ def cublas_dirs(python):
     return dirs
 
 
+def llmc_tokens_check(src, path, batch, seq_len, steps, vocab, tmp):
+    """llm.c's own DataLoader (its llmc/dataloader.h, compiled with bench/gpu/
+    llmc_tokens_check.c) reading the token file made for it; raises where it refuses it.
+    Says why not where the source or a C compiler is missing."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not src or not os.path.isfile(os.path.join(src, "llmc", "dataloader.h")) or not cc:
+        return ("its DataLoader not run on the token file: "
+                + ("no C compiler" if not cc else f"no llm.c source at {src}"))
+    exe = os.path.join(tmp, "llmc_tokens_check")
+    if not os.path.exists(exe):
+        subprocess.run([cc, "-O1", "-I", src, "-o", exe,
+                        os.path.join(HERE, "llmc_tokens_check.c"), "-lm"],
+                       check=True, capture_output=True, text=True)
+    r = subprocess.run([exe, path, str(batch), str(seq_len), str(steps), str(vocab)],
+                       capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        raise RuntimeError(f"llm.c's DataLoader refuses {path}: {(r.stdout + r.stderr)[-600:]}")
+    return r.stdout.strip()
+
+
 class Bench:
     def __init__(self, a, tmp):
         self.a, self.tmp = a, tmp
@@ -512,12 +532,16 @@ class Bench:
             return figures(sum(d["tokens"] / d["train_s"] for d in ds), rec)
 
         def llmc(timeout):
+            checked = llmc_tokens_check(a.llmc_src, llmc_train, batch, c["seq_len"],
+                                        warmup + steps, c["vocab"], self.tmp)
             if a.dry_run:
-                return {"status": "skipped", "reason": "llm.c trains on a GPU only (CUDA kernels)"}
+                return {"status": "skipped", "reason": "llm.c trains on a GPU only (CUDA "
+                        f"kernels); {checked}"}
             exe = a.llmc_bin
             if not exe or not os.path.exists(exe):
-                return {"status": "not built", "reason": f"no llm.c binary at {exe} (bench/gpu/"
-                        "pack.sh builds it into .gpu-carry/llm.c, run.sh there if it does not load)"}
+                return {"status": "not built", "reason": "no llm.c binary"
+                        + (f" at {exe}" if exe else "") + " (bench/gpu/pack.sh builds it into "
+                        ".gpu-carry/llm.c, run.sh there where it does not load)"}
             shape = LLMC_DEPTHS.get(c["layers"])
             if shape != (c["dim"], c["heads"]) or c["vocab"] != 50304 or c["seq_len"] > 1024:
                 return {"status": "skipped", "reason": "llm.c's descriptors (-e dL) have no "
@@ -534,6 +558,7 @@ class Bench:
             outs = run_ranks(lambda r: argv, 1, env, self.tmp, timeout)
             p = parse_llmc(outs[0], batch, c["seq_len"], warmup)
             rec = {"losses": p["losses"], "tokens_per_s_mean": round(p["tokens_per_s_mean"], 1),
+                   "token_file": checked,
                    "device_mem_used_mib": p["device_mem_used_mib"],
                    "command": " ".join(os.path.basename(x) if x in (exe, llmc_train) else x
                                        for x in argv),
@@ -822,6 +847,8 @@ def main():
     ap.add_argument("--peak-tflops", type=float, default=0,
                     help="the GPU's dense bf16 peak for MFU (0: by its name)")
     ap.add_argument("--llmc-bin", default=os.path.join(ROOT, ".gpu-carry", "llm.c", "train_gpt2cu"))
+    ap.add_argument("--llmc-src", default=os.path.join(ROOT, ".gpu-carry", "llm.c", "src"),
+                    help="llm.c's source: its DataLoader checks the token file made for it")
     ap.add_argument("--llmc-recompute", type=int, default=0,
                     help="llm.c's -r (0: recompute nothing, as the other sides)")
     ap.add_argument("--deadline", type=float, default=None,
@@ -841,6 +868,8 @@ def main():
         a.python = os.path.abspath(a.python)
     if a.llmc_bin:
         a.llmc_bin = os.path.abspath(a.llmc_bin)
+    if a.llmc_src:
+        a.llmc_src = os.path.abspath(a.llmc_src)
     a.models = a.models or ("mlp" if a.dry_run else "mlp,cnn,resnet18")
     a.configs = a.configs or ("gloo-w2" if a.dry_run else "nccl-w1")
     if a.deadline is None:

@@ -9,6 +9,9 @@
 # GPU_COMPUTE_CAPABILITY=${LLMC_ARCH:-90} (H100 and H200: sm_90; nvidia-smi is not
 # asked, so it builds where no GPU is), and -lnvidia-ml only where <nvml.h> is found
 # (llm.c uses NVML only then; the CUDA 13 toolkit here ships no libnvidia-ml to link).
+# LLMC_LIB_DIRS (colon-separated) adds library folders to link from, e.g. torch's
+# nvidia/cu13/lib where the machine has no CUDA toolkit libraries: a library found there
+# only as libX.so.N is linked through a libX.so link made in DIR/.libs.
 # One line of llm.c is patched first, idempotently: CUDA 13 dropped the cudaMemAdvise
 # overload taking a device number (its managed-memory fallback, used only when
 # cudaMalloc runs out of memory); the patch passes a cudaMemLocation on CUDA >= 13.
@@ -35,10 +38,30 @@ open(path, "w").write(text.replace(old, new, 1))
 PY
   echo "llmc_build.sh: patched llmc/cuda_utils.cuh (cudaMemAdvise on CUDA 13)"
 fi
-ldflags="-lcublas -lcublasLt"
+libs=(cublas cublasLt)
 if echo '#include <nvml.h>' | "$nvcc" -x cu -E - >/dev/null 2>&1; then
-  ldflags+=" -lnvidia-ml"
+  libs+=(nvidia-ml)
 fi
+ldflags=""
+mkdir -p .libs
+IFS=: read -r -a dirs <<< "${LLMC_LIB_DIRS:-}"
+dirs+=(/usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu /usr/local/cuda/lib64/stubs)
+for lib in "${libs[@]}"; do
+  for d in "${dirs[@]}"; do
+    [[ -n $d && -d $d ]] || continue
+    if [[ -e $d/lib$lib.so ]]; then
+      ldflags+=" -L$d"
+      break
+    fi
+    versioned=$(ls "$d"/lib"$lib".so.[0-9]* 2>/dev/null | head -1)
+    if [[ -n $versioned ]]; then
+      ln -sf "$versioned" ".libs/lib$lib.so"
+      ldflags+=" -L$PWD/.libs"
+      break
+    fi
+  done
+  ldflags+=" -l$lib"
+done
 export PATH=$(dirname "$nvcc"):$PATH
 echo "llmc_build.sh: make train_gpt2cu in $src (sm_${LLMC_ARCH:-90}, $($nvcc --version | tail -1))"
 start=$(date +%s)

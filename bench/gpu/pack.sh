@@ -15,6 +15,13 @@
 #                      run.sh uses it where it loads, and builds there where it does not
 #   fashion-mnist/     Debian's Fashion-MNIST ($DDP_FMNIST, default
 #                      /usr/share/datasets/fashion-mnist), for bench/gpu/stack.py
+#   llm.c/             karpathy/llm.c, the GPT bench's anchor: src/ (its source, from
+#                      $DDP_LLMC_SRC: a clone, bare or not, whose HEAD is taken, or a
+#                      plain source folder), train_gpt2cu (built here from src/ by
+#                      bench/gpu/llmc_build.sh for sm_90 with this machine's nvcc) and
+#                      VERSION. Without $DDP_LLMC_SRC an llm.c/ packed before is kept.
+#                      llm.c's source never enters the project's commits (.gpu-carry/
+#                      is ignored); run.sh builds it there where the binary does not load
 #
 # A part whose inputs are missing is left out, saying so (CI runs this before the dry run
 # that makes build-gpu). Then checks that the repository's working tree and that folder,
@@ -128,6 +135,39 @@ else
   mkdir -p "$carry/fashion-mnist"
   cp "${fmnist_files[@]/#/$fmnist/}" "$carry/fashion-mnist/"
   echo "pack.sh: fashion-mnist: the 4 files of $fmnist: $(mib "$carry/fashion-mnist")"
+fi
+
+# llm.c: its source and train_gpt2cu built here (nvcc compiles for sm_90 without a GPU).
+llmc_src=${DDP_LLMC_SRC:-}
+if [[ -n $llmc_src ]]; then
+  rm -rf "$carry/llm.c" && mkdir -p "$carry/llm.c/src"
+  if git -C "$llmc_src" rev-parse --git-dir >/dev/null 2>&1; then
+    git -C "$llmc_src" archive HEAD | tar -x -C "$carry/llm.c/src"
+    echo "llm.c $(git -C "$llmc_src" rev-parse HEAD) ($llmc_src)" > "$carry/llm.c/VERSION"
+  elif [[ -f $llmc_src/train_gpt2.cu ]]; then
+    cp -a "$llmc_src"/. "$carry/llm.c/src/"
+    rm -rf "$carry/llm.c/src/.git" "$carry/llm.c/src/build" "$carry/llm.c/src/train_gpt2cu"
+    echo "llm.c source folder $llmc_src" > "$carry/llm.c/VERSION"
+  else
+    echo "pack.sh: DDP_LLMC_SRC=$llmc_src is neither a git clone nor llm.c's source" >&2
+    exit 1
+  fi
+  # What the bench needs of it: train_gpt2.cu, llmc/, the Makefile and its licence.
+  rm -rf "$carry/llm.c/src/dev" "$carry/llm.c/src/doc" "$carry/llm.c/src/.github"
+  llmc_build=$tmp/llmc && mkdir -p "$llmc_build" && cp -a "$carry/llm.c/src"/. "$llmc_build/"
+  if bash bench/gpu/llmc_build.sh "$llmc_build"; then
+    cp "$llmc_build/train_gpt2cu" "$carry/llm.c/train_gpt2cu"
+    echo "pack.sh: llm.c/: src ($(mib "$carry/llm.c/src")) and train_gpt2cu" \
+         "($(mib "$carry/llm.c/train_gpt2cu")), $(cat "$carry/llm.c/VERSION")"
+  else
+    echo "pack.sh: llm.c did not build here: its source alone carried (run.sh builds it there)"
+  fi
+elif [[ -f $carry/llm.c/src/train_gpt2.cu ]]; then
+  echo "pack.sh: llm.c/ kept as packed before ($(cat "$carry/llm.c/VERSION" 2>/dev/null)):" \
+       "$(mib "$carry/llm.c")"
+else
+  echo "pack.sh: no DDP_LLMC_SRC (a clone of github.com/karpathy/llm.c): llm.c/ left out" \
+       "(the GPT bench reports its side as not built)"
 fi
 
 # What a device call sends: tracked and untracked-not-ignored files, plus the carried folder.

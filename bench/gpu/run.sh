@@ -5,7 +5,8 @@
 # made .gpu-carry/ (carried along with the tree):
 #
 #   bash bench/gpu/run.sh                 # results in $OUT (or ./gpu-out)
-#   bash bench/gpu/run.sh --build-there   # build the engine there even if a prebuilt one loads
+#   bash bench/gpu/run.sh --build-there   # build the engine (and llm.c) there even if the
+#                                         # carried ones load
 #   bash bench/gpu/run.sh --dry-run       # the same on a machine without a GPU (CI): CPU, Gloo
 #
 # 1. unpacks the carried .deb files (dpkg -x; a Python fallback where dpkg is missing);
@@ -15,8 +16,12 @@
 #    libddp, ddp-trainer, the GPU bench program and the GPU tests against that machine's
 #    torch (DDP_ENGINE_ONLY: nothing else of ddp, only what was carried);
 # 3. runs the GPU tests (ctest -L gpu, or the prebuilt test program): on a GPU none may skip;
-# 4. runs the GPU bench (bench/gpu/bench.py): ddp-trainer and a libddp program against
-#    PyTorch's DDP, NCCL at world 1 and Gloo's CUDA path at world 2 on the one GPU;
+# 4. runs the GPU bench (bench/gpu/bench.py): GPT-2 124M under ddp-trainer, the libddp
+#    GPT example, PyTorch's DDP eager and with torch.compile, and llm.c (the carried
+#    .gpu-carry/llm.c/train_gpt2cu where it loads, else built there from the carried
+#    source); the MLP, CNN and ResNet-18 under ddp-trainer and a libddp program with and
+#    without whole-step CUDA graphs, against PyTorch's DDP eager and with
+#    torch.compile(mode="reduce-overhead"), NCCL at world 1;
 # 5. runs the full stack (bench/gpu/stack.py): the carried ddp-coordinator, ddp-worker and
 #    ddpctl (.gpu-carry/stack.tar.xz, built on Debian 12 with their libraries) running jobs
 #    whose trainers are step 2's ddp-trainer, on the carried Fashion-MNIST;
@@ -148,10 +153,51 @@ gpu_parity() {
   "$python" bench/gpu/parity.py "${args[@]}"
 }
 
+# Where llm.c's train_gpt2cu finds cuBLAS: the CUDA toolkit's lib64, torch's nvidia wheels.
+cuda_lib_dirs() {
+  "$python" - <<'PY'
+import glob, os, torch
+site = os.path.dirname(os.path.dirname(torch.__file__))
+dirs = [d for d in ["/usr/local/cuda/lib64"] if os.path.isdir(d)]
+dirs += sorted({os.path.dirname(p) for p in
+                glob.glob(os.path.join(site, "nvidia", "*", "lib", "libcublas*.so*"))})
+print(":".join(dirs))
+PY
+}
+
+# llm.c's train_gpt2cu for the GPT bench: the carried one where every library it needs
+# loads (and not --build-there), else built here from the carried source; prints its path,
+# or nothing (the bench then reports llm.c as not built).
+llmc_binary() {
+  local carried=.gpu-carry/llm.c/train_gpt2cu src=.gpu-carry/llm.c/src ld missing
+  ld=$(cuda_lib_dirs)
+  if (( ! build_there )) && [[ -x $carried ]]; then
+    missing=$(LD_LIBRARY_PATH=$ld ldd "$carried" 2>&1 | grep 'not found' || true)
+    if [[ -z $missing ]]; then
+      echo "llm.c: the carried train_gpt2cu loads here ($(cat .gpu-carry/llm.c/VERSION 2>/dev/null))" >&2
+      echo "$PWD/$carried"
+      return 0
+    fi
+    echo "llm.c: the carried train_gpt2cu does not load here, building it: $missing" >&2
+  fi
+  if [[ ! -f $src/train_gpt2.cu ]]; then
+    echo "llm.c: no .gpu-carry/llm.c/src (pack.sh with DDP_LLMC_SRC): its side is not built" >&2
+    return 0
+  fi
+  rm -rf "$work/llm.c" && mkdir -p "$work/llm.c" && cp -a "$src"/. "$work/llm.c/"
+  if LLMC_LIB_DIRS=$ld bash bench/gpu/llmc_build.sh "$work/llm.c" >&2; then
+    echo "$work/llm.c/train_gpt2cu"
+  fi
+}
+
 gpu_bench() {
   local args=(--build "$build" --out "$out" --python "$python" --ld-library-path "$engine_ld")
   (( dry_run )) && args+=(--dry-run)
-  # DDP_GPU_BENCH_ARGS: more of bench.py's options, e.g. "--repeats 3 --models mlp,cnn".
+  if (( ! dry_run )); then
+    args+=(--llmc-bin "$(llmc_binary)")
+  fi
+  # DDP_GPU_BENCH_ARGS: more of bench.py's options, e.g. "--repeats 3 --models mlp,cnn",
+  # "--parts gpt", "--gpt-batch 16", "--deadline 240".
   # shellcheck disable=SC2086
   "$python" bench/gpu/bench.py "${args[@]}" ${DDP_GPU_BENCH_ARGS:-}
 }
