@@ -647,9 +647,9 @@ class Bench:
                 rec["compile"] = d.get("compile")
                 rec["first_step_s"] = d.get("first_step_s")
                 said = sorted({l.strip()[:200] for e in errs for l in e.splitlines()
-                               if "skipping cudagraphs" in l})
+                               if "skipping cudagraphs" in l or "Grad strides do not match" in l})
                 if said:
-                    rec["cudagraphs_skipped"] = said
+                    rec["compile_said"] = said
             return rec
 
         def libddp(timeout):
@@ -809,9 +809,9 @@ def render_md(res):
                 if rec and rec.get("status") not in ("ok", None):
                     reasons.append(f"- {r['model']} {r['config']} {side}: {rec['status']}: "
                                    f"{rec.get('reason', '')[:600]}")
-                if rec and rec.get("cudagraphs_skipped"):
-                    reasons.append(f"- {r['model']} {r['config']} {side}: torch.compile said: "
-                                   + "; ".join(rec["cudagraphs_skipped"]))
+                if rec and rec.get("compile_said"):
+                    reasons.append(f"- {r['model']} {r['config']} {side}: PyTorch said: "
+                                   + "; ".join(rec["compile_said"]))
             lines.append(f"| {r['model']}, batch {r['batch_per_rank']} | {r['config']} "
                          f"({r['backend']}, world {r['world']}) | " + " | ".join(cells) +
                          f" | {' / '.join(busy)} |")
