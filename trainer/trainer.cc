@@ -2,8 +2,6 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
-#include <torch/types.h>  // clip_grad.h uses torch::Tensor without including it.
-#include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/optimizer.h>
 
 #include <algorithm>
@@ -17,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/logging.h"
@@ -31,6 +30,7 @@
 #include "libddp/engine/checkpoint.h"
 #include "libddp/engine/checkpoint_keeper.h"
 #include "libddp/engine/comm.h"
+#include "libddp/engine/cuda_graph.h"
 #include "libddp/engine/gpu_memory.h"
 #include "libddp/engine/optimizer.h"
 #include "libddp/engine/recovery.h"
@@ -38,6 +38,7 @@
 #include "libddp/engine/sampler.h"
 #include "libddp/engine/torch_compat.h"
 #include "trainer/dataset.h"
+#include "trainer/device_step.h"
 #include "trainer/model.h"
 
 namespace ddp {
@@ -142,6 +143,19 @@ class TrainerImpl {
   absl::Status TakeStep(const std::vector<int64_t>& order, int64_t first_micro,
                         int64_t num_micro, double lr, double* loss, double* comm_ms,
                         int64_t* samples);
+  // With device_step_: the same step, whole on the GPU (and in a CUDA graph once
+  // captured); the loss is read only when an event needs it.
+  absl::Status TakeDeviceStep(const std::vector<int64_t>& order, int64_t first_micro,
+                              int64_t num_micro, int64_t* samples);
+  // train.cuda_graph (decision 173): makes device_step_ where the step can run whole on
+  // the GPU; FAILED_PRECONDITION naming why when true asks for what cannot be.
+  absl::Status SetUpDeviceStep();
+  // The epoch's loss total so far on this rank (device_step_ keeps it on the device).
+  double EpochLossSum() { return device_step_ ? device_step_->EpochLossSum() : epoch_loss_sum_; }
+  void SetEpochLossSum(double v) {
+    epoch_loss_sum_ = v;
+    if (device_step_) device_step_->SetEpochLossSum(v);
+  }
   // train.lr_schedule's lr for the step after `global_step` steps, in `epoch`.
   double LrAt(int64_t epoch, int64_t global_step) const;
   int64_t StepsPerEpoch() const;
@@ -175,6 +189,9 @@ class TrainerImpl {
   std::unique_ptr<Model> model_;
   std::vector<at::Tensor> params_;  // All of them; the optimizer and checkpoints see these.
   DeviceChoice device_;
+  // On a GPU: the trainer's own stream, current from before the model moves there (what
+  // a CUDA graph needs: cuda_graph.h).
+  std::unique_ptr<StreamScope> stream_;
   // libddp's process group and data-parallel engine (the public API's objects).
   std::shared_ptr<ProcessGroup> group_;
   std::unique_ptr<DataParallel> ddp_;
@@ -184,6 +201,7 @@ class TrainerImpl {
   std::vector<int> checkpoint_writers_;  // With zero_: the ranks that write checkpoints.
   std::unique_ptr<CheckpointKeeper> keeper_;  // With checkpoint.dir only.
   std::unique_ptr<BatchAssembler> train_batches_;
+  std::unique_ptr<DeviceStep> device_step_;  // Made by SetUpDeviceStep, else null.
   ReducerTrace trace_;
   SamplerOptions sampler_;
   int64_t schedule_intervals_ = 0;  // train.lr_schedule's whole run (t_max 0).
@@ -236,6 +254,7 @@ absl::Status TrainerImpl::Setup() {
                : device.status();
   }
   device_ = *device;
+  if (device_.device.is_cuda()) stream_ = std::make_unique<StreamScope>(device_.device);
   model_->To(device_.device);
   for (auto& [name, p] : model_->Parameters()) params_.push_back(p);
 
@@ -261,6 +280,56 @@ absl::Status TrainerImpl::Setup() {
         "train.batch_size: ", spec_.train.batch_size, " is more than the ", per_rank,
         " samples each of ", env_.world_size, " ranks gets, and train.drop_last drops the "
         "only batch"));
+  }
+  return SetUpDeviceStep();
+}
+
+absl::Status TrainerImpl::SetUpDeviceStep() {
+  const CudaGraphMode mode = spec_.train.cuda_graph;
+  std::optional<FusedLr> fused;
+  if (zero_ == nullptr) fused = FusedLrOf(*optimizer_);
+  const std::vector<std::string> blockers = CudaGraphBlockers(spec_, device_, fused.has_value());
+  if (!blockers.empty()) {
+    const std::string why = absl::StrJoin(blockers, "; ");
+    if (mode == CudaGraphMode::kOn) {
+      const absl::Status st = absl::FailedPreconditionError(
+          absl::StrCat("train.cuda_graph: true, but the step cannot be captured here: ", why));
+      // Only the lack of a GPU on this node, with the device left to auto: another may.
+      const bool no_gpu_here = blockers.size() == 1 && !device_.device.is_cuda() &&
+                               spec_.train.device == Device::kAuto &&
+                               spec_.backend != Backend::kGloo;
+      return no_gpu_here ? AsNodeFault(st) : st;
+    }
+    if (device_.device.is_cuda() && mode == CudaGraphMode::kAuto && env_.rank == 0) {
+      DDP_LOG(INFO) << "train.cuda_graph: auto: eager steps, because " << why;
+    }
+    return absl::OkStatus();
+  }
+  // Captured or not, the same step on the device (a graphed and an eager run launch the
+  // same kernels).
+  DeviceStep::Parts parts;
+  parts.model = model_.get();
+  parts.ddp = ddp_.get();
+  parts.optimizer = optimizer_.get();
+  parts.set_lr_tensor = fused->set_lr_tensor;
+  parts.lr_dtype = fused->lr_dtype;
+  parts.params = params_;
+  parts.loss = [kind = spec_.train.loss](const at::Tensor& out, const at::Tensor& target) {
+    return Loss(kind, out, target, /*sum=*/false);
+  };
+  const int64_t steps_per_epoch = StepsPerEpoch();
+  device_step_ = std::make_unique<DeviceStep>(
+      std::move(parts), spec_.train, device_.device,
+      [this, steps_per_epoch](int64_t global_step) {
+        return LrAt(steps_per_epoch > 0 ? global_step / steps_per_epoch : 0, global_step);
+      },
+      /*capture=*/mode != CudaGraphMode::kOff, /*required=*/mode == CudaGraphMode::kOn);
+  device_step_->SetEpochLossSum(epoch_loss_sum_);
+  if (env_.rank == 0) {
+    DDP_LOG(INFO) << "train.cuda_graph: " << CudaGraphModeName(mode) << ": the step runs whole "
+                  << "on the GPU"
+                  << (mode == CudaGraphMode::kOff ? ", eagerly"
+                                                  : ", captured in a CUDA graph after 3 eager steps");
   }
   return absl::OkStatus();
 }
@@ -486,6 +555,8 @@ absl::Status TrainerImpl::Recover(const absl::Status& cause) {
   const double wait_ms = MillisSince(t0);
   const auto t1 = Clock::now();
   DDP_RETURN_IF_ERROR(JoinGroup());
+  // A graph holds the old group's collectives: warm up and capture again on the new one.
+  if (device_step_) device_step_->Rebind(ddp_.get());
   DDP_LOG(INFO) << "rank " << env_.rank << ": generation " << env_.generation << " formed on "
                 << env_.master_addr << ":" << env_.master_port << "; took rank "
                 << recovery_source_ << "'s state at step " << recovery_step_;
@@ -626,9 +697,7 @@ absl::Status TrainerImpl::TakeStep(const std::vector<int64_t>& order, int64_t fi
     *samples += n;
   }
   // On the averaged gradients, as torch.nn.utils.clip_grad_norm_ after backward().
-  if (spec_.train.clip_grad_norm > 0) {
-    torch::nn::utils::clip_grad_norm_(params_, spec_.train.clip_grad_norm);
-  }
+  if (spec_.train.clip_grad_norm > 0) ClipGradNorm(params_, spec_.train.clip_grad_norm);
   for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
   last_lr_ = lr;
   try {
@@ -640,6 +709,23 @@ absl::Status TrainerImpl::TakeStep(const std::vector<int64_t>& order, int64_t fi
   *loss = loss_sum / static_cast<double>(num_micro);
   *comm_ms = ddp_->last_backward().comm_wait_ms;
   return absl::OkStatus();
+}
+
+absl::Status TrainerImpl::TakeDeviceStep(const std::vector<int64_t>& order, int64_t first_micro,
+                                         int64_t num_micro, int64_t* samples) {
+  const int64_t bs = spec_.train.batch_size;
+  const int64_t total = static_cast<int64_t>(order.size());
+  std::vector<std::pair<at::Tensor, at::Tensor>> micro;
+  *samples = 0;
+  for (int64_t j = 0; j < num_micro; ++j) {
+    const int64_t begin = (first_micro + j) * bs;
+    const int64_t n = std::min(bs, total - begin);
+    auto [x, y] = train_batches_->Gather(order.data() + begin, n);
+    // Gather's buffers are reused by the next call: the step copies them first.
+    micro.emplace_back(x.clone(), y.clone());
+    *samples += n;
+  }
+  return device_step_->Take(pos_.global_step, micro);
 }
 
 void TrainerImpl::EmitTrace() {
@@ -673,17 +759,25 @@ absl::Status TrainerImpl::TrainEpoch(int64_t epoch, int64_t first_step) {
     double loss = 0, comm_ms = 0;
     int64_t samples = 0;
     const double lr = LrAt(epoch, pos_.global_step);
-    DDP_RETURN_IF_ERROR(
-        TakeStep(order, first_micro, num_micro, lr, &loss, &comm_ms, &samples));
+    if (device_step_) {
+      // Queued on the GPU; the loss is read below only when an event reports it.
+      DDP_RETURN_IF_ERROR(TakeDeviceStep(order, first_micro, num_micro, &samples));
+      last_lr_ = lr;
+    } else {
+      DDP_RETURN_IF_ERROR(
+          TakeStep(order, first_micro, num_micro, lr, &loss, &comm_ms, &samples));
+      epoch_loss_sum_ += loss;
+    }
     const double step_ms = MillisSince(t0);
     train_ms_ += step_ms;
     total_samples_ += samples;
     pos_ = {epoch, step + 1, pos_.global_step + 1};
-    epoch_loss_sum_ += loss;
     ++epoch_steps_;
     window_samples_ += samples;
     const bool last_in_epoch = step + 1 == steps || IsLastStep();
     if (pos_.global_step % spec_.metrics.every_steps == 0 || last_in_epoch) {
+      // The GPU's queue drains here: the window's rate counts its steps' GPU time.
+      if (device_step_) loss = device_step_->LastLoss();
       const double window_s = MillisSince(window_start_) / 1000.0;
       StepEvent e;
       e.epoch = epoch;
@@ -758,8 +852,8 @@ absl::Status TrainerImpl::EndEpoch(int64_t epoch, bool complete, bool checkpoint
   }
   DDP_ASSIGN_OR_RETURN(
       const std::vector<double> v,
-      SumOverRanks({epoch_loss_sum_, static_cast<double>(epoch_steps_), val_loss, correct, count}));
-  epoch_loss_sum_ = 0;
+      SumOverRanks({EpochLossSum(), static_cast<double>(epoch_steps_), val_loss, correct, count}));
+  SetEpochLossSum(0);
   epoch_steps_ = 0;
   if (env_.rank == 0) {
     EpochEvent e;
@@ -792,7 +886,7 @@ absl::Status TrainerImpl::Checkpoint(const Position& pos) {
   std::vector<double> loss_totals = {0, 0};
   if (pos.step > 0) {
     DDP_ASSIGN_OR_RETURN(loss_totals,
-                         SumOverRanks({epoch_loss_sum_, static_cast<double>(epoch_steps_)}));
+                         SumOverRanks({EpochLossSum(), static_cast<double>(epoch_steps_)}));
   }
   // Every writer saves rank 0's generator state, as if rank 0 had written them all.
   DDP_ASSIGN_OR_RETURN(at::Tensor rng, RankZeroRngState(comm(), device_.device));

@@ -122,16 +122,20 @@ if (( ! prebuilt )); then
     -DCMAKE_LIBRARY_PATH="$root_lib" -DCMAKE_INCLUDE_PATH="$root/usr/include"
 
   step "build"
-  cmake --build "$build" --target ddp-trainer ddp-bench-gpu libddp_cuda_test -j"$(nproc)"
+  cmake --build "$build" --target ddp-trainer ddp-bench-gpu ddp-gpt-example libddp_cuda_test \
+    cuda_graph_test -j"$(nproc)"
 fi
 nccl=$(nm -DC "$build"/lib/libddp.so | grep -c 'c10d::ProcessGroupNCCL::ProcessGroupNCCL' || true)
 (( nccl > 0 )) || { echo "libddp.so does not use c10d::ProcessGroupNCCL: the NCCL path was compiled out"; exit 1; }
 echo "libddp.so uses c10d::ProcessGroupNCCL (the NCCL path is compiled in)"
 
 gpu_tests() {
-  if (( prebuilt )); then  # No CTest files: the one test program, as ctest runs it.
-    LD_LIBRARY_PATH=$engine_ld timeout 300 "$build/bin/libddp_cuda_test" > "$out/gpu_tests.log" 2>&1
-    local rc=$?
+  if (( prebuilt )); then  # No CTest files: the test programs, as ctest runs them.
+    local rc=0 t
+    : > "$out/gpu_tests.log"
+    for t in libddp_cuda_test cuda_graph_test; do
+      LD_LIBRARY_PATH=$engine_ld timeout 300 "$build/bin/$t" >> "$out/gpu_tests.log" 2>&1 || rc=$?
+    done
     grep -E '^\[ +(OK|SKIPPED|FAILED|PASSED) +\]' "$out/gpu_tests.log" || true
     (( rc == 0 )) || { echo "the GPU tests failed (exit $rc)"; return 1; }
   else

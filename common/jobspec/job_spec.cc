@@ -596,7 +596,7 @@ void ParseTrain(Reader& r, const YAML::Node& root, JobSpec* spec) {
               "bucket_cap_mb", "first_bucket_cap_mb", "grad_accum_steps", "seed", "collective_timeout_s",
               "stall_timeout_s", "threads",
               "max_steps", "precision", "intra_node_comm", "device", "clip_grad_norm", "lr_schedule",
-              "comm_hook", "powersgd"})) {
+              "comm_hook", "powersgd", "cuda_graph"})) {
     return;
   }
   TrainSpec& t = spec->train;
@@ -683,6 +683,13 @@ void ParseTrain(Reader& r, const YAML::Node& root, JobSpec* spec) {
       r.Error(n["intra_node_comm"], "train.intra_node_comm",
               absl::StrCat("must be auto, shm or gloo (got '", intra, "')"));
     }
+  }
+  // train.cuda_graph: auto, or a boolean (true: required, false: never).
+  int graph = 2;
+  if (r.BoolOrWord(n, "cuda_graph", "train", "auto", &graph)) {
+    t.cuda_graph = graph == 2   ? CudaGraphMode::kAuto
+                   : graph == 1 ? CudaGraphMode::kOn
+                                : CudaGraphMode::kOff;
   }
   std::string device;
   if (r.String(n, "device", "train", &device)) {
@@ -782,6 +789,35 @@ void CrossCheck(Reader& r, const YAML::Node& root, JobSpec* spec) {
     r.Error(root["train"]["intra_node_comm"], "train.intra_node_comm",
             "shm reduces CPU tensors, but backend: nccl trains on GPUs (NCCL already uses "
             "shared memory or NVLink within a node): use auto or gloo");
+  }
+  // train.cuda_graph: true asks for what the job as written rules out (decision 173);
+  // what depends on the node (a GPU there, the LibTorch) the trainer checks.
+  if (spec->train.cuda_graph == CudaGraphMode::kOn && root["train"]) {
+    const YAML::Node at = root["train"]["cuda_graph"];
+    const char* const kWhy = "train.cuda_graph";
+    if (spec->train.device == Device::kCpu) {
+      r.Error(at, kWhy, "true, but train.device is cpu: a CUDA graph captures GPU work");
+    }
+    if (spec->backend == Backend::kGloo) {
+      r.Error(at, kWhy,
+              "true, but backend: gloo runs its collectives on the host, which a graph "
+              "cannot hold: use nccl (or auto)");
+    }
+    if (spec->train.comm_hook != CommHookKind::kNone) {
+      r.Error(at, kWhy,
+              "true, but train.comm_hook: a hook's collectives wait on the host between "
+              "buckets: drop the hook, or set cuda_graph: auto");
+    }
+    if (spec->train.optimizer.zero_redundancy) {
+      r.Error(at, kWhy,
+              "true, but train.optimizer.zero_redundancy: ZeRO's broadcasts wait on the "
+              "host: drop zero_redundancy, or set cuda_graph: auto");
+    }
+    if (spec->metrics.trace_buckets) {
+      r.Error(at, kWhy,
+              "true, but metrics.trace_buckets: the reducer's timeline is taken by host "
+              "hooks, which a replayed graph does not run: set trace_buckets: false");
+    }
   }
   // ZeRO: the state of a rank's shard lives on that rank only, so a rank that fails
   // takes it along; a live recovery (which keeps the survivors' state) cannot rebuild
@@ -886,6 +922,15 @@ const char* DeviceName(Device d) {
     case Device::kAuto: return "auto";
     case Device::kCpu: return "cpu";
     case Device::kCuda: return "cuda";
+  }
+  return "?";
+}
+
+const char* CudaGraphModeName(CudaGraphMode m) {
+  switch (m) {
+    case CudaGraphMode::kAuto: return "auto";
+    case CudaGraphMode::kOn: return "true";
+    case CudaGraphMode::kOff: return "false";
   }
   return "?";
 }

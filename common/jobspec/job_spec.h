@@ -49,6 +49,11 @@ enum class IntraNodeComm { kAuto, kShm, kGloo };
 // is visible and the backend allows it, else the CPU), cpu, or cuda (also with gloo:
 // Gloo's CUDA path, which lets several ranks share one GPU, as NCCL does not).
 enum class Device { kAuto, kCpu, kCuda };
+// train.cuda_graph: the whole training step captured in one CUDA graph after a few eager
+// warm-up steps and replayed (docs/trainer.md, CUDA graphs). auto: where the job allows
+// it, else eager with the reason in the log; on: required (a job that cannot be captured
+// is refused, naming why); off: eager.
+enum class CudaGraphMode { kAuto, kOn, kOff };
 
 struct NodeRange {
   int min = 1;
@@ -169,6 +174,7 @@ struct TrainSpec {
   Device device = Device::kAuto;
   CommHookKind comm_hook = CommHookKind::kNone;
   PowerSgdSpec powersgd;
+  CudaGraphMode cuda_graph = CudaGraphMode::kAuto;
 };
 
 struct RdzvSpec {
@@ -302,6 +308,7 @@ const char* LossName(LossKind l);
 const char* OptimizerName(OptimizerKind o);
 const char* IntraNodeCommName(IntraNodeComm c);
 const char* DeviceName(Device d);
+const char* CudaGraphModeName(CudaGraphMode m);  // "auto", "true", "false"
 const char* LrScheduleName(LrSchedule::Kind k);
 // "2" or "1:4".
 std::string NodeRangeString(const NodeRange& r);

@@ -305,8 +305,9 @@ absl::StatusOr<Comm> Comm::Connect(const Environment& env, const DeviceChoice& d
       // The gradient buckets' all-reduces are stream-ordered (WorkPendingSum): a dead or
       // hung peer there ends the process through NCCL's watchdog after the collective
       // timeout (its message names the collective; exit by SIGABRT, a retryable failure).
-      // The other collectives (set-up, buffers, sums) wait on the host with the timeout
-      // and fail with an exception that names them. TORCH_NCCL_BLOCKING_WAIT=1 in a
+      // So are the broadcasts of tensors on the GPU (the buffers before each training
+      // forward, decision 173). The other collectives (set-up, sums) wait on the host with
+      // the timeout and fail with an exception that names them. TORCH_NCCL_BLOCKING_WAIT=1 in a
       // job's `env` makes every wait block the host, as before decision 147.
       auto opts = c10d::ProcessGroupNCCL::Options::create();
       opts->timeout = collective_timeout;
@@ -456,6 +457,9 @@ absl::Status Comm::Run(const char* what,
 }
 
 absl::Status Comm::Broadcast(const std::vector<at::Tensor>& tensors) {
+  // Alone, every tensor already holds rank 0's values (and a step captured in a CUDA
+  // graph must not wait on the host, which the backend's wait does).
+  if (world_size_ == 1) return absl::OkStatus();
   // One flat broadcast per dtype (parameters are float; buffers may be integers).
   std::vector<at::ScalarType> dtypes;
   for (const at::Tensor& t : tensors) {
@@ -478,7 +482,15 @@ absl::Status Comm::Broadcast(const std::vector<at::Tensor>& tensors) {
       c10d::BroadcastOptions opts;
       opts.rootRank = 0;
       opts.timeout = timeout_;
-      st = Run("broadcast", [&] { return backend_->broadcast(buf, opts); });
+      if (buf[0].is_cuda() && backend_name_ == "nccl") {
+        // Stream-ordered, as the gradients' all-reduce (WorkPendingSum): the copies below
+        // wait on the GPU, the host goes on, and a CUDA graph can hold it (BatchNorm's
+        // buffers before every training forward). NCCL's watchdog bounds it.
+        st = WorkPendingSum(backend_->broadcast(buf, opts), timeout_, /*stream_ordered=*/true)
+                 .Wait();
+      } else {
+        st = Run("broadcast", [&] { return backend_->broadcast(buf, opts); });
+      }
     }
     if (!st.ok()) return st;
     at::NoGradGuard no_grad;

@@ -611,5 +611,55 @@ TEST(JobSpecTest, ZeroRedundancyWithLiveRecoveryIsRefusedNamingWhatToDo) {
                   .ok());
 }
 
+TEST(JobSpecTest, CudaGraphIsAutoTrueOrFalse) {
+  constexpr char kBase[] = "name: d\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n";
+  DDP_ASSERT_OK_AND_ASSIGN(JobSpec spec,
+                           ParseJobSpec(std::string(kBase) + "train: {batch_size: 4}\n"));
+  EXPECT_EQ(spec.train.cuda_graph, CudaGraphMode::kAuto);
+  for (const auto& [text, mode] : std::vector<std::pair<std::string, CudaGraphMode>>{
+           {"auto", CudaGraphMode::kAuto},
+           {"true", CudaGraphMode::kOn},
+           {"false", CudaGraphMode::kOff}}) {
+    DDP_ASSERT_OK_AND_ASSIGN(
+        spec, ParseJobSpec(std::string(kBase) + "train: {batch_size: 4, cuda_graph: " + text + "}\n"));
+    EXPECT_EQ(spec.train.cuda_graph, mode) << text;
+    EXPECT_EQ(CudaGraphModeName(mode), text);
+  }
+  EXPECT_THAT(ParseJobSpec(std::string(kBase) + "train:\n  batch_size: 4\n  cuda_graph: always\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("job.yaml:6: train.cuda_graph: expected true, false or auto, "
+                                 "got 'always'")));
+}
+
+TEST(JobSpecTest, CudaGraphTrueIsRefusedForWhatCannotBeCaptured) {
+  // Each of these keeps the step out of a graph; with auto the job trains eagerly, with
+  // true it is refused at submission, naming the field that rules it out.
+  constexpr char kBase[] = "name: d\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"train: {batch_size: 4, device: cpu, cuda_graph: true}\n",
+       "train.cuda_graph: true, but train.device is cpu"},
+      {"backend: gloo\ntrain: {batch_size: 4, device: cuda, cuda_graph: true}\n",
+       "train.cuda_graph: true, but backend: gloo runs its collectives on the host"},
+      {"train: {batch_size: 4, comm_hook: fp16, cuda_graph: true}\n",
+       "train.cuda_graph: true, but train.comm_hook"},
+      {"train: {batch_size: 4, optimizer: {name: adam, zero_redundancy: true}, "
+       "cuda_graph: true}\n",
+       "train.cuda_graph: true, but train.optimizer.zero_redundancy"},
+      {"train: {batch_size: 4, cuda_graph: true}\nmetrics: {trace_buckets: true}\n",
+       "train.cuda_graph: true, but metrics.trace_buckets"},
+  };
+  for (const auto& [text, error] : cases) {
+    EXPECT_THAT(ParseJobSpec(std::string(kBase) + text),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(error)))
+        << text;
+    // auto takes the same job, and trains it eagerly.
+    std::string automatic = text;
+    automatic.replace(automatic.find("cuda_graph: true"), 16, "cuda_graph: auto");
+    EXPECT_TRUE(ParseJobSpec(std::string(kBase) + automatic).ok()) << automatic;
+  }
+  // And a job that can be captured (on a GPU node) is accepted with true.
+  EXPECT_TRUE(ParseJobSpec(std::string(kBase) + "train: {batch_size: 4, cuda_graph: true}\n").ok());
+}
+
 }  // namespace
 }  // namespace ddp

@@ -5,3 +5,11 @@ add_executable(libddp_cuda_test ${CMAKE_CURRENT_LIST_DIR}/cuda_test.cc)
 target_link_libraries(libddp_cuda_test PRIVATE ddp::ddp GTest::gmock GTest::gtest_main)
 add_test(NAME libddp_cuda_test COMMAND libddp_cuda_test)
 set_tests_properties(libddp_cuda_test PROPERTIES LABELS gpu TIMEOUT 300)
+
+# The engine's CUDA-graph pieces (libddp/engine/cuda_graph.h): on the CPU in every build
+# (label unit), on a GPU too (label gpu: the capture tests skip themselves elsewhere).
+add_executable(cuda_graph_test ${CMAKE_CURRENT_LIST_DIR}/engine/cuda_graph_test.cc)
+target_link_libraries(cuda_graph_test PRIVATE ddp_engine GTest::gmock GTest::gtest_main)
+target_include_directories(cuda_graph_test PRIVATE ${PROJECT_SOURCE_DIR})
+add_test(NAME cuda_graph_test COMMAND cuda_graph_test)
+set_tests_properties(cuda_graph_test PROPERTIES LABELS "unit;gpu" TIMEOUT 300)

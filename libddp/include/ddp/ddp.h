@@ -10,6 +10,7 @@
 #include "ddp/autocast.h"
 #include "ddp/checkpoint.h"
 #include "ddp/comm_hooks.h"
+#include "ddp/cuda_graph.h"
 #include "ddp/distributed_data_parallel.h"
 #include "ddp/environment.h"
 #include "ddp/error.h"
