@@ -26,11 +26,13 @@
 #endif
 
 namespace ddp {
+#if DDP_CUDA_GRAPHS
 namespace {
 
 std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
 
 }  // namespace
+#endif
 
 bool CudaGraphsBuilt() { return DDP_CUDA_GRAPHS != 0; }
 

@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <torch/cuda.h>
+#include <torch/types.h>  // clip_grad.h (1.13) uses torch::Tensor without including it.
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/torch.h>
 #include <unistd.h>
