@@ -524,7 +524,8 @@ class Bench:
                 return {"status": "not built",
                         "reason": f"no {exe} (examples/gpt/'s program, beside ddp-trainer)"}
             argv = [exe, "--train", train, "--dtype", "uint16", "--lr", "6e-4",
-                    "--precision", "bf16", "--cuda-graph", "auto"] + common
+                    "--lr-warmup", str(lr_warmup), "--precision", "bf16",
+                    "--cuda-graph", "auto"] + common
             outs = run_ranks(lambda r: argv, world, self.engine_env, self.tmp, timeout)
             ds = [last_json(o, "ddp-gpt-example") for o in outs]
             rec = {"losses": ds[0].get("losses"), "cuda_graph": ds[0].get("cuda_graph"),
@@ -583,6 +584,8 @@ class Bench:
                         "--models", ",".join(names)], check=True)
         warmup = 2 if a.dry_run else a.warmup
         sides = [s for s in MODEL_SIDES if s in a.model_sides.split(",")]
+        model_steps = {k: int(v) for k, v in
+                       (kv.split("=") for kv in a.model_steps.split(",") if kv)}
         cases = []
         for model in names:
             for config in a.configs.split(","):
@@ -590,7 +593,7 @@ class Bench:
                 row = {"model": model, "config": config,
                        "backend": "gloo" if a.dry_run else backend, "world": world,
                        "device": self.device, "batch_per_rank": 4 if a.dry_run else BATCH[model],
-                       "timed_steps": 2 * warmup if a.dry_run else STEPS[model],
+                       "timed_steps": 2 * warmup if a.dry_run else model_steps.get(model, STEPS[model]),
                        "warmup_steps": warmup}
                 self.result["rows"].append(row)
                 cases.append(row)
@@ -637,7 +640,9 @@ class Bench:
 
         def pytorch(timeout):
             errs = []
-            argv = [a.python, os.path.join(HERE, "pytorch_ddp.py"), "--model", model] + common
+            # The loss read as often as ddp-trainer reports it (metrics.every_steps).
+            argv = [a.python, os.path.join(HERE, "pytorch_ddp.py"), "--model", model,
+                    "--loss-every", str(row["warmup_steps"])] + common
             if side == "pytorch-compile":
                 argv += ["--compile", "reduce-overhead", "--compile-backend", self.compile_backend]
             outs = run_ranks(lambda r: argv, world, {}, self.tmp, timeout, errs)
@@ -658,7 +663,8 @@ class Bench:
                 return {"status": "not built", "reason": f"no {program}"}
             graph = "on" if side == "libddp-graph" else "off"
             argv = [program, "--model", pt, "--features", str(models.FEATURES[model]),
-                    "--classes", str(models.CLASSES), "--cuda-graph", graph] + common
+                    "--classes", str(models.CLASSES), "--cuda-graph", graph,
+                    "--loss-every", str(row["warmup_steps"])] + common
             outs = run_ranks(lambda r: argv, world, self.engine_env, self.tmp, timeout)
             d = last_json(outs[0], "ddp-bench-gpu")
             rec = {"samples_per_s": round(loop_rate(outs), 1), "cuda_graph": d.get("cuda_graph")}
@@ -836,6 +842,8 @@ def main():
     ap.add_argument("--gpt-sides", default=",".join(GPT_SIDES))
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--warmup", type=int, default=20, help="the models' untimed steps")
+    ap.add_argument("--model-steps", default="",
+                    help="timed steps per model, e.g. mlp=500,cnn=300 (default: STEPS)")
     ap.add_argument("--gpt-batch", type=int, default=0,
                     help="windows a step (0: 32 on a GPU of 60 GiB or more, else 16)")
     ap.add_argument("--gpt-steps", type=int, default=30, help="GPT's timed steps")

@@ -2,23 +2,30 @@
 // public API (linked against libddp.so). One rank per process (torchrun's environment).
 //
 //   ddp-bench-gpu --model M.pt --features F --classes C --batch B --steps N --warmup W
-//                 --backend nccl|gloo --device cuda|cpu [--samples S]
+//                 --backend nccl|gloo --device cuda|cpu [--samples S] [--loss-every K]
+//                 [--cuda-graph off|on]
 //
 // Trains the TorchScript module M (bench/gpu/models.py writes it; PyTorch's side trains
 // the same architecture) with SGD (lr 0.01, momentum 0.9) on S synthetic samples held on
 // the CPU, each batch copied to the device as a DataLoader's would be, and prints one
-// JSON line: {"rank", "samples", "train_s", "backend", "device"}, the training loop's
-// samples and seconds over the steps after the first W (loss.item() every step, as the
-// other sides do, so the GPU's work is inside the time).
+// JSON line: {"rank", "samples", "train_s", "backend", "device", "cuda_graph"}, the
+// training loop's samples and seconds over the steps after the first W (the GPU
+// synchronized at both ends; loss.item() every K steps, as the other sides read it).
+// --cuda-graph on: the whole step (forward, backward, the fused SGD) in a CUDA graph
+// (ddp::GraphedStep, <ddp/cuda_graph.h>) after 3 eager steps; "cuda_graph" says what it
+// did ("on: captured after 3 eager steps", or "off: why").
 #include <ddp/ddp.h>
 #include <torch/script.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
 
 namespace {
@@ -58,6 +65,11 @@ int main(int argc, char** argv) {
     const torch::Tensor x = torch::randn({samples, features});
     const torch::Tensor y = torch::randint(0, classes, {samples});
 
+    const bool graphed = a.count("cuda-graph") && a.at("cuda-graph") == "on";
+    const int64_t loss_every = std::max<int64_t>(1, Int(a, "loss-every", 1));
+    // Before the model moves to the GPU: every step's work runs on this stream.
+    std::optional<ddp::CudaStreamScope> stream;
+    if (graphed) stream.emplace(group->device());
     torch::jit::Module module = torch::jit::load(a.at("model"));
     module.to(group->device());
     module.train();
@@ -67,30 +79,61 @@ int main(int argc, char** argv) {
     ddp::DataParallel dp(params, buffers, group);
     std::vector<torch::Tensor> tensors;
     for (const auto& p : params) tensors.push_back(p.second);
-    torch::optim::SGD opt(tensors, torch::optim::SGDOptions(0.01).momentum(0.9));
-
-    double train_s = 0;
-    int64_t timed = 0;
-    for (int64_t step = 0; step < warmup + steps; ++step) {
-      const auto t0 = std::chrono::steady_clock::now();
-      const int64_t begin = ((step * world + group->rank()) * batch) % (samples - batch + 1);
-      const torch::Tensor xb = x.slice(0, begin, begin + batch).to(group->device());
-      const torch::Tensor yb = y.slice(0, begin, begin + batch).to(group->device());
+    const auto sgd = torch::optim::SGDOptions(0.01).momentum(0.9);
+    std::unique_ptr<torch::optim::Optimizer> opt;
+    std::optional<ddp::DeviceLrSchedule> lr;
+    if (graphed) {
+      auto fused = std::make_unique<ddp::FusedSGD>(tensors, sgd);
+      lr.emplace(ddp::LrSchedule{}, 0.01, warmup + steps, group->device(), torch::kFloat32);
+      fused->set_lr_tensor(lr->lr());
+      opt = std::move(fused);
+    } else {
+      opt = std::make_unique<torch::optim::SGD>(tensors, sgd);
+    }
+    auto train_step = [&](const std::vector<torch::Tensor>& in) {
       dp.prepare_forward();
-      const torch::Tensor out = module.forward({xb}).toTensor();
-      torch::Tensor loss = torch::nn::functional::cross_entropy(out, yb);
+      const torch::Tensor out = module.forward({in[0]}).toTensor();
+      torch::Tensor loss = torch::nn::functional::cross_entropy(out, in[1]);
       for (torch::Tensor& p : tensors) p.mutable_grad().reset();  // zero_grad(set_to_none)
       loss.backward();
-      opt.step();
-      (void)loss.item<double>();
-      if (step >= warmup) {
-        train_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        timed += batch;
+      if (lr) lr->advance();
+      opt->step();
+      return std::vector<torch::Tensor>{loss.detach()};
+    };
+    ddp::GraphedStepOptions go;
+    go.capture = graphed;
+    go.required = graphed;
+    if (lr) go.lr = &*lr;
+    ddp::GraphedStep graph(dp, train_step, go);
+    const bool cuda = group->device().is_cuda();
+
+    auto start = std::chrono::steady_clock::now();
+    for (int64_t step = 0; step < warmup + steps; ++step) {
+      if (step == warmup) {  // The clock starts with the GPU idle.
+        if (cuda) torch::cuda::synchronize();
+        start = std::chrono::steady_clock::now();
       }
+      const int64_t begin = ((step * world + group->rank()) * batch) % (samples - batch + 1);
+      const torch::Tensor xb = x.slice(0, begin, begin + batch);
+      const torch::Tensor yb = y.slice(0, begin, begin + batch);
+      torch::Tensor loss;
+      if (graphed) {
+        loss = graph({xb, yb})[0];
+      } else {
+        loss = train_step({xb.to(group->device()), yb.to(group->device())})[0];
+      }
+      if ((step + 1) % loss_every == 0 || step + 1 == warmup + steps) (void)loss.item<double>();
     }
-    std::printf("{\"rank\":%d,\"samples\":%lld,\"train_s\":%.6f,\"backend\":\"%s\",\"device\":\"%s\"}\n",
+    if (cuda) torch::cuda::synchronize();
+    const double train_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const int64_t timed = steps * batch;
+    const std::string graph_said =
+        graphed ? (graph.captured() ? "on: " : "off: ") + graph.status() : "off: --cuda-graph off";
+    std::printf("{\"rank\":%d,\"samples\":%lld,\"train_s\":%.6f,\"backend\":\"%s\",\"device\":\"%s\","
+                "\"cuda_graph\":\"%s\"}\n",
                 group->rank(), static_cast<long long>(timed), train_s, group->backend().c_str(),
-                group->device().str().c_str());
+                group->device().str().c_str(), graph_said.c_str());
     std::fflush(stdout);
     group->barrier();
     return 0;

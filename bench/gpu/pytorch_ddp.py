@@ -6,8 +6,10 @@
                                      [--compile reduce-overhead] [--compile-backend B]
 
 The same loop as ddp-bench-gpu: SGD (lr 0.01, momentum 0.9), synthetic samples held on
-the CPU and each batch copied to the device, loss.item() every step; prints one JSON
-line with the samples and seconds of the steps after the first W.
+the CPU and each batch copied to the device, loss.item() every --loss-every steps (as
+ddp-trainer reports its loss every metrics.every_steps; 1: every step) and after the last;
+prints one JSON line with the samples and seconds of the steps after the first W (the
+GPU synchronized at both ends).
 
 --compile MODE: torch.compile(model, mode=MODE) before DDP (nanoGPT's order; MODE
 "default" for torch.compile's default). "reduce-overhead" runs the compiled forward and
@@ -42,6 +44,7 @@ def main():
     ap.add_argument("--compile", default="none",
                     help="none, or torch.compile's mode: default, reduce-overhead, ...")
     ap.add_argument("--compile-backend", default="inductor")
+    ap.add_argument("--loss-every", type=int, default=1)
     a = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group(a.backend)
@@ -65,8 +68,12 @@ def main():
         compiled = kwargs.get("mode", "default") + f" ({a.compile_backend})"
     model = DDP(module, device_ids=[dev] if dev.type == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    train_s, timed, first_step_s = 0.0, 0, None
+    first_step_s, start = None, None
     for step in range(a.warmup + a.steps):
+        if step == a.warmup:  # The clock starts with the GPU idle.
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
         t0 = time.perf_counter()
         begin = ((step * world + rank) * a.batch) % (samples - a.batch + 1)
         xb = x[begin:begin + a.batch].to(dev)
@@ -75,12 +82,14 @@ def main():
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        loss.item()
+        if (step + 1) % a.loss_every == 0 or step + 1 == a.warmup + a.steps:
+            loss.item()
         if step == 0:
             first_step_s = time.perf_counter() - t0
-        if step >= a.warmup:
-            train_s += time.perf_counter() - t0
-            timed += a.batch
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    train_s = time.perf_counter() - start if start is not None else 0.0
+    timed = a.steps * a.batch
     print(json.dumps({"rank": rank, "samples": timed, "train_s": train_s, "backend": a.backend,
                       "device": str(dev), "compile": compiled,
                       "first_step_s": round(first_step_s, 3) if first_step_s else None}),

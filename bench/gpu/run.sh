@@ -154,7 +154,9 @@ gpu_tests() {
 gpu_parity() {
   local args=(--build "$build" --out "$out" --python "$python" --ld-library-path "$engine_ld")
   (( dry_run )) && args+=(--dry-run)
-  "$python" bench/gpu/parity.py "${args[@]}"
+  # DDP_GPU_PARITY_ARGS: more of parity.py's options, e.g. "--configs nccl-w1".
+  # shellcheck disable=SC2086
+  "$python" bench/gpu/parity.py "${args[@]}" ${DDP_GPU_PARITY_ARGS:-}
 }
 
 # Where llm.c's train_gpt2cu finds cuBLAS: the CUDA toolkit's lib64, torch's nvidia wheels.
