@@ -47,7 +47,9 @@ def parse_args():
                    help="stop after this many optimizer steps (overrides train.max_steps)")
     p.add_argument("--index-loader", action="store_true",
                    help="gather each batch with one index_select instead of DataLoader's "
-                        "per-sample collate (the data path ddp-trainer uses)")
+                        "per-sample collate (the data path ddp-trainer uses; and no "
+                        "DataLoader iterator, whose base seed is a draw from the global "
+                        "generator every epoch)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args()
 
@@ -420,12 +422,16 @@ def child(args):
     start = time.perf_counter()
     for epoch in range(train["epochs"]):
         sampler.set_epoch(epoch)
-        if args.index_loader and not tokens:
+        if args.index_loader:
             order = torch.tensor(list(iter(sampler)))
             bs = train["batch_size"]
             cuts = range(0, len(order) - (len(order) % bs if train["drop_last"] else 0), bs)
-            batches = [(x.index_select(0, order[i:i + bs]), y.index_select(0, order[i:i + bs]))
-                       for i in cuts]
+            if tokens:
+                batches = [tuple(torch.stack(t) for t in zip(*(dataset[j] for j in order[i:i + bs])))
+                           for i in cuts]
+            else:
+                batches = [(x.index_select(0, order[i:i + bs]), y.index_select(0, order[i:i + bs]))
+                           for i in cuts]
         else:
             batches = list(loader)
         steps = math.ceil(len(batches) / accum)
