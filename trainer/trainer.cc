@@ -56,8 +56,9 @@ std::chrono::milliseconds Seconds(double s) {
 std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
 
 // Mean loss of a batch (reduction "mean") or its sum ("sum", for validation).
-// cross_entropy over a sequence's logits [B, T, V] (model.gpt) is over its B * T
-// tokens, as nanoGPT's F.cross_entropy(logits.view(-1, V), targets.view(-1)).
+// cross_entropy over a sequence's logits [B, T, V] (model.gpt: the only model with 3-D
+// outputs, BuildModel holds the others to [N, classes]) is over its B * T tokens, as
+// nanoGPT's F.cross_entropy(logits.view(-1, V), targets.view(-1)).
 at::Tensor Loss(LossKind kind, const at::Tensor& out, const at::Tensor& target, bool sum) {
   const int64_t reduction = sum ? at::Reduction::Sum : at::Reduction::Mean;
   switch (kind) {
