@@ -211,9 +211,11 @@ INSTANTIATE_TEST_SUITE_P(Worlds, GptMatchesPyTorchDdpTest,
 // mantissa the two runs take their own paths, 3e-4 apart at the median step), but not
 // far: within 0.15 nats at every step of both ranks (seen: 0.049 at most, on losses of
 // 3.5 to 5.5; a loss or a LayerNorm computed in bf16 by mistake costs more).
-// On 3 ranks the gradient of a weight that rounds one ulp apart in fp32 (libddp
-// multiplies by 1/3 where PyTorch divides by 3) can land on another bf16 value in the
-// next forward, and the runs part by up to 7e-4 within 30 steps; fp32 holds there
+// Two ranks only: a sum of three gradients rounds by the order of its additions (the
+// shared-memory sum's local-rank order, or where an element falls in Gloo's ring, which
+// follows the bucket layout), and a weight one ulp apart in fp32 can land on another
+// bf16 value in the next forward: under 1.13 the 3-rank runs part by up to 7e-4 within
+// 30 steps (seen with shm and with gloo), where fp32 holds to 1e-6
 // (GptMatchesPyTorchDdpTest).
 TEST_F(GptParityTest, Bf16MatchesPyTorchsAutocastAndStaysNearFp32) {
   const Job bf16{2, true, true};
