@@ -1,6 +1,7 @@
 #include "trainer/gpt.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/version.h>
 
 #include <cmath>

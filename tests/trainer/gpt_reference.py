@@ -71,7 +71,9 @@ def windows(args):
 
 
 def checkpoint(args):
-    state = torch.load(args.checkpoint)["model"]
+    # weights_only=False: the file holds LibTorch's typed dicts, which PyTorch 2.6's
+    # default (weights_only=True) refuses; the file is the test's own.
+    state = torch.load(args.checkpoint, weights_only=False)["model"]
     model = nanogpt.GPT(config(args))
     model.load_state_dict(state, strict=True)
     model.eval()
