@@ -6,7 +6,8 @@ model, initial weights, DistributedSampler, DataLoader, optimizer, loss and
 validation that ddp-trainer builds from the same job file (docs/trainer.md), and
 writes every rank's per-step losses, per-epoch validation results and throughput
 (validation excluded from train_s) as JSON. Used to generate the test fixtures
-(scripts/gen_fixtures.py) and by the benchmark (bench/).
+(scripts/gen_fixtures.py) and by the benchmark (bench/). model.gpt is nanoGPT's GPT
+(tests/reference/nanogpt.py) over data.tokens' windows (TokenWindows below).
 
 Run it with Debian's interpreter (python3-torch 1.13 lives there):
 
@@ -46,7 +47,9 @@ def parse_args():
                    help="stop after this many optimizer steps (overrides train.max_steps)")
     p.add_argument("--index-loader", action="store_true",
                    help="gather each batch with one index_select instead of DataLoader's "
-                        "per-sample collate (the data path ddp-trainer uses)")
+                        "per-sample collate (the data path ddp-trainer uses; and no "
+                        "DataLoader iterator, whose base seed is a draw from the global "
+                        "generator every epoch)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args()
 
@@ -141,11 +144,63 @@ def load_data(spec, loss):
     return x, y, val, num_classes
 
 
+class TokenWindows:
+    """data.tokens as a Dataset (docs/trainer.md, GPT): a flat little-endian file of
+    uint16 or uint32 token ids; sample i is the window [i * T, (i + 1) * T + 1), its
+    input the first T tokens and its target the last T."""
+
+    def __init__(self, path, dtype, seq_len):
+        import torch
+        with open(path, "rb") as f:
+            raw = bytearray(f.read())
+        wide = dtype == "uint32"
+        ids = torch.frombuffer(raw, dtype=torch.int32 if wide else torch.int16).long()
+        self.tokens = ids & (0xFFFFFFFF if wide else 0xFFFF)
+        self.seq_len = seq_len
+
+    def __len__(self):
+        return (len(self.tokens) - 1) // self.seq_len
+
+    def __getitem__(self, i):
+        w = self.tokens[i * self.seq_len:(i + 1) * self.seq_len + 1]
+        return w[:-1], w[1:]
+
+
+def import_nanogpt():
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, os.path.join(here, "..", "tests", "reference"))
+    import nanogpt
+    return nanogpt
+
+
+def gpt_config(spec):
+    """model.gpt's fields (job.yaml defaults: GPT-2 124M) as nanoGPT's GPTConfig."""
+    nanogpt = import_nanogpt()
+    g = spec["model"]["gpt"] or {}
+    return nanogpt.GPTConfig(block_size=g.get("seq_len", 1024), vocab_size=g.get("vocab", 50304),
+                             n_layer=g.get("layers", 12), n_head=g.get("heads", 12),
+                             n_embd=g.get("dim", 768), dropout=g.get("dropout", 0.0),
+                             tie_weights=g.get("tie_weights", True))
+
+
+def load_tokens(spec):
+    """data.tokens and data.validation.tokens as TokenWindows of model.gpt.seq_len."""
+    d, seq_len = spec["data"], gpt_config(spec).block_size
+    t = d["tokens"]
+    dtype = t.get("dtype", "uint16")
+    train = TokenWindows(t["path"], dtype, seq_len)
+    v = (d.get("validation") or {}).get("tokens")
+    val = TokenWindows(v["path"], v.get("dtype", dtype), seq_len) if v else None
+    return train, val
+
+
 def build_model(spec, sample_shape, out):
-    """nn.Sequential equivalents of ddp's built-in models (trainer/model.h)."""
+    """nn.Sequential equivalents of ddp's built-in models (trainer/model.h); nanoGPT's GPT."""
     import torch
     from torch import nn
     m = spec["model"]
+    if "gpt" in m:
+        return import_nanogpt().GPT(gpt_config(spec))
     if "torchscript" in m:
         return torch.jit.load(m["torchscript"]["path"])
     if "mlp" in m:
@@ -166,9 +221,15 @@ def build_model(spec, sample_shape, out):
     return nn.Sequential(*layers)
 
 
-def make_optimizer(opt, params):
+def make_optimizer(opt, params, model=None):
+    """`model`: a nanoGPT GPT, whose param_groups() group the parameters as
+    train.optimizer.weight_decay_params says (all: one group, as ddp-trainer without the
+    field; matrices: nanoGPT's two groups, no decay for biases and LayerNorm weights)."""
     import torch
     name = opt.get("name", "adam")
+    if model is not None and hasattr(model, "param_groups"):
+        decay = opt.get("weight_decay", 0 if name in ("sgd", "adam") else 1e-2)
+        params = model.param_groups(decay, decay=opt.get("weight_decay_params", "all"))
     if name == "sgd":
         cls = torch.optim.SGD
         kwargs = dict(lr=opt["lr"], momentum=opt.get("momentum", 0),
@@ -211,7 +272,11 @@ def make_scheduler(spec, optimizer, total):
 
 def loss_fn(kind, out, y, reduction="mean"):
     import torch.nn.functional as F
+    if isinstance(out, tuple):  # nanoGPT's GPT: (logits, loss)
+        out = out[0]
     if kind == "cross_entropy":
+        if out.dim() == 3:  # GPT: over every token, as nanoGPT
+            return F.cross_entropy(out.view(-1, out.size(-1)), y.view(-1), reduction=reduction)
         return F.cross_entropy(out, y, reduction=reduction)
     if kind == "mse":
         return F.mse_loss(out.reshape(-1), y, reduction=reduction)
@@ -280,6 +345,30 @@ def validate(ddp, val, rank, world, batch_size, kind):
     return loss_sum / count, (correct / count if kind != "mse" else None)
 
 
+def validate_tokens(ddp, val, rank, world, batch_size):
+    """ddp-trainer's validation of data.validation.tokens: rank r evaluates windows
+    [r::world] in batches of train.batch_size; loss and accuracy are per token."""
+    import torch
+    import torch.distributed as dist
+    idx = list(range(rank, len(val), world))
+    loss_sum, correct, tokens = 0.0, 0.0, 0.0
+    ddp.eval()
+    with torch.no_grad():
+        for i in range(0, len(idx), batch_size):
+            bx, by = [torch.stack(t) for t in zip(*(val[j] for j in idx[i:i + batch_size]))]
+            bx, by = bx.to(DEVICE), by.to(DEVICE)
+            with autocast():
+                logits = ddp(bx)[0]
+                loss_sum += loss_fn("cross_entropy", logits, by, reduction="sum").item()
+            correct += logits.argmax(-1).eq(by).sum().item()
+            tokens += by.numel()
+    ddp.train()
+    totals = torch.tensor([loss_sum, correct, tokens], dtype=torch.float64, device=DEVICE)
+    dist.all_reduce(totals)
+    loss_sum, correct, tokens = totals.tolist()
+    return loss_sum / tokens, correct / tokens
+
+
 # ---------------------------------------------------------------- one rank
 
 def child(args):
@@ -299,18 +388,24 @@ def child(args):
         AUTOCAST_DTYPE = torch.bfloat16
     threads = args.threads or train.get("threads") or max(1, (os.cpu_count() or 1) // world)
     torch.set_num_threads(threads)
-    x, y, val, num_classes = load_data(spec, train["loss"])
+    tokens = "tokens" in spec["data"]
+    if tokens:
+        dataset, val = load_tokens(spec)
+        x, num_classes = None, 0
+    else:
+        x, y, val, num_classes = load_data(spec, train["loss"])
+        dataset = TensorDataset(x, y)
     torch.manual_seed(train["seed"])
     out = num_classes if train["loss"] == "cross_entropy" else 1
-    model = build_model(spec, list(x.shape[1:]), out)
+    model = build_model(spec, list(x.shape[1:]) if x is not None else [], out)
     backend, DEVICE = pick_device(spec)
     dist.init_process_group(backend, rank=rank, world_size=world)
     ddp = DDP(model.to(DEVICE), bucket_cap_mb=train["bucket_cap_mb"],
               device_ids=[DEVICE] if DEVICE.type == "cuda" else None)
-    optimizer = make_optimizer(opt, ddp.parameters())
-    sampler = DistributedSampler(TensorDataset(x, y), num_replicas=world, rank=rank,
+    optimizer = make_optimizer(opt, ddp.parameters(), model)
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank,
                                  shuffle=train["shuffle"], seed=train["seed"], drop_last=False)
-    loader = DataLoader(TensorDataset(x, y), batch_size=train["batch_size"], sampler=sampler,
+    loader = DataLoader(dataset, batch_size=train["batch_size"], sampler=sampler,
                         drop_last=train["drop_last"])
     accum = train["grad_accum_steps"]
     max_steps = args.max_steps or train["max_steps"]
@@ -331,8 +426,12 @@ def child(args):
             order = torch.tensor(list(iter(sampler)))
             bs = train["batch_size"]
             cuts = range(0, len(order) - (len(order) % bs if train["drop_last"] else 0), bs)
-            batches = [(x.index_select(0, order[i:i + bs]), y.index_select(0, order[i:i + bs]))
-                       for i in cuts]
+            if tokens:
+                batches = [tuple(torch.stack(t) for t in zip(*(dataset[j] for j in order[i:i + bs])))
+                           for i in cuts]
+            else:
+                batches = [(x.index_select(0, order[i:i + bs]), y.index_select(0, order[i:i + bs]))
+                           for i in cuts]
         else:
             batches = list(loader)
         steps = math.ceil(len(batches) / accum)
@@ -360,7 +459,12 @@ def child(args):
                 break
         if scheduler is not None and by_epoch:
             scheduler.step()
-        if val is not None and len(val[0]) > 0:
+        if tokens and val is not None:
+            t0 = time.perf_counter()
+            val_loss, val_accuracy = validate_tokens(ddp, val, rank, world, train["batch_size"])
+            epochs.append([epoch, val_loss, val_accuracy])
+            validate_s += time.perf_counter() - t0
+        elif val is not None and len(val[0]) > 0:
             t0 = time.perf_counter()
             val_loss, val_accuracy = validate(ddp, val, rank, world, train["batch_size"],
                                               train["loss"])

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/status_macros.h"
 #include "trainer/data_files.h"
 
 namespace ddp {
@@ -111,9 +112,25 @@ void Standardize(TrainValData* data) {
   if (data->val.size() > 0) data->val.features = (data->val.features - mean) / std;
 }
 
+absl::StatusOr<TrainValData> LoadTokens(const DataSpec& spec, const GptSpec& gpt) {
+  TrainValData out;
+  DDP_ASSIGN_OR_RETURN(out.train.tokens,
+                       TokenStream::Load(spec.tokens, "data.tokens", gpt.vocab, gpt.seq_len));
+  if (spec.validation.has_tokens) {
+    DDP_ASSIGN_OR_RETURN(out.val.tokens, TokenStream::Load(spec.validation.tokens,
+                                                           "data.validation.tokens", gpt.vocab,
+                                                           gpt.seq_len));
+  }
+  out.num_classes = gpt.vocab;
+  out.sample_shape = {gpt.seq_len};
+  return out;
+}
+
 }  // namespace
 
-absl::StatusOr<TrainValData> LoadData(const DataSpec& spec, LossKind loss) {
+absl::StatusOr<TrainValData> LoadData(const DataSpec& spec, LossKind loss,
+                                      const ModelSpec& model) {
+  if (spec.kind == DataSpec::Kind::kTokens) return LoadTokens(spec, model.gpt);
   Dataset all;
   switch (spec.kind) {
     case DataSpec::Kind::kCsv: {
@@ -131,6 +148,8 @@ absl::StatusOr<TrainValData> LoadData(const DataSpec& spec, LossKind loss) {
     case DataSpec::Kind::kSynthetic:
       all = MakeSynthetic(spec.synthetic, loss, spec.seed);
       break;
+    case DataSpec::Kind::kTokens:
+      break;  // LoadTokens
   }
 
   TrainValData out;
@@ -150,8 +169,10 @@ absl::StatusOr<TrainValData> LoadData(const DataSpec& spec, LossKind loss) {
     at::Tensor perm = at::randperm(n, at::TensorOptions().dtype(at::kLong));
     at::Tensor train_idx = perm.narrow(0, 0, n - n_val);
     at::Tensor val_idx = perm.narrow(0, n - n_val, n_val);
-    out.train = {all.features.index_select(0, train_idx), all.targets.index_select(0, train_idx)};
-    out.val = {all.features.index_select(0, val_idx), all.targets.index_select(0, val_idx)};
+    out.train.features = all.features.index_select(0, train_idx);
+    out.train.targets = all.targets.index_select(0, train_idx);
+    out.val.features = all.features.index_select(0, val_idx);
+    out.val.targets = all.targets.index_select(0, val_idx);
   } else {
     out.train = std::move(all);
   }
@@ -170,6 +191,11 @@ absl::StatusOr<TrainValData> LoadData(const DataSpec& spec, LossKind loss) {
 }
 
 BatchAssembler::BatchAssembler(const Dataset& data, int64_t max_batch) : data_(data) {
+  if (data.tokens) {
+    x_ = at::empty({max_batch, data.tokens->seq_len()}, at::kLong);
+    y_ = at::empty({max_batch, data.tokens->seq_len()}, at::kLong);
+    return;
+  }
   index_ = at::empty({max_batch}, at::kLong);
   std::vector<int64_t> xs(data.features.sizes().begin(), data.features.sizes().end());
   xs[0] = max_batch;
@@ -178,6 +204,12 @@ BatchAssembler::BatchAssembler(const Dataset& data, int64_t max_batch) : data_(d
 }
 
 std::pair<at::Tensor, at::Tensor> BatchAssembler::Gather(const int64_t* indices, int64_t n) {
+  if (data_.tokens) {
+    at::Tensor x = x_.narrow(0, 0, n);
+    at::Tensor y = y_.narrow(0, 0, n);
+    data_.tokens->Gather(indices, n, x.data_ptr<int64_t>(), y.data_ptr<int64_t>());
+    return {x, y};
+  }
   at::Tensor idx = index_.narrow(0, 0, n);
   std::memcpy(idx.data_ptr<int64_t>(), indices, sizeof(int64_t) * static_cast<size_t>(n));
   at::Tensor x = x_.narrow(0, 0, n);

@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "trainer/gpt.h"
 
 namespace ddp {
 namespace {
@@ -168,6 +169,10 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const ModelSpec& spec, const T
       model = std::move(*m);
       break;
     }
+    case ModelSpec::Kind::kGpt:
+      // Its vocabulary and context are the data's by construction (job.yaml ties
+      // model.gpt to data.tokens); a probe forward of seq_len tokens could take seconds.
+      return BuildGpt(spec.gpt);
   }
   if (model->Parameters().empty()) {
     return absl::InvalidArgumentError("model: has no parameters to train");

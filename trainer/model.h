@@ -7,6 +7,7 @@
 //   cnn: Sequential(Conv2d(c_in, c0, k, padding=k//2), ReLU, MaxPool2d(2), ...,
 //                   Flatten, Linear(c_last*H'*W', hidden), ReLU, Linear(hidden, out))
 // A TorchScript model is the user's own module (torch.jit.save), trained as is.
+// gpt: GPT-2 with nanoGPT's names (trainer/gpt.h), on token windows.
 // `out` is the number of classes for cross_entropy and 1 for mse / bce_with_logits.
 #ifndef DDP_TRAINER_MODEL_H_
 #define DDP_TRAINER_MODEL_H_
@@ -34,6 +35,13 @@ class Model {
   // In registration order, names without any wrapper prefix ("1.weight").
   virtual std::vector<NamedTensor> Parameters() = 0;
   virtual std::vector<NamedTensor> Buffers() = 0;
+  // What checkpoints hold, as PyTorch's state_dict() lists it: the parameters and the
+  // buffers, and a tied weight under each module's name (gpt's lm_head.weight).
+  virtual std::vector<NamedTensor> StateDict() {
+    std::vector<NamedTensor> out = Parameters();
+    for (auto& b : Buffers()) out.push_back(std::move(b));
+    return out;
+  }
   virtual void To(const at::Device& device) = 0;
   // One line for logs: "mlp 30-64-32-2 (4,162 parameters)".
   virtual std::string Describe() = 0;
@@ -41,7 +49,8 @@ class Model {
 
 // Builds the model of `spec` for `data`, initialized by LibTorch's default init from
 // the current global RNG state (the trainer seeds it with train.seed first), then
-// checks one sample's output shape against `loss`. INVALID_ARGUMENT (or NOT_FOUND for
+// checks one sample's output shape against `loss` (gpt: built to fit its token data,
+// whose ids LoadData checked against model.gpt.vocab; no probe). INVALID_ARGUMENT (or NOT_FOUND for
 // a missing TorchScript file) when the model cannot fit the data.
 absl::StatusOr<std::unique_ptr<Model>> BuildModel(const ModelSpec& spec, const TrainValData& data,
                                                   LossKind loss);

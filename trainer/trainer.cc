@@ -57,10 +57,17 @@ std::chrono::milliseconds Seconds(double s) {
 std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
 
 // Mean loss of a batch (reduction "mean") or its sum ("sum", for validation).
+// cross_entropy over a sequence's logits [B, T, V] (model.gpt: the only model with 3-D
+// outputs, BuildModel holds the others to [N, classes]) is over its B * T tokens, as
+// nanoGPT's F.cross_entropy(logits.view(-1, V), targets.view(-1)).
 at::Tensor Loss(LossKind kind, const at::Tensor& out, const at::Tensor& target, bool sum) {
   const int64_t reduction = sum ? at::Reduction::Sum : at::Reduction::Mean;
   switch (kind) {
     case LossKind::kCrossEntropy:
+      if (out.dim() == 3) {
+        return at::cross_entropy_loss(out.view({-1, out.size(-1)}), target.view({-1}), {},
+                                      reduction);
+      }
       return at::cross_entropy_loss(out, target, {}, reduction);
     case LossKind::kMse:
       return at::mse_loss(out.reshape({-1}), target, reduction);
@@ -242,7 +249,7 @@ absl::Status TrainerImpl::Setup() {
                                                             env_.local_world_size);
   at::set_num_threads(static_cast<int>(threads));
 
-  DDP_ASSIGN_OR_RETURN(data_, LoadData(spec_.data, spec_.train.loss));
+  DDP_ASSIGN_OR_RETURN(data_, LoadData(spec_.data, spec_.train.loss, spec_.model));
   at::manual_seed(static_cast<uint64_t>(spec_.train.seed));
   DDP_ASSIGN_OR_RETURN(model_, BuildModel(spec_.model, data_, spec_.train.loss));
   auto device = ChooseDevice(spec_.backend, spec_.train.device, env_);
@@ -524,9 +531,7 @@ absl::Status TrainerImpl::TakeLiveState() {
 }
 
 absl::Status TrainerImpl::LoadState(const TrainingState& state, const std::string& what) {
-  std::vector<NamedTensor> named = model_->Parameters();
-  for (auto& b : model_->Buffers()) named.push_back(b);
-  DDP_RETURN_IF_ERROR(RestoreModel(state, named, what));
+  DDP_RETURN_IF_ERROR(RestoreModel(state, model_->StateDict(), what));
   if (zero_ != nullptr) {
     DDP_RETURN_IF_ERROR(LoadZeroState(state.optimizer));
   } else {
@@ -816,8 +821,10 @@ absl::Status TrainerImpl::TrainEpoch(int64_t epoch, int64_t first_step) {
 
 absl::Status TrainerImpl::EndEpoch(int64_t epoch, bool complete, bool checkpoint_due) {
   const auto t0 = Clock::now();
-  // [train loss sum, train steps, val loss sum, val correct, val count], summed over ranks.
-  double val_loss = 0, correct = 0, count = 0;
+  // [train loss sum, train steps, val loss sum, val correct, val samples, val
+  // predictions], summed over ranks. A sample makes one prediction, a token window
+  // (model.gpt) one per token: loss and accuracy are per prediction.
+  double val_loss = 0, correct = 0, count = 0, predictions = 0;
   if (data_.val.size() > 0) {
     at::NoGradGuard no_grad;
     model_->SetTraining(false);
@@ -830,8 +837,10 @@ absl::Status TrainerImpl::EndEpoch(int64_t epoch, bool complete, bool checkpoint
     // count each validation sample exactly once.
     std::vector<int64_t> idx;
     for (int64_t i = env_.rank; i < data_.val.size(); i += env_.world_size) idx.push_back(i);
-    BatchAssembler batches(data_.val, std::max<int64_t>(spec_.train.batch_size, 256));
-    const int64_t bs = std::max<int64_t>(spec_.train.batch_size, 256);
+    // Windows of a GPT's context make logits of seq_len x vocab each: as many as train.
+    const int64_t bs = data_.val.tokens ? spec_.train.batch_size
+                                        : std::max<int64_t>(spec_.train.batch_size, 256);
+    BatchAssembler batches(data_.val, bs);
     for (size_t b = 0; b < idx.size(); b += static_cast<size_t>(bs)) {
       const int64_t n = std::min<int64_t>(bs, static_cast<int64_t>(idx.size() - b));
       auto [x, y] = batches.Gather(idx.data() + b, n);
@@ -842,17 +851,19 @@ absl::Status TrainerImpl::EndEpoch(int64_t epoch, bool complete, bool checkpoint
       val_loss += Loss(spec_.train.loss, out, yd, /*sum=*/true).item<double>();
       autocast.reset();
       if (spec_.train.loss == LossKind::kCrossEntropy) {
-        correct += out.argmax(1).eq(yd).sum().item<double>();
+        correct += out.argmax(-1).eq(yd).sum().item<double>();
       } else if (spec_.train.loss == LossKind::kBceWithLogits) {
         correct += out.reshape({-1}).gt(0).eq(yd.gt(0.5)).sum().item<double>();
       }
       count += static_cast<double>(n);
+      predictions += static_cast<double>(yd.numel());
     }
     model_->SetTraining(true);
   }
   DDP_ASSIGN_OR_RETURN(
       const std::vector<double> v,
-      SumOverRanks({EpochLossSum(), static_cast<double>(epoch_steps_), val_loss, correct, count}));
+      SumOverRanks({EpochLossSum(), static_cast<double>(epoch_steps_), val_loss, correct, count,
+                    predictions}));
   SetEpochLossSum(0);
   epoch_steps_ = 0;
   if (env_.rank == 0) {
@@ -860,14 +871,14 @@ absl::Status TrainerImpl::EndEpoch(int64_t epoch, bool complete, bool checkpoint
     e.epoch = epoch;
     e.train_loss = v[1] > 0 ? v[0] / v[1] : 0.0;
     if (v[4] > 0) {
-      e.val_loss = v[2] / v[4];
+      e.val_loss = v[2] / v[5];
       e.val_samples = static_cast<int64_t>(v[4]);
-      if (spec_.train.loss != LossKind::kMse) e.val_accuracy = v[3] / v[4];
+      if (spec_.train.loss != LossKind::kMse) e.val_accuracy = v[3] / v[5];
     }
     e.validate_ms = MillisSince(t0);
     events_.Emit(e);
   }
-  last_val_accuracy_ = v[4] > 0 && spec_.train.loss != LossKind::kMse ? v[3] / v[4] : -1;
+  last_val_accuracy_ = v[4] > 0 && spec_.train.loss != LossKind::kMse ? v[3] / v[5] : -1;
   if (complete) pos_ = {epoch + 1, 0, pos_.global_step};
   if (spec_.checkpoint.dir.empty()) return absl::OkStatus();
   const bool final_epoch = epoch + 1 == spec_.train.epochs || IsLastStep();
@@ -933,8 +944,7 @@ TrainingState TrainerImpl::StateAt(const Position& pos, const at::Tensor& rng,
   state.sampler = CurrentSampler();
   state.epoch_loss_sum = loss_totals[0];
   state.epoch_steps = static_cast<int64_t>(loss_totals[1]);
-  state.model = model_->Parameters();
-  for (auto& b : model_->Buffers()) state.model.push_back(b);
+  state.model = model_->StateDict();
   state.optimizer = OptimizerStateDict(spec_.train.optimizer, *optimizer_, params_);
   if (spec_.train.lr_schedule.kind != LrSchedule::Kind::kConstant ||
       spec_.train.lr_schedule.warmup > 0) {

@@ -224,15 +224,56 @@ void ParseTop(Reader& r, const YAML::Node& root, JobSpec* spec) {
   }
 }
 
+// model.gpt: GPT-2's shape, each field bounded, the whole at most kMaxGptParameters.
+void ParseGpt(Reader& r, const YAML::Node& n, GptSpec* g) {
+  if (n.IsNull()) return;  // `gpt:` alone: GPT-2 124M.
+  const std::string path = "model.gpt";
+  if (!r.Map(n, path, {"layers", "heads", "dim", "seq_len", "vocab", "dropout", "tie_weights"})) {
+    return;
+  }
+  bool in_bounds = true;
+  auto count = [&](const char* key, int64_t* v, int64_t lo, int64_t hi) {
+    if (!r.Int(n, key, path, v)) return;
+    if (*v < lo || *v > hi) {
+      r.Error(n[key], absl::StrCat(path, ".", key),
+              absl::StrCat("must be ", lo, "..", hi, " (got ", *v, ")"));
+      in_bounds = false;
+    }
+  };
+  count("layers", &g->layers, 1, kMaxGptLayers);
+  count("heads", &g->heads, 1, kMaxGptHeads);
+  count("dim", &g->dim, 1, kMaxWidth);
+  count("seq_len", &g->seq_len, 1, kMaxSeqLen);
+  count("vocab", &g->vocab, 2, kMaxVocab);
+  if (r.Double(n, "dropout", path, &g->dropout) && (g->dropout < 0 || g->dropout >= 1)) {
+    r.Error(n["dropout"], path + ".dropout",
+            absl::StrCat("must be in [0, 1) (got ", g->dropout, ")"));
+  }
+  r.Bool(n, "tie_weights", path, &g->tie_weights);
+  if (!in_bounds) return;
+  if (g->dim % g->heads != 0) {
+    r.Error(n["dim"] ? n["dim"] : n["heads"], path + ".dim",
+            absl::StrCat("must be a multiple of model.gpt.heads (got dim ", g->dim, ", heads ",
+                         g->heads, "): each head attends over dim / heads channels"));
+  }
+  if (const int64_t params = GptParameterCount(*g); params > kMaxGptParameters) {
+    r.Error(n, path,
+            absl::StrCat("has ", params, " parameters (layers ", g->layers, ", dim ", g->dim,
+                         ", seq_len ", g->seq_len, ", vocab ", g->vocab,
+                         g->tie_weights ? "" : ", untied head", "), more than the ",
+                         kMaxGptParameters, " (2^40) a job may describe"));
+  }
+}
+
 void ParseModel(Reader& r, const YAML::Node& root, JobSpec* spec) {
   const YAML::Node model = r.Sub(root, "model");
   if (!model) {
-    r.Error(root, "model", "is required (mlp, cnn or torchscript)");
+    r.Error(root, "model", "is required (mlp, cnn, torchscript or gpt)");
     return;
   }
-  if (!r.Map(model, "model", {"mlp", "cnn", "torchscript"})) return;
+  if (!r.Map(model, "model", {"mlp", "cnn", "torchscript", "gpt"})) return;
   ModelSpec& m = spec->model;
-  switch (r.OneOf(model, "model", {"mlp", "cnn", "torchscript"})) {
+  switch (r.OneOf(model, "model", {"mlp", "cnn", "torchscript", "gpt"})) {
     case 0: {
       m.kind = ModelSpec::Kind::kMlp;
       const YAML::Node n = model["mlp"];
@@ -282,8 +323,29 @@ void ParseModel(Reader& r, const YAML::Node& root, JobSpec* spec) {
       r.String(n, "path", "model.torchscript", &m.torchscript.path, /*required=*/true);
       break;
     }
+    case 3:
+      m.kind = ModelSpec::Kind::kGpt;
+      ParseGpt(r, model["gpt"], &m.gpt);
+      break;
     default:
       break;
+  }
+}
+
+void ParseTokens(Reader& r, const YAML::Node& n, const std::string& path, TokensSpec* t) {
+  if (!r.Map(n, path, {"path", "dtype"})) return;
+  r.String(n, "path", path, &t->path, /*required=*/true);
+  std::string dtype;
+  if (r.String(n, "dtype", path, &dtype)) {
+    if (dtype == "uint16") {
+      t->dtype = TokenDtype::kUint16;
+    } else if (dtype == "uint32") {
+      t->dtype = TokenDtype::kUint32;
+    } else {
+      r.Error(n["dtype"], path + ".dtype",
+              absl::StrCat("must be uint16 or uint32 (got '", dtype,
+                           "'): the width of each little-endian token id in the file"));
+    }
   }
 }
 
@@ -296,12 +358,12 @@ void ParseIdx(Reader& r, const YAML::Node& n, const std::string& path, IdxSpec* 
 void ParseData(Reader& r, const YAML::Node& root, JobSpec* spec) {
   const YAML::Node data = r.Sub(root, "data");
   if (!data) {
-    r.Error(root, "data", "is required (csv, idx or synthetic)");
+    r.Error(root, "data", "is required (csv, idx, synthetic or tokens)");
     return;
   }
-  if (!r.Map(data, "data", {"csv", "idx", "synthetic", "validation", "seed"})) return;
+  if (!r.Map(data, "data", {"csv", "idx", "synthetic", "tokens", "validation", "seed"})) return;
   DataSpec& d = spec->data;
-  switch (r.OneOf(data, "data", {"csv", "idx", "synthetic"})) {
+  switch (r.OneOf(data, "data", {"csv", "idx", "synthetic", "tokens"})) {
     case 0: {
       d.kind = DataSpec::Kind::kCsv;
       const YAML::Node n = data["csv"];
@@ -351,11 +413,15 @@ void ParseData(Reader& r, const YAML::Node& root, JobSpec* spec) {
       }
       break;
     }
+    case 3:
+      d.kind = DataSpec::Kind::kTokens;
+      ParseTokens(r, data["tokens"], "data.tokens", &d.tokens);
+      break;
     default:
       break;
   }
   if (const YAML::Node v = r.Sub(data, "validation")) {
-    if (r.Map(v, "data.validation", {"fraction", "idx"})) {
+    if (r.Map(v, "data.validation", {"fraction", "idx", "tokens"})) {
       if (r.Double(v, "fraction", "data.validation", &d.validation.fraction) &&
           (d.validation.fraction < 0 || d.validation.fraction >= 1)) {
         r.Error(v["fraction"], "data.validation.fraction",
@@ -370,6 +436,26 @@ void ParseData(Reader& r, const YAML::Node& root, JobSpec* spec) {
         if (d.kind != DataSpec::Kind::kIdx) {
           r.Error(v["idx"], "data.validation.idx", "needs data.idx training data");
         }
+      }
+      if (v["tokens"]) {
+        d.validation.has_tokens = true;
+        // The validation file's ids are as wide as the training file's unless it says.
+        d.validation.tokens.dtype = d.tokens.dtype;
+        ParseTokens(r, v["tokens"], "data.validation.tokens", &d.validation.tokens);
+        if (v["fraction"] || v["idx"]) {
+          r.Error(v["tokens"], "data.validation",
+                  v["idx"] ? "give only one of idx and tokens" : "give only one of fraction and tokens");
+        }
+        if (d.kind != DataSpec::Kind::kTokens) {
+          r.Error(v["tokens"], "data.validation.tokens", "needs data.tokens training data");
+        }
+      }
+      // Windows of a token stream are not rows to hold out at random: nanoGPT's
+      // validation is a second file (val.bin).
+      if (v["fraction"] && d.kind == DataSpec::Kind::kTokens) {
+        r.Error(v["fraction"], "data.validation.fraction",
+                "is not for data.tokens: give the validation tokens as a second file, "
+                "data.validation: {tokens: {path: val.bin}}");
       }
     }
   }
@@ -760,6 +846,24 @@ void CrossCheck(Reader& r, const YAML::Node& root, JobSpec* spec) {
       spec->data.kind != DataSpec::Kind::kIdx && root["data"]) {
     r.Error(root["model"]["cnn"], "model.cnn", "needs image data (data.idx)");
   }
+  // A GPT learns the next token of a token stream; a token stream is nothing else's input.
+  const bool gpt = spec->model.kind == ModelSpec::Kind::kGpt;
+  const bool tokens = spec->data.kind == DataSpec::Kind::kTokens;
+  if (gpt && !tokens && root["data"]) {
+    r.Error(root["model"]["gpt"], "model.gpt",
+            "needs token data (data.tokens: {path: train.bin}): it learns the next token of "
+            "a token stream");
+  }
+  if (tokens && !gpt && root["model"]) {
+    r.Error(root["data"]["tokens"], "data.tokens",
+            "is a token stream for model.gpt (windows of seq_len + 1 tokens); other models "
+            "train on csv, idx or synthetic data");
+  }
+  if (gpt && spec->train.loss != LossKind::kCrossEntropy) {
+    r.Error(root["train"]["loss"], "train.loss",
+            absl::StrCat("model.gpt trains with cross_entropy over the next token (got ",
+                         LossName(spec->train.loss), ")"));
+  }
   if (spec->train.collective_timeout_s <= spec->rdzv.timeout_s && root["train"]) {
     r.Error(root["train"]["collective_timeout_s"] ? root["train"]["collective_timeout_s"]
                                                    : root["train"],
@@ -943,6 +1047,23 @@ const char* LrScheduleName(LrSchedule::Kind k) {
     case LrSchedule::Kind::kLinear: return "linear";
   }
   return "?";
+}
+
+const char* TokenDtypeName(TokenDtype d) {
+  switch (d) {
+    case TokenDtype::kUint16: return "uint16";
+    case TokenDtype::kUint32: return "uint32";
+  }
+  return "?";
+}
+
+int64_t GptParameterCount(const GptSpec& g) {
+  const int64_t c = g.dim;
+  // Per block: ln_1, c_attn, attn.c_proj, ln_2, c_fc, mlp.c_proj, weights and biases.
+  const int64_t block = 2 * c + (3 * c * c + 3 * c) + (c * c + c) + 2 * c + (4 * c * c + 4 * c) +
+                        (4 * c * c + c);
+  return g.vocab * c + g.seq_len * c + g.layers * block + 2 * c +
+         (g.tie_weights ? 0 : g.vocab * c);
 }
 
 const char* LossName(LossKind l) {

@@ -77,12 +77,27 @@ struct TorchScriptSpec {
   std::string path;  // A torch.jit.save()d module; its forward(x) returns the output.
 };
 
+// GPT-2 as nanoGPT's model.py writes it (docs/trainer.md, GPT): token and position
+// embeddings, `layers` pre-LayerNorm blocks of causal self-attention (`heads` heads of
+// dim / heads) and a 4x GELU(tanh) MLP, a final LayerNorm and the head over `vocab`
+// tokens; GPT-2 124M by default. Trains on data.tokens with cross_entropy.
+struct GptSpec {
+  int64_t layers = 12;
+  int64_t heads = 12;
+  int64_t dim = 768;
+  int64_t seq_len = 1024;  // The context (nanoGPT's block_size) and the window length.
+  int64_t vocab = 50304;
+  double dropout = 0.0;
+  bool tie_weights = true;  // The head's weight is the token embedding's.
+};
+
 struct ModelSpec {
-  enum class Kind { kMlp, kCnn, kTorchScript };
+  enum class Kind { kMlp, kCnn, kTorchScript, kGpt };
   Kind kind = Kind::kMlp;
   MlpSpec mlp;
   CnnSpec cnn;
   TorchScriptSpec torchscript;
+  GptSpec gpt;
 };
 
 struct CsvSpec {
@@ -103,18 +118,28 @@ struct SyntheticSpec {
   int64_t classes = 10;
 };
 
+// A flat little-endian file of token ids, nanoGPT's prepare.py format (train.bin).
+enum class TokenDtype { kUint16, kUint32 };
+struct TokensSpec {
+  std::string path;
+  TokenDtype dtype = TokenDtype::kUint16;
+};
+
 struct ValidationSpec {
   double fraction = 0.0;  // Held out from the training data (docs/trainer.md, Data split).
   bool has_idx = false;   // Or a separate IDX set (e.g. Fashion-MNIST's t10k files).
   IdxSpec idx;
+  bool has_tokens = false;  // Or a second token file (with data.tokens; e.g. val.bin).
+  TokensSpec tokens;        // dtype defaults to data.tokens.dtype.
 };
 
 struct DataSpec {
-  enum class Kind { kCsv, kIdx, kSynthetic };
+  enum class Kind { kCsv, kIdx, kSynthetic, kTokens };
   Kind kind = Kind::kCsv;
   CsvSpec csv;
   IdxSpec idx;
   SyntheticSpec synthetic;
+  TokensSpec tokens;  // Samples are windows of model.gpt.seq_len + 1 tokens.
   ValidationSpec validation;
   int64_t seed = 0;
 };
@@ -281,6 +306,14 @@ inline constexpr int64_t kMaxRows = int64_t{1} << 31;    // skip_rows, samples, 
 inline constexpr int64_t kMaxFeatures = 1 << 20;         // synthetic features, classes.
 inline constexpr int64_t kMaxSyntheticValues = int64_t{1} << 30;  // samples * features.
 inline constexpr int64_t kMaxThreads = 1024;
+// model.gpt: each field's bound, and the parameter count of the whole (embeddings,
+// blocks, head) at most 2^40 (1.1 trillion), so that no size the trainer derives from
+// it (bytes, FLOPs per token) overflows.
+inline constexpr int64_t kMaxGptLayers = 1024;
+inline constexpr int64_t kMaxGptHeads = 1024;
+inline constexpr int64_t kMaxSeqLen = int64_t{1} << 20;
+inline constexpr int64_t kMaxVocab = int64_t{1} << 24;
+inline constexpr int64_t kMaxGptParameters = int64_t{1} << 40;
 inline constexpr double kMaxBucketCapMb = 65536;
 inline constexpr double kMaxCollectiveTimeoutS = 7 * 24 * 3600.0;
 inline constexpr double kMaxRdzvTimeoutS = 24 * 3600.0;
@@ -310,6 +343,9 @@ const char* IntraNodeCommName(IntraNodeComm c);
 const char* DeviceName(Device d);
 const char* CudaGraphModeName(CudaGraphMode m);  // "auto", "true", "false"
 const char* LrScheduleName(LrSchedule::Kind k);
+const char* TokenDtypeName(TokenDtype d);  // "uint16", "uint32"
+// The parameters of model.gpt `g`, as PyTorch counts them (a tied head once).
+int64_t GptParameterCount(const GptSpec& g);
 // "2" or "1:4".
 std::string NodeRangeString(const NodeRange& r);
 

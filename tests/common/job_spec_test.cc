@@ -378,7 +378,7 @@ TEST(JobSpecTest, RequiresExactlyOneModel) {
                        HasSubstr("model: give only one of mlp and cnn")));
   EXPECT_THAT(ParseJobSpec("name: d\nmodel: {}\ndata: {synthetic: {}}\ntrain: {batch_size: 4}\n"),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("model: one of mlp, cnn, torchscript is required")));
+                       HasSubstr("model: one of mlp, cnn, torchscript, gpt is required")));
 }
 
 TEST(JobSpecTest, MissingRequiredSectionsAreNamed) {
@@ -659,7 +659,171 @@ TEST(JobSpecTest, CudaGraphTrueIsRefusedForWhatCannotBeCaptured) {
   }
   // And a job that can be captured (on a GPU node) is accepted with true.
   EXPECT_TRUE(ParseJobSpec(std::string(kBase) + "train: {batch_size: 4, cuda_graph: true}\n").ok());
+// model.gpt and data.tokens (docs/job-spec.md): GPT-2 124M by default, a second token
+// file for validation, and the rules that tie the two together.
+constexpr char kGptJob[] = R"(name: gpt
+model: {gpt: {}}
+data: {tokens: {path: train.bin}}
+train: {batch_size: 4}
+)";
+
+TEST(JobSpecTest, GptDefaultsToGpt2SmallAndTokensToUint16) {
+  DDP_ASSERT_OK_AND_ASSIGN(JobSpec spec, ParseJobSpec(kGptJob));
+  EXPECT_EQ(spec.model.kind, ModelSpec::Kind::kGpt);
+  const GptSpec& g = spec.model.gpt;
+  EXPECT_EQ(g.layers, 12);
+  EXPECT_EQ(g.heads, 12);
+  EXPECT_EQ(g.dim, 768);
+  EXPECT_EQ(g.seq_len, 1024);
+  EXPECT_EQ(g.vocab, 50304);
+  EXPECT_EQ(g.dropout, 0.0);
+  EXPECT_TRUE(g.tie_weights);
+  // nanoGPT's "123.69M" for GPT-2 at vocab 50304, plus the position embedding it leaves
+  // out of its count (1024 x 768).
+  EXPECT_EQ(GptParameterCount(g), 123689472 + 1024 * 768);
+  EXPECT_EQ(spec.data.kind, DataSpec::Kind::kTokens);
+  EXPECT_EQ(spec.data.tokens.path, "train.bin");
+  EXPECT_EQ(spec.data.tokens.dtype, TokenDtype::kUint16);
+  EXPECT_FALSE(spec.data.validation.has_tokens);
+  // `gpt:` with nothing after it is the default model too.
+  DDP_ASSERT_OK_AND_ASSIGN(JobSpec bare, ParseJobSpec("name: g\nmodel:\n  gpt:\n"
+                                                      "data: {tokens: {path: t.bin}}\n"
+                                                      "train: {batch_size: 1}\n"));
+  EXPECT_EQ(bare.model.gpt.dim, 768);
+}
+
+TEST(JobSpecTest, GptFieldsAndAValidationFileParse) {
+  DDP_ASSERT_OK_AND_ASSIGN(JobSpec spec, ParseJobSpec(R"(name: gpt
+model:
+  gpt: {layers: 2, heads: 2, dim: 32, seq_len: 16, vocab: 256, dropout: 0.1, tie_weights: false}
+data:
+  tokens: {path: train.bin, dtype: uint32}
+  validation: {tokens: {path: val.bin}}
+train: {batch_size: 4}
+)"));
+  const GptSpec& g = spec.model.gpt;
+  EXPECT_EQ(g.layers, 2);
+  EXPECT_EQ(g.heads, 2);
+  EXPECT_EQ(g.dim, 32);
+  EXPECT_EQ(g.seq_len, 16);
+  EXPECT_EQ(g.vocab, 256);
+  EXPECT_DOUBLE_EQ(g.dropout, 0.1);
+  EXPECT_FALSE(g.tie_weights);
+  // Untied: the head's 256 x 32 on top of the tied model's count.
+  GptSpec tied = g;
+  tied.tie_weights = true;
+  EXPECT_EQ(GptParameterCount(g) - GptParameterCount(tied), 256 * 32);
+  EXPECT_EQ(spec.data.tokens.dtype, TokenDtype::kUint32);
+  ASSERT_TRUE(spec.data.validation.has_tokens);
+  EXPECT_EQ(spec.data.validation.tokens.path, "val.bin");
+  EXPECT_EQ(spec.data.validation.tokens.dtype, TokenDtype::kUint32)
+      << "the validation file's dtype defaults to the training file's";
+  DDP_ASSERT_OK_AND_ASSIGN(
+      JobSpec mixed,
+      ParseJobSpec("name: g\nmodel: {gpt: {}}\ndata:\n  tokens: {path: a.bin, dtype: uint32}\n"
+                   "  validation: {tokens: {path: b.bin, dtype: uint16}}\n"
+                   "train: {batch_size: 1}\n"));
+  EXPECT_EQ(mixed.data.validation.tokens.dtype, TokenDtype::kUint16);
+}
+
+TEST(JobSpecTest, GptShapeErrorsNameTheFieldAndLine) {
+  const std::string tail = "data: {tokens: {path: t.bin}}\ntrain: {batch_size: 4}\n";
+  auto parse = [&](const std::string& gpt) {
+    return ParseJobSpec("name: g\nmodel:\n  gpt: " + gpt + "\n" + tail);
+  };
+  EXPECT_THAT(parse("{dim: 100, heads: 3}"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("job.yaml:3: model.gpt.dim: must be a multiple of "
+                                 "model.gpt.heads (got dim 100, heads 3)")));
+  EXPECT_THAT(parse("{heads: 5}"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("model.gpt.dim: must be a multiple of model.gpt.heads (got "
+                                 "dim 768, heads 5)")));
+  EXPECT_THAT(parse("{dropout: 1}"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("model.gpt.dropout: must be in [0, 1) (got 1)")));
+  EXPECT_THAT(parse("{dropout: -0.1}"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model.gpt.dropout")));
+  EXPECT_THAT(parse("{layers: 0}"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("model.gpt.layers: must be 1..1024 (got 0)")));
+  EXPECT_THAT(parse("{vocab: 1}"), StatusIs(absl::StatusCode::kInvalidArgument,
+                                            HasSubstr("model.gpt.vocab: must be 2..16777216")));
+  EXPECT_THAT(parse("{seq_len: 9223372036854775807}"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("model.gpt.seq_len: must be 1..1048576")));
+  EXPECT_THAT(parse("{dim: 65537}"), StatusIs(absl::StatusCode::kInvalidArgument,
+                                              HasSubstr("model.gpt.dim: must be 1..65536")));
+  EXPECT_THAT(parse("{heads: two}"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("model.gpt.heads: expected an integer, got 'two'")));
+  EXPECT_THAT(parse("{tie_weights: maybe}"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("model.gpt.tie_weights: expected true or false")));
+  EXPECT_THAT(parse("{depth: 2}"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("model.gpt.depth: unknown field")));
+  // Every field within its bound, the whole too large to describe: 1024 blocks of 65536
+  // channels are 5.3e13 parameters.
+  EXPECT_THAT(parse("{layers: 1024, dim: 65536, heads: 64}"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("job.yaml:3: model.gpt: has 52780794511360 parameters"),
+                             HasSubstr("more than the 1099511627776 (2^40) a job may "
+                                       "describe"))));
+}
+
+TEST(JobSpecTest, TokenFileErrorsNameTheField) {
+  const std::string head = "name: g\nmodel: {gpt: {}}\n";
+  const std::string tail = "train: {batch_size: 4}\n";
+  EXPECT_THAT(ParseJobSpec(head + "data: {tokens: {path: t.bin, dtype: int8}}\n" + tail),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("job.yaml:3: data.tokens.dtype: must be uint16 or uint32 "
+                                 "(got 'int8')")));
+  EXPECT_THAT(ParseJobSpec(head + "data: {tokens: {dtype: uint16}}\n" + tail),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("data.tokens.path: is required")));
+  EXPECT_THAT(ParseJobSpec(head + "data:\n  tokens: {path: t.bin}\n"
+                                  "  validation: {tokens: {path: v.bin, dtype: u16}}\n" + tail),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("job.yaml:5: data.validation.tokens.dtype: must be uint16 or "
+                                 "uint32")));
+}
+
+TEST(JobSpecTest, GptAndTokenDataGoTogether) {
+  EXPECT_THAT(ParseJobSpec("name: g\nmodel: {gpt: {}}\ndata: {synthetic: {}}\n"
+                           "train: {batch_size: 4}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("job.yaml:2: model.gpt: needs token data (data.tokens")));
+  EXPECT_THAT(ParseJobSpec("name: g\nmodel: {mlp: {}}\ndata: {tokens: {path: t.bin}}\n"
+                           "train: {batch_size: 4}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("job.yaml:3: data.tokens: is a token stream for model.gpt")));
+  EXPECT_THAT(ParseJobSpec("name: g\nmodel: {gpt: {}}\ndata: {tokens: {path: t.bin}}\n"
+                           "train: {batch_size: 4, loss: mse}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("job.yaml:4: train.loss: model.gpt trains with cross_entropy "
+                                 "over the next token (got mse)")));
+}
+
+TEST(JobSpecTest, TokenValidationIsASecondFileNotAFraction) {
+  EXPECT_THAT(ParseJobSpec("name: g\nmodel: {gpt: {}}\ndata:\n  tokens: {path: t.bin}\n"
+                           "  validation: {fraction: 0.1}\ntrain: {batch_size: 4}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("job.yaml:5: data.validation.fraction: is not for "
+                                       "data.tokens"),
+                             HasSubstr("data.validation: {tokens: {path: val.bin}}"))));
+  EXPECT_THAT(ParseJobSpec("name: g\nmodel: {gpt: {}}\ndata:\n  tokens: {path: t.bin}\n"
+                           "  validation: {fraction: 0.1, tokens: {path: v.bin}}\n"
+                           "train: {batch_size: 4}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("data.validation: give only one of fraction and tokens")));
+  EXPECT_THAT(ParseJobSpec("name: g\nmodel: {mlp: {}}\ndata:\n  synthetic: {}\n"
+                           "  validation: {tokens: {path: v.bin}}\ntrain: {batch_size: 4}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("job.yaml:5: data.validation.tokens: needs data.tokens "
+                                 "training data")));
 }
 
 }  // namespace
 }  // namespace ddp
+

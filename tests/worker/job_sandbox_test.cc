@@ -61,6 +61,24 @@ TEST_F(JobPathsTest, PathsInsideTheRootsPassAndEscapesAreNamed) {
       << "a sibling whose name starts like the root is not inside it";
 }
 
+TEST_F(JobPathsTest, TokenFilesAreCheckedLikeEveryDataPath) {
+  JobSpec spec;
+  spec.model.kind = ModelSpec::Kind::kGpt;
+  spec.data.kind = DataSpec::Kind::kTokens;
+  spec.data.tokens.path = "train.bin";
+  spec.data.validation.has_tokens = true;
+  spec.data.validation.tokens.path = "val.bin";
+  EXPECT_TRUE(CheckJobPaths(spec, root_ + "/job", "job-1", "", roots_).ok());
+  spec.data.tokens.path = "/etc/passwd";
+  EXPECT_THAT(CheckJobPaths(spec, root_ + "/job", "job-1", "", roots_),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("data.tokens.path")));
+  spec.data.tokens.path = "train.bin";
+  spec.data.validation.tokens.path = "../../val.bin";
+  EXPECT_THAT(CheckJobPaths(spec, root_ + "/job", "job-1", "", roots_),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       HasSubstr("data.validation.tokens.path: ../../val.bin")));
+}
+
 TEST_F(JobPathsTest, NoRootsMeansNoRestriction) {
   JobSpec spec;
   spec.data.csv.path = "/etc/passwd";

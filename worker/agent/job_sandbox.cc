@@ -32,10 +32,16 @@ void AddTrainerPaths(const JobSpec& spec, const std::string& job_id,
       break;
     case DataSpec::Kind::kSynthetic:
       break;
+    case DataSpec::Kind::kTokens:
+      paths.push_back({"data.tokens.path", spec.data.tokens.path});
+      break;
   }
   if (spec.data.validation.has_idx) {
     paths.push_back({"data.validation.idx.images", spec.data.validation.idx.images});
     paths.push_back({"data.validation.idx.labels", spec.data.validation.idx.labels});
+  }
+  if (spec.data.validation.has_tokens) {
+    paths.push_back({"data.validation.tokens.path", spec.data.validation.tokens.path});
   }
   if (spec.model.kind == ModelSpec::Kind::kTorchScript) {
     paths.push_back({"model.torchscript.path", spec.model.torchscript.path});
