@@ -1,211 +1,50 @@
 #include "trainer/gpt.h"
 
-#include <ATen/ATen.h>
-#include <ATen/core/grad_mode.h>
-#include <torch/version.h>
-
-#include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "ddp/gpt.h"
 
 namespace ddp {
 namespace {
 
-// The tensors of one transformer block, named as nanoGPT's Block's parameters.
-struct Block {
-  at::Tensor ln_1_w, ln_1_b;
-  at::Tensor c_attn_w, c_attn_b;  // [3C, C], [3C]: q, k and v in one matmul
-  at::Tensor attn_proj_w, attn_proj_b;
-  at::Tensor ln_2_w, ln_2_b;
-  at::Tensor c_fc_w, c_fc_b;
-  at::Tensor mlp_proj_w, mlp_proj_b;
-};
-
-// The random draws of PyTorch's module constructors, on the CPU generator.
-// nn.Embedding.reset_parameters: init.normal_(weight).
-at::Tensor NewEmbedding(int64_t rows, int64_t dim) { return at::empty({rows, dim}).normal_(0, 1); }
-
-// nn.Linear.reset_parameters: kaiming_uniform_(weight, a=sqrt(5)), then the bias
-// uniform in +-1/sqrt(fan_in), computed as torch.nn.init computes them.
-at::Tensor NewLinear(int64_t out, int64_t in, at::Tensor* bias) {
-  at::Tensor w = at::empty({out, in});
-  const double gain = std::sqrt(2.0 / (1 + 5.0));  // calculate_gain('leaky_relu', sqrt(5))
-  const double bound = std::sqrt(3.0) * (gain / std::sqrt(static_cast<double>(in)));
-  w.uniform_(-bound, bound);
-  if (bias != nullptr) {
-    const double b = 1 / std::sqrt(static_cast<double>(in));
-    *bias = at::empty({out}).uniform_(-b, b);
-  }
-  return w;
-}
-
+// model.gpt: libddp's GPT (<ddp/gpt.h>, the model a LibTorch program gets too) behind the
+// trainer's Model interface.
 class Gpt : public Model {
  public:
-  explicit Gpt(const GptSpec& spec) : spec_(spec) {
-    at::NoGradGuard no_grad;
-    Construct();
-    InitWeights();
-    for (auto& [name, p] : Parameters()) p.requires_grad_(true);
-#if TORCH_VERSION_MAJOR < 2
-    // nanoGPT's mask where PyTorch has no scaled_dot_product_attention: the positions a
-    // query may not see (above the diagonal), as `tril(ones) == 0`.
-    future_ = at::ones({spec_.seq_len, spec_.seq_len}, at::kBool).triu(1);
-#endif
-    positions_ = at::arange(spec_.seq_len, at::kLong);
-  }
+  explicit Gpt(const GptSpec& spec) : gpt_(ConfigOf(spec)) {}
 
-  at::Tensor Forward(const at::Tensor& idx) override {
-    const int64_t b = idx.size(0), t = idx.size(1), c = spec_.dim;
-    TORCH_CHECK(t <= spec_.seq_len, "model.gpt: a sequence of ", t,
-                " tokens is longer than seq_len ", spec_.seq_len);
-    at::Tensor x = at::embedding(wte_, idx) + at::embedding(wpe_, positions_.narrow(0, 0, t));
-    x = Dropout(x);
-    for (const Block& blk : blocks_) {
-      x = x + Attention(blk, at::layer_norm(x, {c}, blk.ln_1_w, blk.ln_1_b, 1e-5), b, t);
-      x = x + Mlp(blk, at::layer_norm(x, {c}, blk.ln_2_w, blk.ln_2_b, 1e-5));
-    }
-    x = at::layer_norm(x, {c}, ln_f_w_, ln_f_b_, 1e-5);
-    return at::linear(x, head_);  // [B, T, vocab]
-  }
-
-  void SetTraining(bool training) override { training_ = training; }
-
-  std::vector<NamedTensor> Parameters() override {
-    std::vector<NamedTensor> out = {{"transformer.wte.weight", wte_},
-                                    {"transformer.wpe.weight", wpe_}};
-    for (size_t i = 0; i < blocks_.size(); ++i) {
-      const Block& b = blocks_[i];
-      const std::string h = absl::StrCat("transformer.h.", i, ".");
-      out.emplace_back(h + "ln_1.weight", b.ln_1_w);
-      out.emplace_back(h + "ln_1.bias", b.ln_1_b);
-      out.emplace_back(h + "attn.c_attn.weight", b.c_attn_w);
-      out.emplace_back(h + "attn.c_attn.bias", b.c_attn_b);
-      out.emplace_back(h + "attn.c_proj.weight", b.attn_proj_w);
-      out.emplace_back(h + "attn.c_proj.bias", b.attn_proj_b);
-      out.emplace_back(h + "ln_2.weight", b.ln_2_w);
-      out.emplace_back(h + "ln_2.bias", b.ln_2_b);
-      out.emplace_back(h + "mlp.c_fc.weight", b.c_fc_w);
-      out.emplace_back(h + "mlp.c_fc.bias", b.c_fc_b);
-      out.emplace_back(h + "mlp.c_proj.weight", b.mlp_proj_w);
-      out.emplace_back(h + "mlp.c_proj.bias", b.mlp_proj_b);
-    }
-    out.emplace_back("transformer.ln_f.weight", ln_f_w_);
-    out.emplace_back("transformer.ln_f.bias", ln_f_b_);
-    if (!spec_.tie_weights) out.emplace_back("lm_head.weight", head_);
-    return out;
-  }
-
+  at::Tensor Forward(const at::Tensor& idx) override { return gpt_.forward(idx); }
+  void SetTraining(bool training) override { gpt_.train(training); }
+  std::vector<NamedTensor> Parameters() override { return gpt_.named_parameters(); }
   std::vector<NamedTensor> Buffers() override { return {}; }
-
   // PyTorch's state_dict() names a tied weight under both modules (decision 169).
-  std::vector<NamedTensor> StateDict() override {
-    std::vector<NamedTensor> out = Parameters();
-    if (spec_.tie_weights) out.emplace_back("lm_head.weight", head_);
-    return out;
-  }
-
-  void To(const at::Device& device) override {
-    // As nn.Module.to: each parameter's data moves, the parameter (and so the tie) stays.
-    for (auto& [name, p] : Parameters()) p.set_data(p.data().to(device));
-    if (future_.defined()) future_ = future_.to(device);
-    positions_ = positions_.to(device);
-  }
-
+  std::vector<NamedTensor> StateDict() override { return gpt_.state_dict(); }
+  void To(const at::Device& device) override { gpt_.to(device); }
   std::string Describe() override {
-    return absl::StrCat("gpt layers=", spec_.layers, " heads=", spec_.heads, " dim=", spec_.dim,
-                        " seq_len=", spec_.seq_len, " vocab=", spec_.vocab,
-                        spec_.tie_weights ? " tied" : " untied", " (", CountParameters(*this),
+    const GPTConfig& c = gpt_.config();
+    return absl::StrCat("gpt layers=", c.layers, " heads=", c.heads, " dim=", c.dim,
+                        " seq_len=", c.seq_len, " vocab=", c.vocab,
+                        c.tie_weights ? " tied" : " untied", " (", CountParameters(*this),
                         " parameters)");
   }
 
  private:
-  // Module construction in nanoGPT's order: wte, wpe, each block's c_attn, c_proj, c_fc
-  // and c_proj (LayerNorms draw nothing), then lm_head; the tie drops wte's own tensor.
-  void Construct() {
-    const int64_t c = spec_.dim;
-    wte_ = NewEmbedding(spec_.vocab, c);
-    wpe_ = NewEmbedding(spec_.seq_len, c);
-    blocks_.resize(static_cast<size_t>(spec_.layers));
-    for (Block& b : blocks_) {
-      b.ln_1_w = at::ones({c});
-      b.ln_1_b = at::zeros({c});
-      b.c_attn_w = NewLinear(3 * c, c, &b.c_attn_b);
-      b.attn_proj_w = NewLinear(c, c, &b.attn_proj_b);
-      b.ln_2_w = at::ones({c});
-      b.ln_2_b = at::zeros({c});
-      b.c_fc_w = NewLinear(4 * c, c, &b.c_fc_b);
-      b.mlp_proj_w = NewLinear(c, 4 * c, &b.mlp_proj_b);
-    }
-    ln_f_w_ = at::ones({c});
-    ln_f_b_ = at::zeros({c});
-    head_ = NewLinear(spec_.vocab, c, nullptr);
-    if (spec_.tie_weights) wte_ = head_;
+  static GPTConfig ConfigOf(const GptSpec& spec) {
+    GPTConfig c;
+    c.layers = spec.layers;
+    c.heads = spec.heads;
+    c.dim = spec.dim;
+    c.seq_len = spec.seq_len;
+    c.vocab = spec.vocab;
+    c.dropout = spec.dropout;
+    c.tie_weights = spec.tie_weights;
+    return c;
   }
 
-  // GPT._init_weights through Module.apply (children first, in registration order),
-  // then the residual projections' GPT-2 init in named_parameters() order.
-  void InitWeights() {
-    wte_.normal_(0.0, 0.02);
-    wpe_.normal_(0.0, 0.02);
-    for (Block& b : blocks_) {
-      for (at::Tensor* w : {&b.c_attn_w, &b.attn_proj_w, &b.c_fc_w, &b.mlp_proj_w}) {
-        w->normal_(0.0, 0.02);
-      }
-      for (at::Tensor* bias : {&b.c_attn_b, &b.attn_proj_b, &b.c_fc_b, &b.mlp_proj_b}) {
-        bias->zero_();
-      }
-    }
-    head_.normal_(0.0, 0.02);  // Tied: wte's tensor again, this draw wins.
-    const double std = 0.02 / std::sqrt(2.0 * static_cast<double>(spec_.layers));
-    for (Block& b : blocks_) {
-      b.attn_proj_w.normal_(0.0, std);
-      b.mlp_proj_w.normal_(0.0, std);
-    }
-  }
-
-  at::Tensor Dropout(const at::Tensor& x) const {
-    // p = 0 (or eval) returns x itself in at::dropout too: skipped, no kernel, no draw.
-    if (!training_ || spec_.dropout == 0) return x;
-    return at::dropout(x, spec_.dropout, /*train=*/true);
-  }
-
-  at::Tensor Attention(const Block& blk, const at::Tensor& h, int64_t b, int64_t t) const {
-    const int64_t c = spec_.dim, heads = spec_.heads, d = c / heads;
-    // One matmul for q, k and v; the heads are views of it.
-    std::vector<at::Tensor> qkv = at::linear(h, blk.c_attn_w, blk.c_attn_b).split(c, 2);
-    at::Tensor q = qkv[0].view({b, t, heads, d}).transpose(1, 2);
-    at::Tensor k = qkv[1].view({b, t, heads, d}).transpose(1, 2);
-    at::Tensor v = qkv[2].view({b, t, heads, d}).transpose(1, 2);
-    at::Tensor y;
-#if TORCH_VERSION_MAJOR >= 2
-    y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{},
-                                         training_ ? spec_.dropout : 0.0, /*is_causal=*/true);
-#else
-    at::Tensor att = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(d)));
-    att = att.masked_fill(future_.narrow(0, 0, t).narrow(1, 0, t), -INFINITY);
-    att = Dropout(at::softmax(att, -1));
-    y = at::matmul(att, v);
-#endif
-    y = y.transpose(1, 2).contiguous().view({b, t, c});
-    return Dropout(at::linear(y, blk.attn_proj_w, blk.attn_proj_b));
-  }
-
-  at::Tensor Mlp(const Block& blk, const at::Tensor& h) const {
-    at::Tensor x = at::gelu(at::linear(h, blk.c_fc_w, blk.c_fc_b), "tanh");
-    return Dropout(at::linear(x, blk.mlp_proj_w, blk.mlp_proj_b));
-  }
-
-  const GptSpec spec_;
-  bool training_ = true;
-  at::Tensor wte_, wpe_;
-  std::vector<Block> blocks_;
-  at::Tensor ln_f_w_, ln_f_b_;
-  at::Tensor head_;       // lm_head.weight; wte_ itself when tied.
-  at::Tensor positions_;  // arange(seq_len) on the model's device, narrowed per forward.
-  at::Tensor future_;     // LibTorch 1.13's causal mask: true above the diagonal.
+  GPT gpt_;
 };
 
 }  // namespace
