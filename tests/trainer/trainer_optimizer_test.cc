@@ -253,23 +253,30 @@ c10::IValue NewestOptimizerState(const std::string& ckpt, int64_t* global_step) 
 // float tensor, fused: true) and resumes a run without fused, whose own checkpoint
 // resumes a fused run: each continues within 1e-5 of the uninterrupted run of its kind
 // (fused and unfused kernels round differently), and a fused run resumed from a fused
-// checkpoint gives the uninterrupted fused run's losses bit for bit.
+// checkpoint, one written with ZeRO too, gives the uninterrupted fused run's losses bit
+// for bit.
 TEST(TrainerOptimizerTest, FusedCheckpointsResumeRunsWithoutFusedAndTheReverse) {
   if (!kHasFusedKernels) GTEST_SKIP() << "LibTorch " << TORCH_VERSION << ": no fused kernels";
   constexpr int kSteps = 30, kCut = 7;  // 25 steps an epoch: the cut is mid-epoch.
   const std::string checkpoint = "checkpoint: {dir: ckpt}\n";
   const std::string base = "name: adamw, lr: 0.01, weight_decay: 0.1, amsgrad: true";
-  auto knobs = [&](bool fused, int steps, const std::string& dir) {
-    return Knobs{.optimizer = absl::StrCat(base, ", fused: ", fused ? "true" : "false"),
+  auto knobs = [&](bool fused, int steps, const std::string& dir, bool zero = false) {
+    return Knobs{.optimizer = absl::StrCat(base, ", fused: ", fused ? "true" : "false",
+                                           zero ? ", zero_redundancy: true" : ""),
                  .steps = steps, .extra = checkpoint, .dir = dir};
   };
   std::map<bool, TrainerRun> whole;
   for (const bool fused : {true, false}) whole[fused] = RunTrainer(knobs(fused, kSteps, ""));
-  for (const auto& [first, second] :
-       std::vector<std::pair<bool, bool>>{{true, false}, {false, true}, {true, true}}) {
-    SCOPED_TRACE(absl::StrCat(first ? "fused" : "not fused", ", then ",
-                              second ? "fused" : "not fused"));
-    const TrainerRun a = RunTrainer(knobs(first, kCut, ""));
+  struct Case {
+    bool first, second;
+    bool zero = false;  // The first run with ZeRO: its shards' fused states consolidated.
+  };
+  for (const Case& c : {Case{true, false}, Case{false, true}, Case{true, true},
+                        Case{true, true, true}}) {
+    const bool first = c.first, second = c.second;
+    SCOPED_TRACE(absl::StrCat(first ? "fused" : "not fused", c.zero ? " with ZeRO" : "",
+                              ", then ", second ? "fused" : "not fused"));
+    const TrainerRun a = RunTrainer(knobs(first, kCut, "", c.zero));
     int64_t global_step = -1;
     const c10::IValue saved = NewestOptimizerState(a.dir + "/ckpt", &global_step);
     EXPECT_EQ(global_step, kCut);
