@@ -222,29 +222,42 @@ def build_model(spec, sample_shape, out):
 
 
 def make_optimizer(opt, params, model=None):
-    """`model`: a nanoGPT GPT, whose param_groups() group the parameters as
-    train.optimizer.weight_decay_params says (all: one group, as ddp-trainer without the
-    field; matrices: nanoGPT's two groups, no decay for biases and LayerNorm weights)."""
+    """train.optimizer over `params` (`model`, unused, is kept for callers that pass it):
+    train.optimizer.weight_decay_params matrices makes nanoGPT's two groups, as
+    tests/reference/nanogpt.py's GPT.param_groups() does."""
     import torch
+    params = list(params)
     name = opt.get("name", "adam")
-    if model is not None and hasattr(model, "param_groups"):
-        decay = opt.get("weight_decay", 0 if name in ("sgd", "adam") else 1e-2)
-        params = model.param_groups(decay, decay=opt.get("weight_decay_params", "all"))
+    weight_decay = opt.get("weight_decay", 0 if name in ("sgd", "adam") else 1e-2)
     if name == "sgd":
         cls = torch.optim.SGD
         kwargs = dict(lr=opt["lr"], momentum=opt.get("momentum", 0),
-                      nesterov=opt.get("nesterov", False), weight_decay=opt.get("weight_decay", 0))
+                      nesterov=opt.get("nesterov", False))
     else:
         cls = torch.optim.Adam if name == "adam" else torch.optim.AdamW
         kwargs = dict(lr=opt.get("lr", 1e-3), betas=tuple(opt.get("betas", (0.9, 0.999))),
-                      eps=opt.get("eps", 1e-8), amsgrad=opt.get("amsgrad", False),
-                      weight_decay=opt.get("weight_decay", 0 if name == "adam" else 1e-2))
+                      eps=opt.get("eps", 1e-8), amsgrad=opt.get("amsgrad", False))
+    # train.optimizer.weight_decay_params: matrices is nanoGPT's configure_optimizers: the
+    # parameters of 2 or more dimensions decay, the others do not (decay group first).
+    if opt.get("weight_decay_params", "all") == "matrices":
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    else:
+        groups = [{"params": params, "weight_decay": weight_decay}]
+    # train.optimizer.fused: torch.optim's fused=True; auto where every parameter is on a
+    # GPU and this torch has the fused kernels (2.x), as ddp-trainer decides.
+    fused = opt.get("fused", "auto")
+    if fused == "auto":
+        fused = (int(torch.__version__.split(".")[0]) >= 2 and bool(params)
+                 and all(p.is_cuda for p in params))
+    if fused:
+        kwargs["fused"] = True
     if opt.get("zero_redundancy", False):
         # train.optimizer.zero_redundancy: PyTorch's ZeRO stage 1 over the same optimizer.
         from torch.distributed.optim import ZeroRedundancyOptimizer
-        return ZeroRedundancyOptimizer(list(params), optimizer_class=cls,
+        return ZeroRedundancyOptimizer(groups, optimizer_class=cls,
                                        parameters_as_bucket_view=False, **kwargs)
-    return cls(params, **kwargs)
+    return cls(groups, **kwargs)
 
 
 def make_scheduler(spec, optimizer, total):

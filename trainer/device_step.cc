@@ -6,13 +6,19 @@
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "ddp/autocast.h"
+#include "ddp/fused_optimizer.h"
 #include "libddp/engine/api_bridge.h"
 
 namespace ddp {
 
-std::optional<FusedLr> FusedLrOf(torch::optim::Optimizer& optimizer) {
-  (void)optimizer;
-  return std::nullopt;  // Until the fused optimizers land.
+std::optional<FusedLr> FusedLrOf(torch::optim::Optimizer& optimizer, const at::Device& device) {
+  auto* fused = dynamic_cast<FusedOptimizer*>(&optimizer);
+  if (fused == nullptr) return std::nullopt;
+  FusedLr out;
+  out.set_lr_tensor = [fused](const at::Tensor& lr) { fused->set_lr_tensor(lr); };
+  // What the kernels read (decision 171): a float on a GPU, a double on the CPU.
+  out.lr_dtype = device.is_cuda() ? at::kFloat : at::kDouble;
+  return out;
 }
 
 std::vector<std::string> CudaGraphBlockers(const JobSpec& spec, const DeviceChoice& device,

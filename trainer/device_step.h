@@ -43,8 +43,9 @@ struct FusedLr {
   std::function<void(const at::Tensor&)> set_lr_tensor;  // 0-dim, on the device
   at::ScalarType lr_dtype = at::kDouble;                // what the tensor must hold
 };
-// Set when `optimizer` is one of libddp's fused optimizers.
-std::optional<FusedLr> FusedLrOf(torch::optim::Optimizer& optimizer);
+// Set when `optimizer` is one of libddp's fused optimizers (ddp::FusedOptimizer), whose
+// parameters are on `device`.
+std::optional<FusedLr> FusedLrOf(torch::optim::Optimizer& optimizer, const at::Device& device);
 
 // What keeps a job's step out of a CUDA graph, one line each ("train.comm_hook: fp16: a
 // hook's collectives wait on the host"); empty when it can be captured. `device`: where

@@ -98,6 +98,16 @@ JobSpec WithPlaceholders(JobSpec spec, const Environment& env) {
   return spec;
 }
 
+// train.optimizer's optimizer over `groups` (OptimizerParamGroups): PyTorch's fused
+// kernels when `spec.fused` (resolved by ResolveFused) says so, else the engine's
+// (decision 170). Throws ddp::Error as the fused constructors do.
+std::unique_ptr<torch::optim::Optimizer> NewOptimizer(
+    const OptimizerSpec& spec, std::vector<torch::optim::OptimizerParamGroup> groups,
+    std::optional<bool> multi_tensor = std::nullopt) {
+  if (spec.fused == FusedPolicy::kTrue) return MakeFusedOptimizer(spec, groups);
+  return MakeOptimizer(spec, std::move(groups), multi_tensor);
+}
+
 }  // namespace
 
 class TrainerImpl {
@@ -203,6 +213,7 @@ class TrainerImpl {
   std::shared_ptr<ProcessGroup> group_;
   std::unique_ptr<DataParallel> ddp_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  OptimizerSpec optimizer_spec_;  // train.optimizer, `fused` resolved (ResolveFused).
   // train.optimizer.zero_redundancy: optimizer_ itself, made in JoinGroup over the group.
   ZeroRedundancyOptimizer* zero_ = nullptr;
   std::vector<int> checkpoint_writers_;  // With zero_: the ranks that write checkpoints.
@@ -265,8 +276,17 @@ absl::Status TrainerImpl::Setup() {
   model_->To(device_.device);
   for (auto& [name, p] : model_->Parameters()) params_.push_back(p);
 
+  DDP_ASSIGN_OR_RETURN(optimizer_spec_, ResolveFused(spec_.train.optimizer, params_));
+  if (env_.rank == 0 && optimizer_spec_.fused == FusedPolicy::kTrue) {
+    DDP_LOG(INFO) << "train.optimizer: " << OptimizerName(optimizer_spec_.kind)
+                  << " through PyTorch's fused kernels (train.optimizer.fused)";
+  }
   if (!spec_.train.optimizer.zero_redundancy) {
-    optimizer_ = MakeOptimizer(spec_.train.optimizer, params_);
+    try {
+      optimizer_ = NewOptimizer(optimizer_spec_, OptimizerParamGroups(optimizer_spec_, params_));
+    } catch (const Error& e) {
+      return StatusFromError(e);
+    }
   }
   sampler_.num_replicas = env_.world_size;
   sampler_.rank = env_.rank;
@@ -294,7 +314,7 @@ absl::Status TrainerImpl::Setup() {
 absl::Status TrainerImpl::SetUpDeviceStep() {
   const CudaGraphMode mode = spec_.train.cuda_graph;
   std::optional<FusedLr> fused;
-  if (zero_ == nullptr) fused = FusedLrOf(*optimizer_);
+  if (zero_ == nullptr) fused = FusedLrOf(*optimizer_, device_.device);
   const std::vector<std::string> blockers = CudaGraphBlockers(spec_, device_, fused.has_value());
   if (!blockers.empty()) {
     const std::string why = absl::StrJoin(blockers, "; ");
@@ -424,14 +444,15 @@ absl::Status TrainerImpl::JoinGroup() {
 }
 
 absl::Status TrainerImpl::MakeZeroOptimizer() {
-  const OptimizerSpec& spec = spec_.train.optimizer;
+  const OptimizerSpec spec = optimizer_spec_;
   try {
     // Each rank's shard gets the optimizer the trainer makes without ZeRO (SGD's
-    // multi-tensor path on a GPU included), so a parameter's update is the same.
+    // multi-tensor path on a GPU included, or the fused kernels), over its share of
+    // each param group, so a parameter's update is the same.
     auto zero = std::make_unique<ZeroRedundancyOptimizer>(
-        params_, group_,
+        OptimizerParamGroups(spec, params_), group_,
         OptimizerFactory([spec](std::vector<torch::optim::OptimizerParamGroup> groups) {
-          return MakeOptimizer(spec, groups.at(0).params());
+          return NewOptimizer(spec, std::move(groups));
         }));
     zero_ = zero.get();
     optimizer_ = std::move(zero);
@@ -455,9 +476,14 @@ absl::Status TrainerImpl::MakeZeroOptimizer() {
 absl::Status TrainerImpl::LoadZeroState(const c10::IValue& state) {
   // The whole state into a plain optimizer over every parameter (the checkpoint's own
   // reader, whether ZeRO wrote it or not), then this rank's parameters' state moved on.
-  std::unique_ptr<torch::optim::Optimizer> whole =
-      MakeOptimizer(spec_.train.optimizer, params_, /*multi_tensor=*/false);
-  DDP_RETURN_IF_ERROR(LoadOptimizerStateDict(spec_.train.optimizer, *whole, params_, state));
+  std::unique_ptr<torch::optim::Optimizer> whole;
+  try {
+    whole = NewOptimizer(optimizer_spec_, OptimizerParamGroups(optimizer_spec_, params_),
+                         /*multi_tensor=*/false);
+  } catch (const Error& e) {
+    return StatusFromError(e);
+  }
+  DDP_RETURN_IF_ERROR(LoadOptimizerStateDict(optimizer_spec_, *whole, state));
   torch::optim::Optimizer& local = zero_->local_optimizer();
   local.state().clear();
   zero_->state().clear();
@@ -535,8 +561,7 @@ absl::Status TrainerImpl::LoadState(const TrainingState& state, const std::strin
   if (zero_ != nullptr) {
     DDP_RETURN_IF_ERROR(LoadZeroState(state.optimizer));
   } else {
-    DDP_RETURN_IF_ERROR(
-        LoadOptimizerStateDict(spec_.train.optimizer, *optimizer_, params_, state.optimizer));
+    DDP_RETURN_IF_ERROR(LoadOptimizerStateDict(optimizer_spec_, *optimizer_, state.optimizer));
   }
   pos_ = state.position;
   return absl::OkStatus();
@@ -911,7 +936,7 @@ absl::Status TrainerImpl::Checkpoint(const Position& pos) {
       for (int w : checkpoint_writers_) {
         zero_->consolidate_state_dict(w);
         if (w != env_.rank) continue;
-        zero_state = OptimizerStateDict(spec_.train.optimizer, *optimizer_, params_);
+        zero_state = OptimizerStateDict(optimizer_spec_, *optimizer_);
         zero_->state().clear();
       }
     } catch (const Error& e) {
@@ -945,7 +970,7 @@ TrainingState TrainerImpl::StateAt(const Position& pos, const at::Tensor& rng,
   state.epoch_loss_sum = loss_totals[0];
   state.epoch_steps = static_cast<int64_t>(loss_totals[1]);
   state.model = model_->StateDict();
-  state.optimizer = OptimizerStateDict(spec_.train.optimizer, *optimizer_, params_);
+  state.optimizer = OptimizerStateDict(optimizer_spec_, *optimizer_);
   if (spec_.train.lr_schedule.kind != LrSchedule::Kind::kConstant ||
       spec_.train.lr_schedule.warmup > 0) {
     const LrSchedule& ls = spec_.train.lr_schedule;
@@ -955,8 +980,10 @@ TrainingState TrainerImpl::StateAt(const Position& pos, const at::Tensor& rng,
                  std::string(ls.interval == LrSchedule::Interval::kEpoch ? "epoch" : "step"));
     sched.insert("last_epoch", ls.interval == LrSchedule::Interval::kEpoch ? pos.epoch
                                                                                : pos.global_step);
-    sched.insert("base_lrs", c10::List<double>({spec_.train.optimizer.lr}));
-    sched.insert("_last_lr", c10::List<double>({last_lr_}));
+    // One per param group (train.optimizer.weight_decay_params), as PyTorch's.
+    const size_t groups = optimizer_->param_groups().size();
+    sched.insert("base_lrs", c10::List<double>(std::vector<double>(groups, spec_.train.optimizer.lr)));
+    sched.insert("_last_lr", c10::List<double>(std::vector<double>(groups, last_lr_)));
     state.lr_scheduler = sched;
   }
   state.rng_state = rng;

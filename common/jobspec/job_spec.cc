@@ -548,7 +548,7 @@ void ParseOptimizer(Reader& r, const YAML::Node& train, TrainSpec* t) {
   if (!n) return;  // Adam, lr 1e-3.
   if (!r.Map(n, "train.optimizer",
              {"name", "lr", "momentum", "nesterov", "weight_decay", "betas", "eps", "amsgrad",
-              "zero_redundancy"})) {
+              "zero_redundancy", "fused", "weight_decay_params"})) {
     return;
   }
   OptimizerSpec& o = t->optimizer;
@@ -611,6 +611,23 @@ void ParseOptimizer(Reader& r, const YAML::Node& train, TrainSpec* t) {
     r.Error(n["amsgrad"], "train.optimizer.amsgrad", "applies to adam and adamw only");
   }
   r.Bool(n, "zero_redundancy", "train.optimizer", &o.zero_redundancy);
+  int fused = 2;
+  if (r.BoolOrWord(n, "fused", "train.optimizer", "auto", &fused)) {
+    o.fused = fused == 2 ? FusedPolicy::kAuto
+                         : (fused == 1 ? FusedPolicy::kTrue : FusedPolicy::kFalse);
+  }
+  std::string decay;
+  if (r.String(n, "weight_decay_params", "train.optimizer", &decay)) {
+    if (decay == "all") {
+      o.weight_decay_params = WeightDecayParams::kAll;
+    } else if (decay == "matrices") {
+      o.weight_decay_params = WeightDecayParams::kMatrices;
+    } else {
+      r.Error(n["weight_decay_params"], "train.optimizer.weight_decay_params",
+              absl::StrCat("must be all or matrices (parameters of 2 or more dimensions "
+                           "decay, biases and norm weights do not) (got '", decay, "')"));
+    }
+  }
 }
 
 // train.comm_hook and train.powersgd: PyTorch's fp16/bf16_compress_hook and powerSGD_hook.
@@ -921,6 +938,12 @@ void CrossCheck(Reader& r, const YAML::Node& root, JobSpec* spec) {
       r.Error(at, kWhy,
               "true, but metrics.trace_buckets: the reducer's timeline is taken by host "
               "hooks, which a replayed graph does not run: set trace_buckets: false");
+    }
+    if (spec->train.optimizer.fused == FusedPolicy::kFalse) {
+      r.Error(at, kWhy,
+              "true, but train.optimizer.fused: false: the unfused optimizers keep their step "
+              "counts and learning rate on the host, which a graph would freeze: set fused: "
+              "auto or true");
     }
   }
   // ZeRO: the state of a rank's shard lives on that rank only, so a rank that fails

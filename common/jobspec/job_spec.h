@@ -25,6 +25,12 @@ namespace ddp {
 enum class Backend { kAuto, kNccl, kGloo };
 enum class LossKind { kCrossEntropy, kMse, kBceWithLogits };
 enum class OptimizerKind { kSgd, kAdam, kAdamW };
+// train.optimizer.fused: PyTorch's fused optimizer kernels (torch.optim's fused=True):
+// auto (when every parameter is on a GPU and the LibTorch has them), true, false.
+enum class FusedPolicy { kAuto, kTrue, kFalse };
+// train.optimizer.weight_decay_params: which parameters weight_decay applies to: all, or
+// matrices (nanoGPT's two param groups: 2 or more dimensions decay, the rest do not).
+enum class WeightDecayParams { kAll, kMatrices };
 // fp32, or bf16: autocast to bfloat16 with fp32 master weights (torch.autocast's rule:
 // matmuls and convolutions in bf16, reductions and losses in fp32).
 enum class Precision { kFp32, kBf16 };
@@ -154,6 +160,8 @@ struct OptimizerSpec {
   double beta2 = 0.999;
   double eps = 1e-8;
   bool amsgrad = false;
+  FusedPolicy fused = FusedPolicy::kAuto;
+  WeightDecayParams weight_decay_params = WeightDecayParams::kAll;
   // ZeRO stage 1 (ddp::ZeroRedundancyOptimizer): each rank keeps the optimizer state of
   // its share of the parameters only; checkpoints hold the whole state (decision 163).
   bool zero_redundancy = false;

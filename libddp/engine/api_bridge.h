@@ -11,8 +11,11 @@
 #include <optional>
 #include <vector>
 
+#include <torch/optim/optimizer.h>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/jobspec/job_spec.h"
 #include "ddp/distributed_data_parallel.h"
 #include "ddp/error.h"
 #include "ddp/process_group.h"
@@ -33,6 +36,13 @@ T ValueOrThrow(absl::StatusOr<T> v) {
 }
 // The engine status for a public error (ddp-trainer is written in statuses).
 absl::Status StatusFromError(const Error& error);
+
+// train.optimizer's optimizer through PyTorch's fused kernels (decision 170):
+// ddp::FusedSGD, FusedAdam or FusedAdamW over `groups`, which carry their options
+// (OptimizerParamGroups). Throws ddp::Error as their constructors do (LibTorch 1.13:
+// kFailedPrecondition; ResolveFused never picks them there).
+std::unique_ptr<torch::optim::Optimizer> MakeFusedOptimizer(
+    const OptimizerSpec& spec, const std::vector<torch::optim::OptimizerParamGroup>& groups);
 
 struct ProcessGroup::Impl {
   Environment env;

@@ -20,6 +20,8 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "ddp/fused_optimizer.h"
 #include "libddp/engine/torch_compat.h"
 
 namespace ddp {
@@ -35,42 +37,120 @@ IValue Get(const GenericDict& d, const std::string& key) {
   return it == d.end() ? IValue() : it->value();
 }
 
-// Adam and AdamW keep the same per-parameter state.
-template <typename State>
-IValue AdamState(const State& s) {
+// A parameter's state as torch.optim keeps it, on the CPU (as the model is saved, so a
+// checkpoint from a GPU run loads anywhere): Adam's step count as a float tensor (as
+// torch.optim.Adam keeps it since 1.12), fused or not.
+IValue EncodeState(const torch::optim::OptimizerParamState& state) {
   GenericDict d = StringDict();
-  // torch.optim.Adam keeps `step` as a float tensor since 1.12.
-  d.insert("step", at::scalar_tensor(static_cast<double>(s.step()), at::kFloat));
-  // On the CPU, as the model is saved, so a checkpoint from a GPU run loads anywhere.
-  d.insert("exp_avg", s.exp_avg().cpu());
-  d.insert("exp_avg_sq", s.exp_avg_sq().cpu());
-  if (s.max_exp_avg_sq().defined()) d.insert("max_exp_avg_sq", s.max_exp_avg_sq().cpu());
+  auto adam = [&d](double step, const at::Tensor& avg, const at::Tensor& avg_sq,
+                   const at::Tensor& max_sq) {
+    d.insert("step", at::scalar_tensor(step, at::kFloat));
+    d.insert("exp_avg", avg.cpu());
+    d.insert("exp_avg_sq", avg_sq.cpu());
+    if (max_sq.defined()) d.insert("max_exp_avg_sq", max_sq.cpu());
+  };
+  if (const auto* f = dynamic_cast<const FusedAdamParamState*>(&state)) {
+    // One read of the device's count, at a checkpoint (never inside a step).
+    adam(f->step().item<double>(), f->exp_avg(), f->exp_avg_sq(), f->max_exp_avg_sq());
+  } else if (const auto* a = dynamic_cast<const torch::optim::AdamParamState*>(&state)) {
+    adam(static_cast<double>(a->step()), a->exp_avg(), a->exp_avg_sq(), a->max_exp_avg_sq());
+  } else if (const auto* w = dynamic_cast<const torch::optim::AdamWParamState*>(&state)) {
+    adam(static_cast<double>(w->step()), w->exp_avg(), w->exp_avg_sq(), w->max_exp_avg_sq());
+  } else if (const auto* g = dynamic_cast<const torch::optim::SGDParamState*>(&state)) {
+    d.insert("momentum_buffer",
+             g->momentum_buffer().defined() ? IValue(g->momentum_buffer().cpu()) : IValue());
+  }
   return d;
 }
 
+// `from` (a checkpoint's) into `*to`: written into the tensor there when it has the
+// parameter's shape already (in place: a captured step goes on reading it), else into
+// a new one like the parameter (its dtype, device and layout: torch.optim's
+// load_state_dict casts the state as its parameter, and the fused kernels want the
+// parameter's strides).
+void Restore(const at::Tensor& from, const at::Tensor& p, at::Tensor* to) {
+  at::NoGradGuard no_grad;
+  if (to->defined() && to->sizes() == p.sizes()) {
+    to->copy_(from);
+  } else {
+    *to = at::empty_like(p, at::MemoryFormat::Preserve).copy_(from);
+  }
+}
+
+// Restores one parameter's Adam state (`State`: LibTorch's Adam(W)ParamState with an
+// integer count, or FusedAdamParamState with a tensor one).
 template <typename State>
-absl::Status RestoreAdam(const GenericDict& d, const at::Tensor& p, State* s) {
+absl::Status RestoreAdam(const GenericDict& d, const at::Tensor& p,
+                         std::unique_ptr<torch::optim::OptimizerParamState>* slot) {
   IValue step = Get(d, "step"), avg = Get(d, "exp_avg"), avg_sq = Get(d, "exp_avg_sq");
   if (!step.isTensor() || !avg.isTensor() || !avg_sq.isTensor() ||
       avg.toTensor().sizes() != p.sizes() || avg_sq.toTensor().sizes() != p.sizes()) {
     return absl::InvalidArgumentError("optimizer state does not fit adam for these parameters");
   }
-  s->step(static_cast<int64_t>(step.toTensor().item<double>()));
-  s->exp_avg(avg.toTensor().to(p.device()).clone());
-  s->exp_avg_sq(avg_sq.toTensor().to(p.device()).clone());
   IValue max_sq = Get(d, "max_exp_avg_sq");
-  if (max_sq.isTensor()) s->max_exp_avg_sq(max_sq.toTensor().to(p.device()).clone());
+  if (max_sq.isTensor() && max_sq.toTensor().sizes() != p.sizes()) {
+    return absl::InvalidArgumentError("optimizer state does not fit adam for these parameters");
+  }
+  auto* s = dynamic_cast<State*>(slot->get());
+  if (s == nullptr) {
+    *slot = std::make_unique<State>();
+    s = static_cast<State*>(slot->get());
+  }
+  at::Tensor t = s->exp_avg();
+  Restore(avg.toTensor(), p, &t);
+  s->exp_avg(t);
+  t = s->exp_avg_sq();
+  Restore(avg_sq.toTensor(), p, &t);
+  s->exp_avg_sq(t);
+  if (max_sq.isTensor()) {
+    t = s->max_exp_avg_sq();
+    Restore(max_sq.toTensor(), p, &t);
+    s->max_exp_avg_sq(t);
+  }
+  if constexpr (std::is_same_v<State, FusedAdamParamState>) {
+    at::NoGradGuard no_grad;
+    if (!s->step().defined()) {
+      s->step(at::empty({}, at::TensorOptions().dtype(at::kFloat).device(p.device())));
+    }
+    s->step().copy_(step.toTensor().reshape({}));
+  } else {
+    s->step(static_cast<int64_t>(step.toTensor().item<double>()));
+  }
   return absl::OkStatus();
 }
 
-template <typename State>
-void SaveStates(torch::optim::Optimizer& opt, const std::vector<at::Tensor>& params,
-                const std::function<IValue(const State&)>& encode, GenericDict* state) {
-  for (size_t i = 0; i < params.size(); ++i) {
-    auto it = opt.state().find(OptimizerStateKey(opt, params[i]));
-    if (it == opt.state().end()) continue;  // No step taken yet.
-    state->insert(static_cast<int64_t>(i), encode(static_cast<const State&>(*it->second)));
+// The parameters of `opt`'s param groups, in their order: torch.optim's numbering.
+std::vector<at::Tensor> AllParams(torch::optim::Optimizer& opt) {
+  std::vector<at::Tensor> out;
+  for (const auto& group : opt.param_groups()) {
+    out.insert(out.end(), group.params().begin(), group.params().end());
   }
+  return out;
+}
+
+// The options of one param group of `spec`'s optimizer, with `weight_decay`.
+std::unique_ptr<torch::optim::OptimizerOptions> OptionsOf(const OptimizerSpec& spec,
+                                                          double weight_decay) {
+  switch (spec.kind) {
+    case OptimizerKind::kSgd:
+      return std::make_unique<torch::optim::SGDOptions>(torch::optim::SGDOptions(spec.lr)
+                                                            .momentum(spec.momentum)
+                                                            .nesterov(spec.nesterov)
+                                                            .weight_decay(weight_decay));
+    case OptimizerKind::kAdam:
+      return std::make_unique<torch::optim::AdamOptions>(torch::optim::AdamOptions(spec.lr)
+                                                             .betas({spec.beta1, spec.beta2})
+                                                             .eps(spec.eps)
+                                                             .weight_decay(weight_decay)
+                                                             .amsgrad(spec.amsgrad));
+    case OptimizerKind::kAdamW:
+      return std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(spec.lr)
+                                                              .betas({spec.beta1, spec.beta2})
+                                                              .eps(spec.eps)
+                                                              .weight_decay(weight_decay)
+                                                              .amsgrad(spec.amsgrad));
+  }
+  return nullptr;
 }
 
 // torch.optim.SGD's multi-tensor path (_multi_tensor_sgd), which PyTorch takes by default
@@ -147,8 +227,9 @@ class MultiTensorSgd final : public torch::optim::SGD {
 template <typename Base, typename Options, typename State, bool kDecoupled>
 class PyTorchAdam final : public Base {
  public:
-  PyTorchAdam(const std::vector<at::Tensor>& params, const Options& options, bool multi_tensor)
-      : Base(params, options), multi_tensor_(multi_tensor) {}
+  PyTorchAdam(const std::vector<torch::optim::OptimizerParamGroup>& groups,
+              const Options& options, bool multi_tensor)
+      : Base(groups, options), multi_tensor_(multi_tensor) {}
 
   at::Tensor step(torch::optim::Optimizer::LossClosure closure = nullptr) override {
     at::NoGradGuard no_grad;
@@ -275,15 +356,23 @@ absl::StatusOr<OptimizerSpec> OptimizerSpecOf(torch::optim::Optimizer& opt) {
         "checkpoint: the optimizer has ", opt.param_groups().size(),
         " param groups; checkpoints support optimizers with one"));
   }
+  const bool fused = dynamic_cast<FusedOptimizer*>(&opt) != nullptr;
+  if (!fused && dynamic_cast<torch::optim::SGD*>(&opt) == nullptr &&
+      dynamic_cast<torch::optim::Adam*>(&opt) == nullptr &&
+      dynamic_cast<torch::optim::AdamW*>(&opt) == nullptr) {
+    return absl::InvalidArgumentError(
+        "checkpoint: the optimizer is not torch::optim::SGD, Adam or AdamW (or libddp's "
+        "FusedSGD, FusedAdam or FusedAdamW), whose state checkpoints know how to save");
+  }
   const torch::optim::OptimizerOptions& options = opt.param_groups()[0].options();
   OptimizerSpec spec;
-  if (dynamic_cast<torch::optim::SGD*>(&opt) != nullptr) {
-    const auto& o = static_cast<const torch::optim::SGDOptions&>(options);
+  spec.fused = fused ? FusedPolicy::kTrue : FusedPolicy::kFalse;
+  if (const auto* o = dynamic_cast<const torch::optim::SGDOptions*>(&options)) {
     spec.kind = OptimizerKind::kSgd;
-    spec.lr = o.lr();
-    spec.momentum = o.momentum();
-    spec.nesterov = o.nesterov();
-    spec.weight_decay = o.weight_decay();
+    spec.lr = o->lr();
+    spec.momentum = o->momentum();
+    spec.nesterov = o->nesterov();
+    spec.weight_decay = o->weight_decay();
     return spec;
   }
   auto adam_like = [&](const auto& o, OptimizerKind kind) {
@@ -296,115 +385,156 @@ absl::StatusOr<OptimizerSpec> OptimizerSpecOf(torch::optim::Optimizer& opt) {
     spec.amsgrad = o.amsgrad();
     return spec;
   };
-  if (dynamic_cast<torch::optim::AdamW*>(&opt) != nullptr) {
-    return adam_like(static_cast<const torch::optim::AdamWOptions&>(options),
-                     OptimizerKind::kAdamW);
+  if (const auto* o = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) {
+    return adam_like(*o, OptimizerKind::kAdamW);
   }
-  if (dynamic_cast<torch::optim::Adam*>(&opt) != nullptr) {
-    return adam_like(static_cast<const torch::optim::AdamOptions&>(options), OptimizerKind::kAdam);
+  if (const auto* o = dynamic_cast<const torch::optim::AdamOptions*>(&options)) {
+    return adam_like(*o, OptimizerKind::kAdam);
   }
   return absl::InvalidArgumentError(
-      "checkpoint: the optimizer is not torch::optim::SGD, Adam or AdamW, whose state "
-      "checkpoints know how to save");
+      "checkpoint: the optimizer's param group has options of another kind than SGD's, "
+      "Adam's or AdamW's");
 }
 
-std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const OptimizerSpec& spec,
-                                                       const std::vector<at::Tensor>& params,
-                                                       std::optional<bool> multi_tensor) {
+absl::StatusOr<OptimizerSpec> ResolveFused(OptimizerSpec spec,
+                                           const std::vector<at::Tensor>& params) {
+  constexpr bool kHasKernels = TORCH_VERSION_MAJOR >= 2;
+  switch (spec.fused) {
+    case FusedPolicy::kFalse:
+      break;
+    case FusedPolicy::kTrue:
+      if (!kHasKernels) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "train.optimizer.fused: true needs LibTorch 2.x (PyTorch's fused optimizer kernels "
+            "came with 2.0), and this ddp-trainer is built against LibTorch ", TORCH_VERSION,
+            ": set fused to auto (here: not fused) or false, or run the job on workers whose "
+            "ddp-trainer is built against LibTorch 2.x (docs/torch.md)"));
+      }
+      break;
+    case FusedPolicy::kAuto:
+      spec.fused = kHasKernels && !params.empty() &&
+                           std::all_of(params.begin(), params.end(),
+                                       [](const at::Tensor& p) { return p.is_cuda(); })
+                       ? FusedPolicy::kTrue
+                       : FusedPolicy::kFalse;
+      break;
+  }
+  return spec;
+}
+
+std::vector<torch::optim::OptimizerParamGroup> OptimizerParamGroups(
+    const OptimizerSpec& spec, const std::vector<at::Tensor>& params) {
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  if (spec.weight_decay_params == WeightDecayParams::kAll) {
+    groups.emplace_back(params, OptionsOf(spec, spec.weight_decay));
+    return groups;
+  }
+  std::vector<at::Tensor> decay, no_decay;
+  for (const at::Tensor& p : params) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  groups.emplace_back(decay, OptionsOf(spec, spec.weight_decay));
+  groups.emplace_back(no_decay, OptionsOf(spec, 0.0));
+  return groups;
+}
+
+std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(
+    const OptimizerSpec& spec, std::vector<torch::optim::OptimizerParamGroup> groups,
+    std::optional<bool> multi_tensor) {
   // PyTorch's default (torch.optim's _default_to_fused_or_foreach): the multi-tensor
   // path when every parameter is on a GPU.
-  const bool foreach = multi_tensor.value_or(
-      !params.empty() &&
-      std::all_of(params.begin(), params.end(), [](const at::Tensor& p) { return p.is_cuda(); }));
+  bool any = false, all_cuda = true;
+  for (const auto& group : groups) {
+    for (const at::Tensor& p : group.params()) {
+      any = true;
+      all_cuda = all_cuda && p.is_cuda();
+    }
+  }
+  const bool foreach = multi_tensor.value_or(any && all_cuda);
+  const std::unique_ptr<torch::optim::OptimizerOptions> defaults =
+      OptionsOf(spec, spec.weight_decay);
   switch (spec.kind) {
     case OptimizerKind::kSgd: {
-      auto options = torch::optim::SGDOptions(spec.lr)
-                         .momentum(spec.momentum)
-                         .nesterov(spec.nesterov)
-                         .weight_decay(spec.weight_decay);
-      if (foreach) return std::make_unique<MultiTensorSgd>(params, options);
-      return std::make_unique<torch::optim::SGD>(params, options);
+      const auto& options = static_cast<const torch::optim::SGDOptions&>(*defaults);
+      if (foreach) return std::make_unique<MultiTensorSgd>(groups, options);
+      return std::make_unique<torch::optim::SGD>(groups, options);
     }
     case OptimizerKind::kAdam: {
-      auto options = torch::optim::AdamOptions(spec.lr)
-                         .betas({spec.beta1, spec.beta2})
-                         .eps(spec.eps)
-                         .weight_decay(spec.weight_decay)
-                         .amsgrad(spec.amsgrad);
+      const auto& options = static_cast<const torch::optim::AdamOptions&>(*defaults);
 #if TORCH_VERSION_MAJOR >= 2
       return std::make_unique<PyTorchAdam<torch::optim::Adam, torch::optim::AdamOptions,
-                                          torch::optim::AdamParamState, false>>(params, options,
+                                          torch::optim::AdamParamState, false>>(groups, options,
                                                                                 foreach);
 #else
-      return std::make_unique<torch::optim::Adam>(params, options);
+      return std::make_unique<torch::optim::Adam>(groups, options);
 #endif
     }
     case OptimizerKind::kAdamW: {
-      auto options = torch::optim::AdamWOptions(spec.lr)
-                         .betas({spec.beta1, spec.beta2})
-                         .eps(spec.eps)
-                         .weight_decay(spec.weight_decay)
-                         .amsgrad(spec.amsgrad);
+      const auto& options = static_cast<const torch::optim::AdamWOptions&>(*defaults);
 #if TORCH_VERSION_MAJOR >= 2
       return std::make_unique<PyTorchAdam<torch::optim::AdamW, torch::optim::AdamWOptions,
-                                          torch::optim::AdamWParamState, true>>(params, options,
+                                          torch::optim::AdamWParamState, true>>(groups, options,
                                                                                 foreach);
 #else
-      return std::make_unique<torch::optim::AdamW>(params, options);
+      return std::make_unique<torch::optim::AdamW>(groups, options);
 #endif
     }
   }
   return nullptr;
 }
 
-c10::IValue OptimizerStateDict(const OptimizerSpec& spec, torch::optim::Optimizer& opt,
-                               const std::vector<at::Tensor>& params) {
+std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const OptimizerSpec& spec,
+                                                       const std::vector<at::Tensor>& params,
+                                                       std::optional<bool> multi_tensor) {
+  return MakeOptimizer(spec, OptimizerParamGroups(spec, params), multi_tensor);
+}
+
+c10::IValue OptimizerStateDict(const OptimizerSpec& spec, torch::optim::Optimizer& opt) {
   GenericDict state(c10::IntType::get(), c10::AnyType::get());
-  GenericDict group = StringDict();
-  // The lr now in force (train.lr_schedule moves it), as torch.optim saves it.
-  group.insert("lr", opt.param_groups().empty() ? spec.lr
-                                                : opt.param_groups()[0].options().get_lr());
-  group.insert("weight_decay", spec.weight_decay);
-  group.insert("maximize", false);
-  group.insert("foreach", IValue());
-  group.insert("differentiable", false);
-  switch (spec.kind) {
-    case OptimizerKind::kSgd:
-      group.insert("momentum", spec.momentum);
-      group.insert("dampening", 0.0);
-      group.insert("nesterov", spec.nesterov);
-      SaveStates<torch::optim::SGDParamState>(
-          opt, params,
-          [](const torch::optim::SGDParamState& s) -> IValue {
-            GenericDict d = StringDict();
-            d.insert("momentum_buffer",
-                     s.momentum_buffer().defined() ? IValue(s.momentum_buffer().cpu()) : IValue());
-            return d;
-          },
-          &state);
-      break;
-    case OptimizerKind::kAdam:
-    case OptimizerKind::kAdamW:
-      group.insert("betas", c10::ivalue::Tuple::create({spec.beta1, spec.beta2}));
-      group.insert("eps", spec.eps);
-      group.insert("amsgrad", spec.amsgrad);
-      group.insert("capturable", false);
-      if (spec.kind == OptimizerKind::kAdam) {
-        SaveStates<torch::optim::AdamParamState>(
-            opt, params, [](const torch::optim::AdamParamState& s) { return AdamState(s); },
-            &state);
-      } else {
-        SaveStates<torch::optim::AdamWParamState>(
-            opt, params, [](const torch::optim::AdamWParamState& s) { return AdamState(s); },
-            &state);
-      }
-      break;
-  }
-  c10::List<int64_t> ids;
-  for (size_t i = 0; i < params.size(); ++i) ids.push_back(static_cast<int64_t>(i));
-  group.insert("params", ids);
   c10::impl::GenericList groups(c10::AnyType::get());
-  groups.push_back(group);
+  int64_t index = 0;
+  for (const auto& group : opt.param_groups()) {
+    GenericDict g = StringDict();
+    // The lr now in force (train.lr_schedule moves it), as torch.optim saves it.
+    g.insert("lr", group.options().get_lr());
+    switch (spec.kind) {
+      case OptimizerKind::kSgd: {
+        const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
+        g.insert("weight_decay", o.weight_decay());
+        g.insert("momentum", o.momentum());
+        g.insert("dampening", o.dampening());
+        g.insert("nesterov", o.nesterov());
+        break;
+      }
+      case OptimizerKind::kAdam:
+      case OptimizerKind::kAdamW: {
+        auto adam = [&g](const auto& o) {
+          g.insert("weight_decay", o.weight_decay());
+          g.insert("betas",
+                   c10::ivalue::Tuple::create({std::get<0>(o.betas()), std::get<1>(o.betas())}));
+          g.insert("eps", o.eps());
+          g.insert("amsgrad", o.amsgrad());
+        };
+        if (spec.kind == OptimizerKind::kAdam) {
+          adam(static_cast<const torch::optim::AdamOptions&>(group.options()));
+        } else {
+          adam(static_cast<const torch::optim::AdamWOptions&>(group.options()));
+        }
+        g.insert("capturable", false);
+        break;
+      }
+    }
+    g.insert("maximize", false);
+    g.insert("foreach", IValue());
+    g.insert("differentiable", false);
+    g.insert("fused", spec.fused == FusedPolicy::kTrue);
+    c10::List<int64_t> ids;
+    for (const at::Tensor& p : group.params()) {
+      auto it = opt.state().find(OptimizerStateKey(opt, p));
+      if (it != opt.state().end()) state.insert(index, EncodeState(*it->second));
+      ids.push_back(index++);
+    }
+    g.insert("params", ids);
+    groups.push_back(g);
+  }
   GenericDict out = StringDict();
   out.insert("state", state);
   out.insert("param_groups", groups);
@@ -412,7 +542,6 @@ c10::IValue OptimizerStateDict(const OptimizerSpec& spec, torch::optim::Optimize
 }
 
 absl::Status LoadOptimizerStateDict(const OptimizerSpec& spec, torch::optim::Optimizer& opt,
-                                    const std::vector<at::Tensor>& params,
                                     const c10::IValue& state_dict) {
   if (!state_dict.isGenericDict()) {
     return absl::InvalidArgumentError("checkpoint: optimizer entry is not a state dict");
@@ -421,6 +550,32 @@ absl::Status LoadOptimizerStateDict(const OptimizerSpec& spec, torch::optim::Opt
   if (!state_iv.isGenericDict()) {
     return absl::InvalidArgumentError("checkpoint: optimizer state dict has no 'state'");
   }
+  // The param groups must be this optimizer's: the parameters are numbered across them.
+  IValue groups_iv = Get(state_dict.toGenericDict(), "param_groups");
+  if (groups_iv.isList()) {
+    const auto saved = groups_iv.toList();
+    std::vector<size_t> want, got;
+    for (const auto& group : opt.param_groups()) want.push_back(group.params().size());
+    for (size_t g = 0; g < saved.size(); ++g) {
+      const IValue ids = saved.get(g).isGenericDict()
+                             ? Get(saved.get(g).toGenericDict(), "params")
+                             : IValue();
+      got.push_back(ids.isList() ? ids.toList().size() : 0);
+    }
+    if (got != want) {
+      auto sizes = [](const std::vector<size_t>& v) {
+        std::string out;
+        for (size_t n : v) absl::StrAppend(&out, out.empty() ? "" : ", ", n);
+        return out;
+      };
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint: the optimizer state has ", got.size(), " param group(s) of [",
+          sizes(got), "] parameters, this run's optimizer ", want.size(), " of [", sizes(want),
+          "] (train.optimizer.weight_decay_params, or the model, changed?)"));
+    }
+  }
+  const std::vector<at::Tensor> params = AllParams(opt);
+  const bool fused = spec.fused == FusedPolicy::kTrue;
   for (const auto& entry : state_iv.toGenericDict()) {
     if (!entry.key().isInt()) {
       return absl::InvalidArgumentError(
@@ -433,37 +588,37 @@ absl::Status LoadOptimizerStateDict(const OptimizerSpec& spec, torch::optim::Opt
     }
     const GenericDict d = entry.value().toGenericDict();
     const at::Tensor& p = params[static_cast<size_t>(i)];
-    auto key = OptimizerStateKey(opt, p);
+    auto& slot = opt.state()[OptimizerStateKey(opt, p)];
     switch (spec.kind) {
       case OptimizerKind::kSgd: {
-        auto s = std::make_unique<torch::optim::SGDParamState>();
         IValue buf = Get(d, "momentum_buffer");
-        if (buf.isTensor()) {
-          if (buf.toTensor().sizes() != p.sizes()) {
-            return absl::InvalidArgumentError("checkpoint: sgd momentum does not fit the model");
-          }
-          s->momentum_buffer(buf.toTensor().to(p.device()).clone());
-        } else if (!d.contains("momentum_buffer")) {
+        if (buf.isTensor() && buf.toTensor().sizes() != p.sizes()) {
+          return absl::InvalidArgumentError("checkpoint: sgd momentum does not fit the model");
+        }
+        if (!buf.isTensor() && !d.contains("momentum_buffer")) {
           return absl::InvalidArgumentError(
               "checkpoint: optimizer state is not sgd's (train.optimizer changed?)");
         }
-        opt.state()[key] = std::move(s);
+        auto* s = dynamic_cast<torch::optim::SGDParamState*>(slot.get());
+        if (s == nullptr) {
+          slot = std::make_unique<torch::optim::SGDParamState>();
+          s = static_cast<torch::optim::SGDParamState*>(slot.get());
+        }
+        if (buf.isTensor()) {
+          at::Tensor t = s->momentum_buffer();
+          Restore(buf.toTensor(), p, &t);
+          s->momentum_buffer(t);
+        }
         break;
       }
-      case OptimizerKind::kAdam: {
-        auto s = std::make_unique<torch::optim::AdamParamState>();
-        absl::Status st = RestoreAdam(d, p, s.get());
-        if (!st.ok()) return st;
-        opt.state()[key] = std::move(s);
+      case OptimizerKind::kAdam:
+        DDP_RETURN_IF_ERROR(fused ? RestoreAdam<FusedAdamParamState>(d, p, &slot)
+                                  : RestoreAdam<torch::optim::AdamParamState>(d, p, &slot));
         break;
-      }
-      case OptimizerKind::kAdamW: {
-        auto s = std::make_unique<torch::optim::AdamWParamState>();
-        absl::Status st = RestoreAdam(d, p, s.get());
-        if (!st.ok()) return st;
-        opt.state()[key] = std::move(s);
+      case OptimizerKind::kAdamW:
+        DDP_RETURN_IF_ERROR(fused ? RestoreAdam<FusedAdamParamState>(d, p, &slot)
+                                  : RestoreAdam<torch::optim::AdamWParamState>(d, p, &slot));
         break;
-      }
     }
   }
   return absl::OkStatus();

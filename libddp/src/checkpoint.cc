@@ -35,8 +35,7 @@ struct Checkpointer::Impl {
     state.position = {position.epoch, position.step, position.global_step};
     state.sampler.world_size = pg.env.world_size;
     state.model = ModuleState(module);
-    state.optimizer =
-        OptimizerStateDict(spec, optimizer, optimizer.param_groups()[0].params());
+    state.optimizer = OptimizerStateDict(spec, optimizer);
     state.rng_state = rng;
     return keeper->Save(std::move(state));
   }
@@ -48,9 +47,7 @@ struct Checkpointer::Impl {
     if (!restored.has_value()) return std::optional<Position>();
     const TrainingState& ckpt = restored->state;
     DDP_RETURN_IF_ERROR(RestoreModel(ckpt, ModuleState(module), restored->path));
-    DDP_RETURN_IF_ERROR(LoadOptimizerStateDict(spec, optimizer,
-                                               optimizer.param_groups()[0].params(),
-                                               ckpt.optimizer));
+    DDP_RETURN_IF_ERROR(LoadOptimizerStateDict(spec, optimizer, ckpt.optimizer));
     if (ckpt.rng_state.defined()) RestoreRngState(ckpt.rng_state);
     return Position{ckpt.position.epoch, ckpt.position.step, ckpt.position.global_step};
   }

@@ -647,6 +647,8 @@ TEST(JobSpecTest, CudaGraphTrueIsRefusedForWhatCannotBeCaptured) {
        "train.cuda_graph: true, but train.optimizer.zero_redundancy"},
       {"train: {batch_size: 4, cuda_graph: true}\nmetrics: {trace_buckets: true}\n",
        "train.cuda_graph: true, but metrics.trace_buckets"},
+      {"train: {batch_size: 4, optimizer: {name: adam, fused: false}, cuda_graph: true}\n",
+       "train.cuda_graph: true, but train.optimizer.fused: false"},
   };
   for (const auto& [text, error] : cases) {
     EXPECT_THAT(ParseJobSpec(std::string(kBase) + text),
@@ -822,6 +824,45 @@ TEST(JobSpecTest, TokenValidationIsASecondFileNotAFraction) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("job.yaml:5: data.validation.tokens: needs data.tokens "
                                  "training data")));
+// train.optimizer.fused (decision 170): auto by default; true, false or auto.
+TEST(JobSpecTest, FusedIsAutoTrueOrFalse) {
+  const std::string head = "name: d\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n";
+  DDP_ASSERT_OK_AND_ASSIGN(JobSpec plain, ParseJobSpec(head + "train: {batch_size: 4}\n"));
+  EXPECT_EQ(plain.train.optimizer.fused, FusedPolicy::kAuto);
+  for (const auto& [text, want] : std::vector<std::pair<std::string, FusedPolicy>>{
+           {"auto", FusedPolicy::kAuto}, {"true", FusedPolicy::kTrue},
+           {"false", FusedPolicy::kFalse}}) {
+    SCOPED_TRACE(text);
+    DDP_ASSERT_OK_AND_ASSIGN(
+        JobSpec spec, ParseJobSpec(head + "train: {batch_size: 4, optimizer: {name: adamw, "
+                                          "fused: " + text + "}}\n"));
+    EXPECT_EQ(spec.train.optimizer.fused, want);
+  }
+  EXPECT_THAT(ParseJobSpec(head + "train: {batch_size: 4, optimizer: {name: sgd, lr: 0.1, "
+                                  "fused: maybe}}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr(":4: train.optimizer.fused: expected true, false or auto, "
+                                 "got 'maybe'")));
+}
+
+// train.optimizer.weight_decay_params (decision 172): all by default, or matrices.
+TEST(JobSpecTest, WeightDecayParamsIsAllOrMatrices) {
+  const std::string head = "name: d\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n";
+  DDP_ASSERT_OK_AND_ASSIGN(JobSpec plain, ParseJobSpec(head + "train: {batch_size: 4}\n"));
+  EXPECT_EQ(plain.train.optimizer.weight_decay_params, WeightDecayParams::kAll);
+  for (const std::string name : {"sgd, lr: 0.1", "adam", "adamw"}) {
+    DDP_ASSERT_OK_AND_ASSIGN(
+        JobSpec spec,
+        ParseJobSpec(head + "train: {batch_size: 4, optimizer: {name: " + name +
+                     ", weight_decay: 0.1, weight_decay_params: matrices}}\n"));
+    EXPECT_EQ(spec.train.optimizer.weight_decay_params, WeightDecayParams::kMatrices) << name;
+  }
+  EXPECT_THAT(ParseJobSpec(head + "train: {batch_size: 4, optimizer: {name: adamw, "
+                                  "weight_decay_params: biases}}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.optimizer.weight_decay_params: must be all or matrices "
+                                 "(parameters of 2 or more dimensions decay, biases and norm "
+                                 "weights do not) (got 'biases')")));
 }
 
 }  // namespace

@@ -5,6 +5,14 @@ add_executable(libddp_cuda_test ${CMAKE_CURRENT_LIST_DIR}/cuda_test.cc)
 target_link_libraries(libddp_cuda_test PRIVATE ddp::ddp GTest::gmock GTest::gtest_main)
 add_test(NAME libddp_cuda_test COMMAND libddp_cuda_test)
 set_tests_properties(libddp_cuda_test PROPERTIES LABELS gpu TIMEOUT 300)
+# ddp::FusedAdamW, FusedAdam and FusedSGD, one case per run, for
+# fused_optimizer_parity_test.py (torch.optim with fused=True live beside it): on the CPU
+# in ctest (tests/CMakeLists.txt), and on the GPU, CUDA graphs included, with
+#   python3 tests/libddp/fused_optimizer_parity_test.py <this program> --device cuda
+add_executable(libddp_fused_optimizer_program ${CMAKE_CURRENT_LIST_DIR}/fused_optimizer_program.cc)
+target_link_libraries(libddp_fused_optimizer_program PRIVATE ddp::ddp)
+target_compile_definitions(libddp_fused_optimizer_program PRIVATE
+                           DDP_WITH_CUDA=$<BOOL:${DDP_WITH_CUDA}>)
 
 # The engine's CUDA-graph pieces (libddp/engine/cuda_graph.h): on the CPU in every build
 # (label unit), on a GPU too (label gpu: the capture tests skip themselves elsewhere).

@@ -256,9 +256,9 @@ c10::impl::GenericDict ExpectMultiTensorEqualsLoop(
     }
   }
   EXPECT_FALSE(at::equal(first, loop_params[0])) << "the parameters did not move";
-  const auto sa = OptimizerStateDict(spec, *loop, loop_params).toGenericDict().at("state")
+  const auto sa = OptimizerStateDict(spec, *loop).toGenericDict().at("state")
                       .toGenericDict();
-  const auto sb = OptimizerStateDict(spec, *foreach, foreach_params).toGenericDict().at("state")
+  const auto sb = OptimizerStateDict(spec, *foreach).toGenericDict().at("state")
                       .toGenericDict();
   EXPECT_EQ(sa.size(), sb.size());
   for (const auto& entry : sa) {
