@@ -94,7 +94,8 @@ else
 fi
 
 # The engine, built here against the torch wheel the GPU machine has.
-engine_bins=(ddp-trainer ddp-bench-gpu ddp-gpt-example libddp_cuda_test cuda_graph_test)
+engine_bins=(ddp-trainer ddp-bench-gpu ddp-gpt-example libddp_cuda_test cuda_graph_test
+             libddp_fused_optimizer_program)
 if ! ls "${engine_bins[@]/#/$gpu_work/build/bin/}" "$gpu_work"/build/lib/libddp.so.*.*.* >/dev/null 2>&1; then
   rm -f "$carry/prebuilt.tar.xz"
   echo "pack.sh: no ${engine_bins[*]} and libddp.so in $gpu_work/build: prebuilt.tar.xz left out" \

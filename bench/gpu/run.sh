@@ -26,10 +26,13 @@
 #    ddpctl (.gpu-carry/stack.tar.xz, built on Debian 12 with their libraries) running jobs
 #    whose trainers are step 2's ddp-trainer, on the carried Fashion-MNIST;
 # 6. holds ddp-trainer's per-step losses on the GPU, fp32 and bf16, to PyTorch's own DDP
-#    under torch.autocast("cuda") (bench/gpu/parity.py).
-# Everything it prints goes to $OUT/run.log too. A failed build stops it; steps 3 to 6 each
+#    under torch.autocast("cuda"), the MLP's and model.gpt's, and the whole-step CUDA graph
+#    to the same step run eagerly (bench/gpu/parity.py);
+# 7. holds libddp's fused optimizers to torch.optim's fused=True on the device, a captured
+#    CUDA graph of their step included (tests/libddp/fused_optimizer_parity_test.py).
+# Everything it prints goes to $OUT/run.log too. A failed build stops it; steps 3 to 7 each
 # run whatever the others gave, and it exits 1 at the end naming those that failed.
-# DDP_GPU_STEPS (default tests,stack,parity,bench) picks which of steps 3 to 6 run.
+# DDP_GPU_STEPS (default tests,stack,parity,fused,bench) picks which of steps 3 to 7 run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dry_run=0
@@ -123,7 +126,7 @@ if (( ! prebuilt )); then
 
   step "build"
   cmake --build "$build" --target ddp-trainer ddp-bench-gpu ddp-gpt-example libddp_cuda_test \
-    cuda_graph_test -j"$(nproc)"
+    cuda_graph_test libddp_fused_optimizer_program -j"$(nproc)"
 fi
 nccl=$(nm -DC "$build"/lib/libddp.so | grep -c 'c10d::ProcessGroupNCCL::ProcessGroupNCCL' || true)
 (( nccl > 0 )) || { echo "libddp.so does not use c10d::ProcessGroupNCCL: the NCCL path was compiled out"; exit 1; }
@@ -133,9 +136,10 @@ gpu_tests() {
   if (( prebuilt )); then  # No CTest files: the test programs, as ctest runs them.
     local rc=0 t
     : > "$out/gpu_tests.log"
-    for t in libddp_cuda_test cuda_graph_test; do
-      LD_LIBRARY_PATH=$engine_ld timeout 300 "$build/bin/$t" >> "$out/gpu_tests.log" 2>&1 || rc=$?
-    done
+    # DDP_GPU_TEST_FILTER: a gtest filter for libddp_cuda_test (a short lease's subset).
+    LD_LIBRARY_PATH=$engine_ld timeout 300 "$build/bin/libddp_cuda_test" \
+      ${DDP_GPU_TEST_FILTER:+--gtest_filter=$DDP_GPU_TEST_FILTER} >> "$out/gpu_tests.log" 2>&1 || rc=$?
+    LD_LIBRARY_PATH=$engine_ld timeout 300 "$build/bin/cuda_graph_test" >> "$out/gpu_tests.log" 2>&1 || rc=$?
     grep -E '^\[ +(OK|SKIPPED|FAILED|PASSED) +\]' "$out/gpu_tests.log" || true
     (( rc == 0 )) || { echo "the GPU tests failed (exit $rc)"; return 1; }
   else
@@ -196,6 +200,19 @@ llmc_binary() {
   fi
 }
 
+# ddp::FusedAdamW, FusedAdam and FusedSGD against torch.optim's fused=True on the device,
+# bit for bit, a captured CUDA graph of the step included on a GPU
+# (tests/libddp/fused_optimizer_parity_test.py).
+gpu_fused() {
+  local device=cuda
+  (( dry_run )) && device=cpu
+  LD_LIBRARY_PATH=$engine_ld "$python" tests/libddp/fused_optimizer_parity_test.py \
+    "$build/bin/libddp_fused_optimizer_program" --device "$device" > "$out/fused_parity.log" 2>&1
+  local rc=$?
+  grep -E '^\{|^(OK|FAILED)|Ran [0-9]+ test' "$out/fused_parity.log" || true
+  (( rc == 0 )) || { echo "the fused optimizers' parity failed (exit $rc)"; return 1; }
+}
+
 gpu_bench() {
   local args=(--build "$build" --out "$out" --python "$python" --ld-library-path "$engine_ld")
   (( dry_run )) && args+=(--dry-run)
@@ -234,20 +251,37 @@ full_stack() {
   "$python" bench/gpu/stack.py "${args[@]}"
 }
 
-steps=,${DDP_GPU_STEPS:-tests,stack,parity,bench},
-if [[ $steps == *,tests,* ]]; then
-  step "the GPU tests"
-  gpu_tests || failed+=("the GPU tests")
-fi
-# The full stack before the bench: its checks are the shorter, and the bench's timings
-# come last where a command's time limit would cut them.
-if [[ $steps == *,stack,* ]]; then
-  step "the full stack"
-  full_stack || failed+=("the full stack")
-fi
-if [[ $steps == *,parity,* ]]; then
-  step "parity with PyTorch's DDP on the GPU, fp32 and bf16"
-  gpu_parity || failed+=("the parity check")
+steps=,${DDP_GPU_STEPS:-tests,stack,parity,fused,bench},
+# The checks (tests, stack, parity, fused) one after another, or, with
+# DDP_GPU_PARALLEL_CHECKS=1, side by side (they check values, not speed: a short device
+# lease finishes them sooner), each into its own log, printed when all are done. The bench
+# always runs alone, last: its timings come last where a command's time limit would cut them.
+checks=()
+[[ $steps == *,tests,* ]] && checks+=("tests:the GPU tests:gpu_tests")
+[[ $steps == *,stack,* ]] && checks+=("stack:the full stack:full_stack")
+[[ $steps == *,parity,* ]] && checks+=("parity:parity with PyTorch's DDP and the graphs' with eager steps:gpu_parity")
+[[ $steps == *,fused,* ]] && checks+=("fused:the fused optimizers against torch.optim's fused=True:gpu_fused")
+if [[ ${DDP_GPU_PARALLEL_CHECKS:-0} == 1 ]]; then
+  step "the checks, side by side: ${checks[*]%%:*}"
+  pids=()
+  for c in "${checks[@]}"; do
+    IFS=: read -r name _ fn <<< "$c"
+    ( set +e; "$fn" > "$out/check_$name.out" 2>&1; echo $? > "$out/check_$name.rc" ) &
+    pids+=($!)
+  done
+  wait "${pids[@]}" || true
+  for c in "${checks[@]}"; do
+    IFS=: read -r name what fn <<< "$c"
+    step "$what (rc $(cat "$out/check_$name.rc" 2>/dev/null || echo '?'))"
+    cat "$out/check_$name.out" 2>/dev/null || true
+    [[ $(cat "$out/check_$name.rc" 2>/dev/null) == 0 ]] || failed+=("$what")
+  done
+else
+  for c in "${checks[@]}"; do
+    IFS=: read -r name what fn <<< "$c"
+    step "$what"
+    "$fn" || failed+=("$what")
+  done
 fi
 if [[ $steps == *,bench,* ]]; then
   step "the GPU bench"

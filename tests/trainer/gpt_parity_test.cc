@@ -25,12 +25,10 @@ namespace {
 
 using testing::RankResult;
 
-// train.optimizer.weight_decay_params (nanoGPT's two groups: matrices decay, biases and
-// LayerNorm weights do not) is being added to job.yaml; until it is, the trainer's AdamW
-// decays every parameter (one group), which the reference's GPT.param_groups(decay="all")
-// matches. Once it lands, this line becomes ", weight_decay_params: matrices" and the
-// reference follows the job (pytorch_ddp_reference.py's make_optimizer reads the field).
-constexpr char kWeightDecayParams[] = "";
+// nanoGPT's recipe: train.optimizer.weight_decay_params: matrices (two groups: matrices
+// decay, biases and LayerNorm weights do not); the reference follows the job
+// (pytorch_ddp_reference.py's make_optimizer reads the field).
+constexpr char kWeightDecayParams[] = ", weight_decay_params: matrices";
 
 constexpr char kGptJob[] = R"(name: gpt-parity
 model: {gpt: {layers: 2, heads: 2, dim: 32, seq_len: 32, vocab: 256, tie_weights: $TIED, dropout: $DROPOUT}}
