@@ -16,7 +16,9 @@ void Swap(Id* ids, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     Id v = ids[i];
     Id out = 0;
-    for (size_t b = 0; b < sizeof(Id); ++b) out = static_cast<Id>((out << 8) | ((v >> (8 * b)) & 0xff));
+    for (size_t b = 0; b < sizeof(Id); ++b) {
+      out = static_cast<Id>((out << 8) | ((v >> (8 * b)) & 0xff));
+    }
     ids[i] = out;
   }
 }

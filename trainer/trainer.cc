@@ -982,7 +982,8 @@ TrainingState TrainerImpl::StateAt(const Position& pos, const at::Tensor& rng,
                                                                                : pos.global_step);
     // One per param group (train.optimizer.weight_decay_params), as PyTorch's.
     const size_t groups = optimizer_->param_groups().size();
-    sched.insert("base_lrs", c10::List<double>(std::vector<double>(groups, spec_.train.optimizer.lr)));
+    sched.insert("base_lrs",
+                 c10::List<double>(std::vector<double>(groups, spec_.train.optimizer.lr)));
     sched.insert("_last_lr", c10::List<double>(std::vector<double>(groups, last_lr_)));
     state.lr_scheduler = sched;
   }

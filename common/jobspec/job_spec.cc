@@ -444,7 +444,8 @@ void ParseData(Reader& r, const YAML::Node& root, JobSpec* spec) {
         ParseTokens(r, v["tokens"], "data.validation.tokens", &d.validation.tokens);
         if (v["fraction"] || v["idx"]) {
           r.Error(v["tokens"], "data.validation",
-                  v["idx"] ? "give only one of idx and tokens" : "give only one of fraction and tokens");
+                  v["idx"] ? "give only one of idx and tokens"
+                           : "give only one of fraction and tokens");
         }
         if (d.kind != DataSpec::Kind::kTokens) {
           r.Error(v["tokens"], "data.validation.tokens", "needs data.tokens training data");

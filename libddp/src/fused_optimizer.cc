@@ -83,14 +83,6 @@ void CheckParams(const char* what, const std::vector<OptimizerParamGroup>& group
   }
 }
 
-void CheckGrad(const char* what, const at::Tensor& grad) {
-  if (grad.is_sparse()) {
-    Invalid(absl::StrCat(what, ": a parameter has a sparse gradient: the fused kernels take "
-                         "dense ones (torch.optim's fused=True refuses them too): use "
-                         "torch::optim's own optimizer for sparse gradients"));
-  }
-}
-
 template <typename Options>
 void CheckAdamOptions(const char* what, const Options& o) {
   const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
@@ -160,6 +152,17 @@ void CheckLrTensor(const char* what, const std::vector<OptimizerParamGroup>& gro
   }
 }
 
+#if TORCH_VERSION_MAJOR >= 2
+// What step() needs (the kernels are LibTorch 2.x's).
+
+void CheckGrad(const char* what, const at::Tensor& grad) {
+  if (grad.is_sparse()) {
+    Invalid(absl::StrCat(what, ": a parameter has a sparse gradient: the fused kernels take "
+                         "dense ones (torch.optim's fused=True refuses them too): use "
+                         "torch::optim's own optimizer for sparse gradients"));
+  }
+}
+
 // The learning rate tensor for a kernel call on `device`.
 const at::Tensor& LrFor(const char* what, const at::Tensor& lr, const at::Device& device) {
   if (lr.device() != device) {
@@ -187,7 +190,6 @@ Bucket& BucketOf(std::vector<Bucket>& buckets, const at::Tensor& p) {
   return buckets.back();
 }
 
-#if TORCH_VERSION_MAJOR >= 2
 // One call of at::_fused_adamw_ or at::_fused_adam_ (`lr`: a double or a tensor).
 template <bool kDecoupled, typename Lr, typename Options>
 void FusedAdamKernel(Bucket& b, const Lr& lr, const Options& o, double beta1, double beta2) {

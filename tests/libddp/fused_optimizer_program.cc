@@ -135,7 +135,9 @@ std::vector<torch::optim::OptimizerParamGroup> Groups(const Args& a,
 std::unique_ptr<torch::optim::Optimizer> Make(const Args& a,
                                               const std::vector<torch::Tensor>& params) {
   auto groups = Groups(a, params);
-  if (a.optimizer == "sgd") return std::make_unique<ddp::FusedSGD>(groups, torch::optim::SGDOptions(a.lr));
+  if (a.optimizer == "sgd") {
+    return std::make_unique<ddp::FusedSGD>(groups, torch::optim::SGDOptions(a.lr));
+  }
   if (a.optimizer == "adam") return std::make_unique<ddp::FusedAdam>(groups);
   if (a.optimizer == "adamw") return std::make_unique<ddp::FusedAdamW>(groups);
   throw std::runtime_error("unknown --optimizer " + a.optimizer);

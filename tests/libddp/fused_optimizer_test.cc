@@ -59,7 +59,8 @@ std::unique_ptr<torch::optim::Optimizer> Make(Kind kind, const std::vector<at::T
       return std::make_unique<FusedAdamW>(
           params, torch::optim::AdamWOptions(0.01).weight_decay(0.1).amsgrad(true));
     case Kind::kAdam:
-      return std::make_unique<FusedAdam>(params, torch::optim::AdamOptions(0.01).weight_decay(0.01));
+      return std::make_unique<FusedAdam>(params,
+                                         torch::optim::AdamOptions(0.01).weight_decay(0.01));
     case Kind::kSgd:
       return std::make_unique<FusedSGD>(params, torch::optim::SGDOptions(0.01).momentum(0.9));
     case Kind::kSgdNesterov:
@@ -430,7 +431,8 @@ TEST(FusedOptimizerTest, RefusesWhatTheKernelsCannotTake) {
               HasSubstr("set_lr_tensor takes a 0-dim floating-point tensor, got Float [2]"));
   EXPECT_THAT(error_of([&] { opt.set_lr_tensor(at::ones({}, at::kLong)); }),
               HasSubstr("set_lr_tensor takes a 0-dim floating-point tensor"));
-  EXPECT_THAT(error_of([&] { opt.set_lr_tensor(at::ones({}, at::TensorOptions().device(at::kMeta))); }),
+  const at::Tensor meta = at::ones({}, at::TensorOptions().device(at::kMeta));
+  EXPECT_THAT(error_of([&] { opt.set_lr_tensor(meta); }),
               HasSubstr("but the parameters are on cpu: give a tensor there"));
   EXPECT_EQ(error_of([&] { opt.set_lr_tensor(at::Tensor()); }), "none");  // Back to lr().
   // A sparse gradient, at the step.
@@ -447,8 +449,9 @@ TEST(FusedOptimizerTest, CheckpointsKnowTheFusedOptimizers) {
   EXPECT_NE(dynamic_cast<torch::optim::SGD*>(&sgd), nullptr);
   FusedAdamW adamw(params, torch::optim::AdamWOptions(0.1).weight_decay(0.2));
   FusedAdam adam(params, torch::optim::AdamOptions(0.1));
-  for (auto [opt, kind] : {std::pair<torch::optim::Optimizer*, OptimizerKind>{&sgd, OptimizerKind::kSgd},
-                           {&adamw, OptimizerKind::kAdamW}, {&adam, OptimizerKind::kAdam}}) {
+  using Case = std::pair<torch::optim::Optimizer*, OptimizerKind>;
+  for (auto [opt, kind] : {Case{&sgd, OptimizerKind::kSgd}, Case{&adamw, OptimizerKind::kAdamW},
+                           Case{&adam, OptimizerKind::kAdam}}) {
     const absl::StatusOr<OptimizerSpec> spec = OptimizerSpecOf(*opt);
     ASSERT_TRUE(spec.ok()) << spec.status();
     EXPECT_EQ(spec->kind, kind);

@@ -31,7 +31,9 @@ using testing::RankResult;
 constexpr char kWeightDecayParams[] = ", weight_decay_params: matrices";
 
 constexpr char kGptJob[] = R"(name: gpt-parity
-model: {gpt: {layers: 2, heads: 2, dim: 32, seq_len: 32, vocab: 256, tie_weights: $TIED, dropout: $DROPOUT}}
+model:
+  gpt: {layers: 2, heads: 2, dim: 32, seq_len: 32, vocab: 256, tie_weights: $TIED,
+        dropout: $DROPOUT}
 data:
   tokens: {path: $DIR/train.bin}
   validation: {tokens: {path: $DIR/val.bin}}
@@ -181,10 +183,11 @@ TEST_P(GptMatchesPyTorchDdpTest, PerStepLossesAndValidationWithin1e5) {
   const std::vector<RankResult> ours = Ours(spec, job.world);
   ASSERT_FALSE(ours.empty());
   EXPECT_THAT(ours[0].OfType("start")[0].String("model"),
-              ::testing::HasSubstr(job.tied ? "gpt layers=2 heads=2 dim=32 seq_len=32 vocab=256 tied"
-                                            : "untied"));
+              ::testing::HasSubstr(absl::StrCat("gpt layers=2 heads=2 dim=32 seq_len=32 vocab=256 ",
+                                                job.tied ? "tied" : "untied")));
   const Apart apart = Compare(ours, ref, job.world);
-  std::cout << Name(job) << " against torch " << ref.struct_value().fields().at("torch").string_value()
+  std::cout << Name(job) << " against torch "
+            << ref.struct_value().fields().at("torch").string_value()
             << ": max |loss diff| over steps "
             << apart.step << ", val_loss " << apart.val_loss << ", val_accuracy "
             << apart.val_accuracy << "\n";

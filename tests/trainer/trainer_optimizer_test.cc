@@ -319,7 +319,8 @@ TEST(TrainerOptimizerTest, MatricesCheckpointsResumeAndOtherGroupsRefuseThem) {
   const std::string checkpoint = "checkpoint: {dir: ckpt}\n";
   const std::string matrices =
       "name: adamw, lr: 0.01, weight_decay: 0.5, weight_decay_params: matrices";
-  const TrainerRun whole = RunTrainer({.optimizer = matrices, .steps = kSteps, .extra = checkpoint});
+  const TrainerRun whole =
+      RunTrainer({.optimizer = matrices, .steps = kSteps, .extra = checkpoint});
   const TrainerRun a = RunTrainer({.optimizer = matrices, .steps = kCut, .extra = checkpoint});
   int64_t global_step = -1;
   const c10::IValue saved = NewestOptimizerState(a.dir + "/ckpt", &global_step);

@@ -49,6 +49,7 @@
 #include <torch/optim/sgd.h>
 #include <torch/serialize/archive.h>
 
+#include <utility>
 #include <vector>
 
 namespace ddp {
