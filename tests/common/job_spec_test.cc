@@ -661,6 +661,8 @@ TEST(JobSpecTest, CudaGraphTrueIsRefusedForWhatCannotBeCaptured) {
   }
   // And a job that can be captured (on a GPU node) is accepted with true.
   EXPECT_TRUE(ParseJobSpec(std::string(kBase) + "train: {batch_size: 4, cuda_graph: true}\n").ok());
+}
+
 // model.gpt and data.tokens (docs/job-spec.md): GPT-2 124M by default, a second token
 // file for validation, and the rules that tie the two together.
 constexpr char kGptJob[] = R"(name: gpt
@@ -824,6 +826,8 @@ TEST(JobSpecTest, TokenValidationIsASecondFileNotAFraction) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("job.yaml:5: data.validation.tokens: needs data.tokens "
                                  "training data")));
+}
+
 // train.optimizer.fused (decision 170): auto by default; true, false or auto.
 TEST(JobSpecTest, FusedIsAutoTrueOrFalse) {
   const std::string head = "name: d\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n";
