@@ -510,7 +510,8 @@ class Bench:
             outs = run_ranks(lambda r: [exe, "--spec", job], world, self.engine_env,
                              self.tmp, timeout)
             events = step_events(outs[0])
-            mems = [e["gpu_memory_peak_mib"] for e in events if "gpu_memory_peak_mib" in e]
+            mems = [e["gpu_memory_peak_mib"] for e in events
+                    if e.get("gpu_memory_peak_mib") is not None]
             rec = {"losses": [e["loss"] for e in events], "loss_every_steps": warmup,
                    "peak_mem_mib": max(mems) if mems else None}
             starts = [e for e in json_lines(outs[0]) if e.get("type") == "start"]
