@@ -97,7 +97,8 @@ def lr_schedules():
 
 def ddp_losses(out_dir):
     for job in ["cancer_adam", "synthetic_sgd_accum", "fmnist_cnn", "torchscript_norm_accum",
-                "synthetic_clip_cosine", "cancer_step_epoch", "synthetic_bf16"]:
+                "synthetic_clip_cosine", "cancer_step_epoch"]:  # bf16's runs live (its
+        # CPU kernels round differently from machine to machine: TrainerBf16Test)
         spec = os.path.join(FIXTURES, job + ".yaml")
         out = os.path.join(out_dir, job + ".losses.json")
         subprocess.run([sys.executable, os.path.join(HERE, "pytorch_ddp_reference.py"),

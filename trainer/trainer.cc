@@ -319,13 +319,16 @@ absl::Status TrainerImpl::SetUpDeviceStep() {
   if (!blockers.empty()) {
     const std::string why = absl::StrJoin(blockers, "; ");
     if (mode == CudaGraphMode::kOn) {
-      const absl::Status st = absl::FailedPreconditionError(
+      // No GPU here (the device left to auto), or a ddp-trainer without CUDA graphs: a node
+      // with both may run the job. What the job file rules out was refused at submission.
+      if ((!device_.device.is_cuda() || !CudaGraphsBuilt()) &&
+          spec_.train.device != Device::kCpu) {
+        return AsNodeFault(absl::FailedPreconditionError(absl::StrCat(
+            "train.cuda_graph: true, but this node cannot capture the step: ", why,
+            " (it needs a GPU and a ddp-trainer built against a CUDA LibTorch 2.x)")));
+      }
+      return absl::FailedPreconditionError(
           absl::StrCat("train.cuda_graph: true, but the step cannot be captured here: ", why));
-      // Only the lack of a GPU on this node, with the device left to auto: another may.
-      const bool no_gpu_here = blockers.size() == 1 && !device_.device.is_cuda() &&
-                               spec_.train.device == Device::kAuto &&
-                               spec_.backend != Backend::kGloo;
-      return no_gpu_here ? AsNodeFault(st) : st;
     }
     if (device_.device.is_cuda() && mode == CudaGraphMode::kAuto && env_.rank == 0) {
       DDP_LOG(INFO) << "train.cuda_graph: auto: eager steps, because " << why;

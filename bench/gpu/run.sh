@@ -131,6 +131,9 @@ fi
 nccl=$(nm -DC "$build"/lib/libddp.so | grep -c 'c10d::ProcessGroupNCCL::ProcessGroupNCCL' || true)
 (( nccl > 0 )) || { echo "libddp.so does not use c10d::ProcessGroupNCCL: the NCCL path was compiled out"; exit 1; }
 echo "libddp.so uses c10d::ProcessGroupNCCL (the NCCL path is compiled in)"
+graphs=$(nm -DC "$build"/lib/libddp.so | grep -c 'at::cuda::CUDAGraph::capture_begin' || true)
+(( graphs > 0 )) || { echo "libddp.so does not use at::cuda::CUDAGraph: the CUDA-graph capture was compiled out"; exit 1; }
+echo "libddp.so uses at::cuda::CUDAGraph (whole-step CUDA graphs are compiled in)"
 
 gpu_tests() {
   if (( prebuilt )); then  # No CTest files: the test programs, as ctest runs them.

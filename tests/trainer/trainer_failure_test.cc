@@ -1,5 +1,6 @@
 // How real ddp-trainer processes classify their failures: permanent ones (exit 2)
 // end the job, a node's fault (exit 3) lets it run elsewhere.
+#include <filesystem>
 #include <string>
 #include <utility>
 #include <vector>
@@ -67,6 +68,28 @@ TEST(TrainerFailureTest, ADeviceThisNodeLacksIsTheNodesFault) {
     EXPECT_TRUE(Flag(errors[0], "retryable"));
     EXPECT_TRUE(Flag(errors[0], "node_fault"));
   }
+}
+
+TEST(TrainerFailureTest, ACudaGraphRequiredOnANodeWithoutAGpuIsTheNodesFault) {
+  if (std::filesystem::exists("/dev/nvidiactl")) {
+    GTEST_SKIP() << "an NVIDIA driver is here: the graph may well be captured";
+  }
+  // train.cuda_graph: true with the device left to auto: a node with a GPU can run it.
+  const std::string dir = testing::MakeTempDir("graph-no-gpu");
+  testing::WriteFile(dir + "/job.yaml", "name: graph\nmodel: {mlp: {}}\n"
+                                        "data: {synthetic: {samples: 64, features: 8}}\n"
+                                        "train: {batch_size: 8, cuda_graph: true}\n");
+  DDP_ASSERT_OK_AND_ASSIGN(auto results,
+                           testing::RunTrainers(testing::LaunchOf(dir + "/job.yaml", 1)));
+  const RankResult& r = results[0];
+  EXPECT_EQ(r.exit.exit_code, kExitNodeFault) << r.exit.ToString() << "\n" << r.stderr_text;
+  auto errors = r.OfType("error");
+  ASSERT_EQ(errors.size(), 1u) << r.stderr_text;
+  EXPECT_THAT(errors[0].String("message"),
+              HasSubstr("train.cuda_graph: true, but this node cannot capture the step"));
+  EXPECT_TRUE(Flag(errors[0], "node_fault"));
+  // Training started nowhere: no step was taken eagerly instead.
+  EXPECT_TRUE(r.OfType("step").empty());
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <torch/types.h>  // clip_grad.h (1.13) uses torch::Tensor without including it.
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -119,6 +120,14 @@ TEST(StepGraphTest, WithoutCaptureRunsEagerlyOnTheStaticInputsAndOtherShapesOnTh
   EXPECT_EQ(seen.back(), (std::vector<int64_t>{3, 2}));
   EXPECT_FALSE(step.captured());
   EXPECT_THAT(step.Describe(), HasSubstr("eager: capture is off"));
+}
+
+TEST(CudaGraphsTest, AreBuiltIntoEveryCudaLibTorch2Build) {
+#if DDP_WITH_CUDA && TORCH_VERSION_MAJOR >= 2
+  EXPECT_TRUE(CudaGraphsBuilt());  // The capture code is compiled and linked here.
+#else
+  EXPECT_FALSE(CudaGraphsBuilt());
+#endif
 }
 
 TEST(CapturedGraphTest, WithoutAGpuCaptureIsRefused) {
