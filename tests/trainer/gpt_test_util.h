@@ -19,11 +19,13 @@ namespace ddp::testing {
 // validation tokens at make_tokens.py's default split.
 inline constexpr char kGplText[] = "/usr/share/common-licenses/GPL-3";
 
-// `args` run by the flavour's Python from the source tree; fails unless it exits 0.
+// `args` run by the flavour's Python (or `python`) from the source tree; fails unless it
+// exits 0.
 inline absl::StatusOr<CapturedRun> RunPython(const std::vector<std::string>& args,
-                                             absl::Duration timeout = absl::Minutes(5)) {
+                                             absl::Duration timeout = absl::Minutes(5),
+                                             const std::string& python = DDP_REFERENCE_PYTHON) {
   SpawnOptions o;
-  o.argv = {DDP_REFERENCE_PYTHON};
+  o.argv = {python};
   o.argv.insert(o.argv.end(), args.begin(), args.end());
   o.env["OMP_NUM_THREADS"] = "1";
   auto run = RunCaptured(o, timeout);
