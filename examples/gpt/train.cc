@@ -75,9 +75,9 @@ at::Tensor ReadTokens(const std::string& path, const std::string& dtype, int64_t
   in.read(raw.data(), bytes);
   at::Tensor t = width == 2
                      ? torch::from_blob(raw.data(), {bytes / 2}, torch::kInt16).clone()
-                           .to(torch::kInt32).bitwise_and(0xFFFF).to(torch::kLong)
+                           .to(torch::kInt32).bitwise_and(int64_t{0xFFFF}).to(torch::kLong)
                      : torch::from_blob(raw.data(), {bytes / 4}, torch::kInt32).clone()
-                           .to(torch::kLong).bitwise_and(0xFFFFFFFFLL);
+                           .to(torch::kLong).bitwise_and(int64_t{0xFFFFFFFF});
   if (t.numel() > 0 && t.max().item<int64_t>() >= vocab) {
     throw std::runtime_error(path + ": a token id is >= --vocab " + std::to_string(vocab));
   }
