@@ -1,10 +1,12 @@
 #include "trainer/device_step.h"
 
+#include <algorithm>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "ddp/autocast.h"
 #include "ddp/fused_optimizer.h"
 #include "libddp/engine/api_bridge.h"
@@ -55,12 +57,15 @@ std::vector<std::string> CudaGraphBlockers(const JobSpec& spec, const DeviceChoi
 }
 
 DeviceStep::DeviceStep(Parts parts, const TrainSpec& train, const at::Device& device,
-                       std::function<double(int64_t)> lr_of_step, bool capture, bool required,
+                       LrOf lr_of, int64_t steps_per_epoch, bool capture, bool required,
                        int warmup)
     : parts_(std::move(parts)),
       train_(train),
       device_(device),
-      lr_(std::move(lr_of_step), device, parts_.lr_dtype),
+      lr_of_(std::move(lr_of)),
+      steps_per_epoch_(std::max<int64_t>(steps_per_epoch, 1)),
+      lr_([this](int64_t g) { return lr_of_(epoch_ + (g - epoch_start_) / steps_per_epoch_, g); },
+          device, parts_.lr_dtype),
       graph_([this](const std::vector<at::Tensor>& in) { return Run(in); }, device, warmup,
              capture, required),
       capture_(capture),
@@ -104,29 +109,44 @@ std::vector<at::Tensor> DeviceStep::Run(const std::vector<at::Tensor>& inputs) {
   return {loss};
 }
 
-absl::Status DeviceStep::Take(int64_t global_step,
+absl::Status DeviceStep::Take(int64_t epoch, int64_t step_in_epoch, int64_t global_step,
                               const std::vector<std::pair<at::Tensor, at::Tensor>>& micro) {
+  // Where this epoch began: the table's later entries count epochs from here (an epoch
+  // schedule's value changes at epoch boundaries, and a resume may move them).
+  if (epoch != epoch_ || global_step - step_in_epoch != epoch_start_) {
+    epoch_ = epoch;
+    epoch_start_ = global_step - step_in_epoch;
+    lr_.Invalidate();
+  }
   lr_.Prepare(global_step);
   std::vector<at::Tensor> inputs;
   for (const auto& m : micro) inputs.push_back(m.first);
   for (const auto& m : micro) inputs.push_back(m.second);
+  bool regular = static_cast<int64_t>(micro.size()) == train_.grad_accum_steps;
+  for (const auto& m : micro) regular = regular && m.first.size(0) == train_.batch_size;
   absl::StatusOr<std::vector<at::Tensor>> out;
   try {
-    out = graph_.Run(inputs);
+    out = graph_.Run(inputs, regular);
   } catch (const Error& e) {
+    lr_.Invalidate();
     return StatusFromError(e);
   } catch (const std::exception&) {
+    lr_.Invalidate();
     // The all-reduce failed inside backward (a peer died or hung): its status.
     if (std::optional<absl::Status> st = parts_.ddp->impl().TakeBackwardError()) return *st;
     throw;
   }
   if (!out.ok()) {
+    lr_.Invalidate();
     return absl::FailedPreconditionError(absl::StrCat(
         "train.cuda_graph: true, but ", out.status().message(),
         " (train.cuda_graph: auto would train eagerly)"));
   }
   loss_ = (*out)[0];
   lr_.Next();
+  // What a gradient-syncing training forward leaves on the host, which a replay does not
+  // run: the next forward (a validation's) broadcasts the buffers, as after an eager step.
+  parts_.ddp->impl().sync_buffers = true;
   if (capture_ && !logged_ && (graph_.captured() || graph_.Describe().rfind("eager", 0) == 0)) {
     logged_ = true;
     if (graph_.captured()) {
@@ -139,17 +159,33 @@ absl::Status DeviceStep::Take(int64_t global_step,
   return absl::OkStatus();
 }
 
-double DeviceStep::LastLoss() { return loss_.defined() ? loss_.item<double>() : 0.0; }
+absl::Status DeviceStep::Drain() {
+  return WaitForDevice(device_, absl::Milliseconds(static_cast<int64_t>(
+                                    train_.collective_timeout_s * 1000)));
+}
 
-double DeviceStep::EpochLossSum() { return epoch_loss_.item<double>(); }
+absl::StatusOr<double> DeviceStep::LastLoss() {
+  DDP_RETURN_IF_ERROR(Drain());
+  return loss_.defined() ? loss_.item<double>() : 0.0;
+}
+
+absl::StatusOr<double> DeviceStep::EpochLossSum() {
+  DDP_RETURN_IF_ERROR(Drain());
+  return epoch_loss_.item<double>();
+}
 
 void DeviceStep::SetEpochLossSum(double value) { epoch_loss_.fill_(value); }
 
-void DeviceStep::Rebind(DataParallel* ddp) {
-  parts_.ddp = ddp;
+void DeviceStep::DropGraph() {
   graph_.Reset();
   loss_ = at::Tensor();
+  lr_.Invalidate();
   logged_ = false;
+}
+
+void DeviceStep::Rebind(DataParallel* ddp) {
+  parts_.ddp = ddp;
+  DropGraph();
 }
 
 }  // namespace ddp

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/jobspec/job_spec.h"
 #include "ddp/distributed_data_parallel.h"
 #include "libddp/engine/comm.h"
@@ -67,26 +68,32 @@ class DeviceStep {
     std::vector<at::Tensor> params;
     LossFn loss;
   };
-  // `lr_of_step(k)`: the learning rate of global step k (the trainer's schedule).
+  // `lr_of(epoch, global_step)`: the learning rate of that step (the trainer's schedule,
+  // LrAt); `steps_per_epoch` counts the epochs of the steps ahead (the table's).
   // `capture`: take the graph after `warmup` eager steps; `required`: a failed capture
   // fails the step (train.cuda_graph true) instead of leaving the run eager (auto).
-  DeviceStep(Parts parts, const TrainSpec& train, const at::Device& device,
-             std::function<double(int64_t)> lr_of_step, bool capture, bool required,
-             int warmup = 3);
+  using LrOf = std::function<double(int64_t epoch, int64_t global_step)>;
+  DeviceStep(Parts parts, const TrainSpec& train, const at::Device& device, LrOf lr_of,
+             int64_t steps_per_epoch, bool capture, bool required, int warmup = 3);
   ~DeviceStep();
 
-  // Global step `global_step` on `micro` (host tensors: inputs and targets of each
-  // micro-batch). Returns once the work is queued. The reducer's failure inside an eager
-  // backward comes back as its status (in a replayed graph NCCL's watchdog reports it).
-  absl::Status Take(int64_t global_step,
+  // Global step `global_step` (step `step_in_epoch` of `epoch`) on `micro` (host tensors:
+  // inputs and targets of each micro-batch). Returns once the work is queued. The
+  // reducer's failure inside an eager backward comes back as its status; a collective of a
+  // replayed graph that waits for a dead peer shows in the next LastLoss or EpochLossSum.
+  absl::Status Take(int64_t epoch, int64_t step_in_epoch, int64_t global_step,
                     const std::vector<std::pair<at::Tensor, at::Tensor>>& micro);
-  // The last step's loss (the micro-batches' mean); waits for it.
-  double LastLoss();
-  // The sum of the step losses since SetEpochLossSum; waits for it.
-  double EpochLossSum();
+  // The last step's loss (the micro-batches' mean), and the sum of the step losses since
+  // SetEpochLossSum: each waits for the GPU, UNAVAILABLE (a peer failure) when its queued
+  // work does not finish within train.collective_timeout_s.
+  absl::StatusOr<double> LastLoss();
+  absl::StatusOr<double> EpochLossSum();
   void SetEpochLossSum(double value);
-  // After a live recovery: the model's reducer and the process group are new; a graph
-  // holding the old ones is dropped, and the next steps warm up and capture again.
+  // Before the process group goes (a live recovery): the graph, which holds the group's
+  // collectives (NCCL will not tear a communicator down while a graph holds it), goes
+  // first; the next steps warm up and capture again.
+  void DropGraph();
+  // After a live recovery: the model's reducer is new (DropGraph, then this).
   void Rebind(DataParallel* ddp);
   // "captured after N eager steps", "eager: why", or "warming up (...)".
   std::string Describe() const { return graph_.Describe(); }
@@ -96,10 +103,16 @@ class DeviceStep {
   // The step itself on device tensors: inputs are the micro-batches' inputs, then their
   // targets; returns {the mean loss (0-dim double)}.
   std::vector<at::Tensor> Run(const std::vector<at::Tensor>& inputs);
+  // Waits for the queued steps (Drain: WaitForDevice with the collective timeout).
+  absl::Status Drain();
 
   Parts parts_;
   const TrainSpec& train_;
   at::Device device_;
+  LrOf lr_of_;
+  int64_t steps_per_epoch_;
+  int64_t epoch_ = 0;        // The epoch of the step Take was last given,
+  int64_t epoch_start_ = 0;  // and the global step it began at.
   LrTable lr_;
   StepGraph graph_;
   bool capture_;

@@ -163,12 +163,18 @@ class TrainerImpl {
   // With device_step_: the same step, whole on the GPU (and in a CUDA graph once
   // captured); the loss is read only when an event needs it.
   absl::Status TakeDeviceStep(const std::vector<int64_t>& order, int64_t first_micro,
-                              int64_t num_micro, int64_t* samples);
+                              int64_t num_micro, int64_t epoch, int64_t step, double lr,
+                              int64_t* samples);
   // train.cuda_graph (decision 173): makes device_step_ where the step can run whole on
   // the GPU; FAILED_PRECONDITION naming why when true asks for what cannot be.
   absl::Status SetUpDeviceStep();
   // The epoch's loss total so far on this rank (device_step_ keeps it on the device).
-  double EpochLossSum() { return device_step_ ? device_step_->EpochLossSum() : epoch_loss_sum_; }
+  // With device_step_ it waits for the GPU: UNAVAILABLE (a peer failure) past the
+  // collective timeout.
+  absl::StatusOr<double> EpochLossSum() {
+    if (device_step_) return device_step_->EpochLossSum();
+    return epoch_loss_sum_;
+  }
   void SetEpochLossSum(double v) {
     epoch_loss_sum_ = v;
     if (device_step_) device_step_->SetEpochLossSum(v);
@@ -234,6 +240,7 @@ class TrainerImpl {
   int64_t epoch_steps_ = 0;
   // Throughput window since the last step event.
   int64_t window_samples_ = 0;
+  int64_t window_steps_ = 0;
   Clock::time_point window_start_;
   Position last_saved_{-1, -1, -1};
   double last_val_accuracy_ = -1;  // Of the last validation; < 0 when there is none.
@@ -347,13 +354,11 @@ absl::Status TrainerImpl::SetUpDeviceStep() {
   parts.loss = [kind = spec_.train.loss](const at::Tensor& out, const at::Tensor& target) {
     return Loss(kind, out, target, /*sum=*/false);
   };
-  const int64_t steps_per_epoch = StepsPerEpoch();
   device_step_ = std::make_unique<DeviceStep>(
       std::move(parts), spec_.train, device_.device,
-      [this, steps_per_epoch](int64_t global_step) {
-        return LrAt(steps_per_epoch > 0 ? global_step / steps_per_epoch : 0, global_step);
-      },
-      /*capture=*/mode != CudaGraphMode::kOff, /*required=*/mode == CudaGraphMode::kOn);
+      [this](int64_t epoch, int64_t global_step) { return LrAt(epoch, global_step); },
+      StepsPerEpoch(), /*capture=*/mode != CudaGraphMode::kOff,
+      /*required=*/mode == CudaGraphMode::kOn);
   device_step_->SetEpochLossSum(epoch_loss_sum_);
   if (env_.rank == 0) {
     DDP_LOG(INFO) << "train.cuda_graph: " << CudaGraphModeName(mode) << ": the step runs whole "
@@ -578,7 +583,10 @@ absl::Status TrainerImpl::Recover(const absl::Status& cause) {
   DDP_LOG(WARNING) << "rank " << env_.rank << ": " << cause.message()
                    << "; keeping this rank's state at step " << pos_.global_step
                    << " and waiting up to recovery_timeout_s for a replacement";
-  // Gone first, so that ranks still blocked on this one see it fail too.
+  // Gone first, so that ranks still blocked on this one see it fail too. A CUDA graph
+  // before them: it holds the group's collectives, and NCCL will not destroy a
+  // communicator a graph still holds.
+  if (device_step_) device_step_->DropGraph();
   ddp_.reset();
   keeper_.reset();
   group_.reset();
@@ -745,7 +753,8 @@ absl::Status TrainerImpl::TakeStep(const std::vector<int64_t>& order, int64_t fi
 }
 
 absl::Status TrainerImpl::TakeDeviceStep(const std::vector<int64_t>& order, int64_t first_micro,
-                                         int64_t num_micro, int64_t* samples) {
+                                         int64_t num_micro, int64_t epoch, int64_t step,
+                                         double lr, int64_t* samples) {
   const int64_t bs = spec_.train.batch_size;
   const int64_t total = static_cast<int64_t>(order.size());
   std::vector<std::pair<at::Tensor, at::Tensor>> micro;
@@ -758,7 +767,11 @@ absl::Status TrainerImpl::TakeDeviceStep(const std::vector<int64_t>& order, int6
     micro.emplace_back(x.clone(), y.clone());
     *samples += n;
   }
-  return device_step_->Take(pos_.global_step, micro);
+  // The kernels read the learning rate from the device's table; the param groups keep it
+  // too, for the checkpoint's optimizer state (as the eager step sets it).
+  for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
+  last_lr_ = lr;
+  return device_step_->Take(epoch, step, pos_.global_step, micro);
 }
 
 void TrainerImpl::EmitTrace() {
@@ -781,6 +794,7 @@ absl::Status TrainerImpl::TrainEpoch(int64_t epoch, int64_t first_step) {
       NumBatches(static_cast<int64_t>(order.size()), spec_.train.batch_size, spec_.train.drop_last);
   const int64_t steps = (micro_total + accum - 1) / accum;
   window_samples_ = 0;
+  window_steps_ = 0;
   window_start_ = Clock::now();
   model_->SetTraining(true);
   bool checkpoint_due = false;
@@ -794,23 +808,26 @@ absl::Status TrainerImpl::TrainEpoch(int64_t epoch, int64_t first_step) {
     const double lr = LrAt(epoch, pos_.global_step);
     if (device_step_) {
       // Queued on the GPU; the loss is read below only when an event reports it.
-      DDP_RETURN_IF_ERROR(TakeDeviceStep(order, first_micro, num_micro, &samples));
-      last_lr_ = lr;
+      DDP_RETURN_IF_ERROR(TakeDeviceStep(order, first_micro, num_micro, epoch, step, lr, &samples));
     } else {
       DDP_RETURN_IF_ERROR(
           TakeStep(order, first_micro, num_micro, lr, &loss, &comm_ms, &samples));
       epoch_loss_sum_ += loss;
     }
-    const double step_ms = MillisSince(t0);
-    train_ms_ += step_ms;
+    double step_ms = MillisSince(t0);
     total_samples_ += samples;
     pos_ = {epoch, step + 1, pos_.global_step + 1};
     ++epoch_steps_;
     window_samples_ += samples;
+    ++window_steps_;
     const bool last_in_epoch = step + 1 == steps || IsLastStep();
     if (pos_.global_step % spec_.metrics.every_steps == 0 || last_in_epoch) {
-      // The GPU's queue drains here: the window's rate counts its steps' GPU time.
-      if (device_step_) loss = device_step_->LastLoss();
+      if (device_step_) {
+        // The GPU's queue drains here, so the window counts its steps' GPU time; a step's
+        // own time is the window's mean (the host only queued it).
+        DDP_ASSIGN_OR_RETURN(loss, device_step_->LastLoss());
+        step_ms = MillisSince(window_start_) / static_cast<double>(window_steps_);
+      }
       const double window_s = MillisSince(window_start_) / 1000.0;
       StepEvent e;
       e.epoch = epoch;
@@ -831,10 +848,15 @@ absl::Status TrainerImpl::TrainEpoch(int64_t epoch, int64_t first_step) {
       }
       events_.Emit(e);
       window_samples_ = 0;
+      window_steps_ = 0;
       window_start_ = Clock::now();
     }
     if (spec_.metrics.trace_buckets) EmitTrace();
-    DDP_RETURN_IF_ERROR(CheckNotice(step_ms));
+    // On the device, what the iteration took, waits for the GPU included: the host runs at
+    // most a few steps ahead, so its iterations pace the GPU's steps.
+    const double iteration_ms = device_step_ ? MillisSince(t0) : step_ms;
+    train_ms_ += iteration_ms;
+    DDP_RETURN_IF_ERROR(CheckNotice(iteration_ms));
     const bool step_ckpt = spec_.checkpoint.every_steps > 0 &&
                            pos_.global_step % spec_.checkpoint.every_steps == 0;
     if (last_in_epoch) {
@@ -888,9 +910,10 @@ absl::Status TrainerImpl::EndEpoch(int64_t epoch, bool complete, bool checkpoint
     }
     model_->SetTraining(true);
   }
+  DDP_ASSIGN_OR_RETURN(const double epoch_loss, EpochLossSum());
   DDP_ASSIGN_OR_RETURN(
       const std::vector<double> v,
-      SumOverRanks({EpochLossSum(), static_cast<double>(epoch_steps_), val_loss, correct, count,
+      SumOverRanks({epoch_loss, static_cast<double>(epoch_steps_), val_loss, correct, count,
                     predictions}));
   SetEpochLossSum(0);
   epoch_steps_ = 0;
@@ -924,8 +947,8 @@ absl::Status TrainerImpl::Checkpoint(const Position& pos) {
   // Mid-epoch, the epoch's loss totals so far, summed over ranks, travel along.
   std::vector<double> loss_totals = {0, 0};
   if (pos.step > 0) {
-    DDP_ASSIGN_OR_RETURN(loss_totals,
-                         SumOverRanks({EpochLossSum(), static_cast<double>(epoch_steps_)}));
+    DDP_ASSIGN_OR_RETURN(const double epoch_loss, EpochLossSum());
+    DDP_ASSIGN_OR_RETURN(loss_totals, SumOverRanks({epoch_loss, static_cast<double>(epoch_steps_)}));
   }
   // Every writer saves rank 0's generator state, as if rank 0 had written them all.
   DDP_ASSIGN_OR_RETURN(at::Tensor rng, RankZeroRngState(comm(), device_.device));

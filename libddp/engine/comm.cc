@@ -185,7 +185,9 @@ class WorkPendingSum : public PendingSum {
   // `stream_ordered`: an NCCL all-reduce of GPU tensors, waited on as PyTorch's DDP
   // does: the current CUDA stream waits for NCCL's, and the host goes on (no sync per
   // bucket; what reads the gradients is queued behind the all-reduce). Its timeout is
-  // then NCCL's watchdog's (the group's collective timeout), which ends the process.
+  // then NCCL's watchdog's (the group's collective timeout), which ends the process; in
+  // a step captured in a CUDA graph no work is left for the watchdog, and the trainer's
+  // next wait for the GPU (WaitForDevice, with the same timeout) reports the peer instead.
   // Otherwise (Gloo) the host waits, up to the collective timeout.
   WorkPendingSum(c10::intrusive_ptr<c10d::Work> work, std::chrono::milliseconds timeout,
                  bool stream_ordered)
@@ -306,8 +308,10 @@ absl::StatusOr<Comm> Comm::Connect(const Environment& env, const DeviceChoice& d
       // hung peer there ends the process through NCCL's watchdog after the collective
       // timeout (its message names the collective; exit by SIGABRT, a retryable failure).
       // So are the broadcasts of tensors on the GPU (the buffers before each training
-      // forward, decision 173). The other collectives (set-up, sums) wait on the host with
-      // the timeout and fail with an exception that names them. TORCH_NCCL_BLOCKING_WAIT=1 in a
+      // forward, decision 173). Inside a step captured in a CUDA graph the watchdog sees
+      // neither: the trainer's wait for the GPU (WaitForDevice, the same timeout) names
+      // the failure, a retryable UNAVAILABLE. The other collectives (set-up, sums) wait on
+      // the host with the timeout and fail with an exception that names them. TORCH_NCCL_BLOCKING_WAIT=1 in a
       // job's `env` makes every wait block the host, as before decision 147.
       auto opts = c10d::ProcessGroupNCCL::Options::create();
       opts->timeout = collective_timeout;
@@ -485,7 +489,8 @@ absl::Status Comm::Broadcast(const std::vector<at::Tensor>& tensors) {
       if (buf[0].is_cuda() && backend_name_ == "nccl") {
         // Stream-ordered, as the gradients' all-reduce (WorkPendingSum): the copies below
         // wait on the GPU, the host goes on, and a CUDA graph can hold it (BatchNorm's
-        // buffers before every training forward). NCCL's watchdog bounds it.
+        // buffers before every training forward). NCCL's watchdog bounds it (outside a
+        // graph; inside one, the trainer's WaitForDevice).
         st = WorkPendingSum(backend_->broadcast(buf, opts), timeout_, /*stream_ordered=*/true)
                  .Wait();
       } else {

@@ -30,15 +30,17 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace ddp {
 
 // Whether this build captures CUDA graphs: a CUDA LibTorch 2.x.
 bool CudaGraphsBuilt();
 
-// While it lives, a stream from LibTorch's pool is this thread's current stream on
-// `device` (a CUDA device; on the CPU it does nothing). Graphs cannot be captured on the
-// default stream, and a step captured on one stream must have run its warm-up there too.
+// While it lives, `device` is this thread's current device and a stream from LibTorch's
+// pool its current stream there (a CUDA device; on the CPU it does nothing). Graphs cannot
+// be captured on the default stream, a step captured on one stream must have run its
+// warm-up there too, and CUDAGraph captures on the current device's current stream.
 class StreamScope {
  public:
   explicit StreamScope(const at::Device& device);
@@ -54,11 +56,13 @@ class StreamScope {
 // One captured graph and its private memory pool.
 class CapturedGraph {
  public:
-  // Synchronizes `device`, then runs `fn` once under stream capture on the current stream
-  // (not the default one) and instantiates the graph. Nothing `fn` launched has run yet:
-  // Replay() runs it. FAILED_PRECONDITION without CUDA graphs in this build or on the
+  // Synchronizes `device` and empties the allocator's cache, then runs `fn` once under
+  // stream capture on the device's current stream (not the default one), into a memory
+  // pool of the graph's own, and instantiates the graph. Nothing `fn` launched has run
+  // yet: Replay() runs it. FAILED_PRECONDITION without CUDA graphs in this build or on the
   // default stream; INTERNAL with CUDA's or LibTorch's message when capture fails (an
-  // operation that synchronizes the host, say): the stream's capture is ended either way.
+  // operation that synchronizes the host, say): the stream's capture is ended either way,
+  // and the allocators stop allocating into the graph's pool, which goes once freed.
   static absl::StatusOr<std::unique_ptr<CapturedGraph>> Capture(const at::Device& device,
                                                                 const std::function<void()>& fn);
   ~CapturedGraph();
@@ -74,20 +78,46 @@ class CapturedGraph {
   std::unique_ptr<Impl> impl_;
 };
 
+// Bounds how far the host runs ahead of the GPU: Mark() after each step records an event
+// on the current stream and, with more than `depth` steps in flight, waits for the oldest.
+// Enough queued work keeps the GPU busy; more would only lengthen what a host-waited
+// collective (a notice check, a checkpoint) waits behind. Does nothing on the CPU.
+class RunAhead {
+ public:
+  explicit RunAhead(const at::Device& device, int depth = 8);
+  ~RunAhead();
+  void Mark();
+  void Clear();  // Forgets the marks (their stream may be gone).
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  at::Device device_;
+  int depth_;
+};
+
+// Waits until the work queued so far on `device`'s current stream is done, polling, for at
+// most `timeout`: UNAVAILABLE (a peer failure, which a live recovery may cure) when a
+// replayed graph's collective waits for a peer that died, which nothing else would notice
+// (c10d's watchdog does not watch collectives inside a graph). OK at once on the CPU.
+absl::Status WaitForDevice(const at::Device& device, absl::Duration timeout);
+
 // A training step, warmed up eagerly, then captured and replayed:
 //
 //   calls 1..warmup    fn runs eagerly on the static inputs
 //   call warmup+1      fn is captured (CapturedGraph), and the graph replayed at once
 //   later calls        the inputs are copied into the static buffers; the graph replays
 //
-// The static inputs are made at the first call, shaped like its inputs, on the device;
-// each call copies its inputs into them (from the host through pinned memory, so that the
-// copy is asynchronous and the host runs ahead). A call whose inputs are shaped otherwise
-// (an epoch's short last batch) runs fn eagerly on them instead. Without capture
-// (`capture` false, or a capture that failed when not `required`), every call runs fn
-// eagerly on the static inputs: the same kernels as the graph's. Must run on a
-// non-default stream (StreamScope) that also ran whatever fn's autograd graph builds on
-// (the model's move to the device, the DDP reducer's hooks).
+// The static inputs are made at the first regular call, shaped like its inputs, on the
+// device; each call copies its inputs into them (from the host through pinned memory, so
+// that the copy is asynchronous and the host runs ahead). A call that is not `regular` (an
+// epoch's short last batch), or whose inputs are shaped otherwise, runs fn eagerly on them
+// instead, and does not count as warm-up. Without capture (`capture` false, or a capture
+// that failed when not `required`), every call runs fn eagerly on the static inputs: the
+// same kernels as the graph's. At least one warm-up step (the optimizer's state must be
+// made outside the capture). The host runs at most a few steps ahead of the GPU
+// (RunAhead). Must run on a non-default stream (StreamScope) that also ran whatever fn's
+// autograd graph builds on (the model's move to the device, the DDP reducer's hooks).
 class StepGraph {
  public:
   using Fn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>& inputs)>;
@@ -98,7 +128,8 @@ class StepGraph {
   // call). fn's exceptions in an eager call propagate. A failed capture is
   // FAILED_PRECONDITION when `required`; otherwise the step runs eagerly, and so do all
   // later ones (Describe() says why).
-  absl::StatusOr<std::vector<at::Tensor>> Run(const std::vector<at::Tensor>& inputs);
+  absl::StatusOr<std::vector<at::Tensor>> Run(const std::vector<at::Tensor>& inputs,
+                                              bool regular = true);
   // Drops the graph (its collectives belong to a process group that is gone, say): the
   // next calls warm up and capture again.
   void Reset();
@@ -118,6 +149,7 @@ class StepGraph {
   std::unique_ptr<CapturedGraph> graph_;
   std::vector<at::Tensor> static_;   // The static inputs.
   std::vector<at::Tensor> outputs_;  // The graph's outputs.
+  RunAhead run_ahead_;
 };
 
 // torch.nn.utils.clip_grad_norm_(params, max_norm) with the L2 norm, without a host
@@ -150,6 +182,9 @@ class LrTable {
   void Advance();
   // Outside a graph, after each step (eager or replayed): the host's mirror moves on.
   void Next();
+  // The next Prepare refills the table (after a failed step, when the counter on the
+  // device may have moved without the mirror, or when the schedule's function changed).
+  void Invalidate();
   // 0-dim, on the device: the learning rate of the step being taken.
   const at::Tensor& lr() const { return lr_; }
 

@@ -27,6 +27,7 @@ struct DeviceLrSchedule::Impl {
             },
             device, dtype) {}
   LrTable table;
+  bool pending = false;  // before_step without its after_step.
 };
 
 DeviceLrSchedule::DeviceLrSchedule(LrSchedule schedule, double base_lr, int64_t total,
@@ -35,10 +36,21 @@ DeviceLrSchedule::DeviceLrSchedule(LrSchedule schedule, double base_lr, int64_t 
 DeviceLrSchedule::~DeviceLrSchedule() = default;
 const at::Tensor& DeviceLrSchedule::lr() const { return impl_->table.lr(); }
 void DeviceLrSchedule::advance() { impl_->table.Advance(); }
-void DeviceLrSchedule::before_step() { impl_->table.Prepare(count_); }
+void DeviceLrSchedule::before_step() {
+  // A step that began and never ended (it threw) may have moved the device's counter:
+  // refill rather than trust it.
+  if (impl_->pending) impl_->table.Invalidate();
+  impl_->pending = true;
+  impl_->table.Prepare(count_);
+}
 void DeviceLrSchedule::after_step() {
   impl_->table.Next();
+  impl_->pending = false;
   ++count_;
+}
+void DeviceLrSchedule::set_count(int64_t count) {
+  count_ = count;
+  impl_->table.Invalidate();
 }
 
 std::string cuda_graph_blocker(const DataParallel& model) {
@@ -94,6 +106,9 @@ std::vector<at::Tensor> GraphedStep::operator()(const std::vector<at::Tensor>& i
   if (impl_->options.lr != nullptr) impl_->options.lr->before_step();
   std::vector<at::Tensor> out = ValueOrThrow(impl_->graph.Run(inputs));
   if (impl_->options.lr != nullptr) impl_->options.lr->after_step();
+  // What a gradient-syncing training forward leaves on the host, which a replay does not
+  // run: the next forward broadcasts the buffers (DDP's broadcast_buffers rule).
+  impl_->model.impl().sync_buffers = true;
   return out;
 }
 

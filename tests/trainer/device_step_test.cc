@@ -110,13 +110,19 @@ TEST(DeviceStepTest, EagerOnTheCpuEqualsTheTrainersOwnStepBitForBit) {
   parts.lr_dtype = at::kDouble;
   parts.params = ours->params;
   parts.loss = [](const at::Tensor& out, const at::Tensor& y) { return at::cross_entropy_loss(out, y); };
-  DeviceStep step(parts, train, at::kCPU, LrOf, /*capture=*/false, /*required=*/false);
+  // An epoch of 4 steps, then the next: the table's entries follow the epochs.
+  DeviceStep step(parts, train, at::kCPU,
+                  [](int64_t epoch, int64_t g) { return LrOf(g) + 1e-3 * epoch; },
+                  /*steps_per_epoch=*/4, /*capture=*/false, /*required=*/false);
   std::vector<double> losses;
   for (int64_t k = 0; k < steps; ++k) {
-    ASSERT_TRUE(step.Take(k, Micro(k, k + 1 == steps)).ok());
-    losses.push_back(step.LastLoss());
+    ASSERT_TRUE(step.Take(k / 4, k % 4, k, Micro(k, k + 1 == steps)).ok());
+    auto loss = step.LastLoss();
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    losses.push_back(*loss);
   }
-  const double epoch_total = step.EpochLossSum();
+  auto epoch_total = step.EpochLossSum();
+  ASSERT_TRUE(epoch_total.ok());
   EXPECT_FALSE(step.captured());
 
   // The trainer's original step (TakeStep), written out.
@@ -134,19 +140,19 @@ TEST(DeviceStepTest, EagerOnTheCpuEqualsTheTrainersOwnStepBitForBit) {
       loss_sum += l.item<double>();
     }
     torch::nn::utils::clip_grad_norm_(ref->params, train.clip_grad_norm);
-    for (auto& g : ref->opt->param_groups()) g.options().set_lr(LrOf(k));
+    for (auto& g : ref->opt->param_groups()) g.options().set_lr(LrOf(k) + 1e-3 * (k / 4));
     ref->opt->step();
     for (at::Tensor& p : ref->params) p.mutable_grad().reset();
     const double loss = loss_sum / static_cast<double>(micro.size());
     EXPECT_EQ(losses[static_cast<size_t>(k)], loss) << "step " << k;
     total += loss;
   }
-  EXPECT_EQ(epoch_total, total);
+  EXPECT_EQ(*epoch_total, total);
   for (size_t i = 0; i < ours->params.size(); ++i) {
     EXPECT_TRUE(at::equal(ours->params[i], ref->params[i])) << "parameter " << i;
   }
   step.SetEpochLossSum(1.5);
-  EXPECT_EQ(step.EpochLossSum(), 1.5);
+  EXPECT_EQ(*step.EpochLossSum(), 1.5);
 }
 
 TEST(CudaGraphBlockersTest, NameEveryCauseAndNoneForACapturableJob) {

@@ -86,7 +86,7 @@ class DeviceLrSchedule {
   void after_step();
   // Steps done (PyTorch's scheduler's last_epoch); set_count after a resume.
   int64_t count() const { return count_; }
-  void set_count(int64_t count) { count_ = count; }
+  void set_count(int64_t count);
 
  private:
   struct Impl;
@@ -95,7 +95,7 @@ class DeviceLrSchedule {
 };
 
 struct GraphedStepOptions {
-  int warmup_steps = 3;              // Eager calls before the capture.
+  int warmup_steps = 3;              // Eager calls before the capture (at least 1).
   bool capture = true;               // false: every call eager (the same step, no graph).
   bool required = false;             // Throw (kFailedPrecondition) where it cannot capture.
   DeviceLrSchedule* lr = nullptr;    // Kept in step with the calls, when given.

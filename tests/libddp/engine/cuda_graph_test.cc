@@ -118,6 +118,15 @@ TEST(StepGraphTest, WithoutCaptureRunsEagerlyOnTheStaticInputsAndOtherShapesOnTh
   ASSERT_TRUE(out.ok());
   EXPECT_EQ((*out)[0].item<double>(), 6.0);
   EXPECT_EQ(seen.back(), (std::vector<int64_t>{3, 2}));
+  EXPECT_NE(storages.back(), storages[0]);
+  // Not regular (the caller says so): eager on its own tensor even with the static shapes.
+  out = step.Run({at::full({4, 2}, 3.0)}, /*regular=*/false);
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ((*out)[0].item<double>(), 24.0);
+  EXPECT_NE(storages.back(), storages[0]);
+  out = step.Run({at::full({4, 2}, 0.5)});
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(storages.back(), storages[0]);  // Regular again: the static buffer.
   EXPECT_FALSE(step.captured());
   EXPECT_THAT(step.Describe(), HasSubstr("eager: capture is off"));
 }
