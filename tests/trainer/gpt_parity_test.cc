@@ -231,8 +231,12 @@ TEST_F(GptParityTest, TheDebianFlavourMatchesPyTorch2xToo) {
               << ref.struct_value().fields().at("torch").string_value()
               << ": max |loss diff| over steps " << apart.step << ", val_loss "
               << apart.val_loss << "\n";
-    EXPECT_LE(apart.step, 1e-5);
-    EXPECT_LE(apart.val_loss, 1e-5);
+    // Not the same kernels: 1.13 has no scaled_dot_product_attention, so model.gpt's
+    // attention there is a masked softmax, where 2.x's reference runs SDPA's math path;
+    // float32 rounding then parts them by up to 1.2e-5 on losses near 5 (2.3e-6
+    // relative; seen 9.5e-6 per step and 1.17e-5 on validation at 2 ranks).
+    EXPECT_LE(apart.step, 3e-5);
+    EXPECT_LE(apart.val_loss, 3e-5);
   }
 }
 
