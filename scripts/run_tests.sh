@@ -16,13 +16,35 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$here"
 torch2=${DDP_TORCH2:-$([ $# -eq 0 ] && echo 1 || echo 0)}
+
+# The phase table: every phase's seconds, printed at the end of every run, passed or not
+# (docs/testing.md keeps cold and warm figures).
+phases=() phase_name="" phase_start=0 run_start=$(date +%s)
+phase() {  # phase NAME: the previous phase ends, NAME begins
+  local now; now=$(date +%s)
+  [ -z "$phase_name" ] || phases+=("$phase_name|$((now - phase_start))")
+  phase_name=$1 phase_start=$now
+}
+phase_table() {  # phase_table EXIT_STATUS
+  local rc=${1:-0}
+  phase ""
+  echo "== phases ($( [ $rc -eq 0 ] && echo passed || echo "failed, exit $rc"))"
+  printf '| %-56s | %7s |\n' phase seconds; echo '|---|---:|'
+  for p in "${phases[@]}"; do printf '| %-56s | %7s |\n' "${p%|*}" "${p##*|}"; done
+  printf '| %-56s | %7s |\n' "in all" "$(( $(date +%s) - run_start ))"
+}
+trap 'phase_table $?' EXIT
+
+phase "install: Debian packages, test tools, the torch 2.11 venv"
 bash scripts/install_deps.sh
 # TensorBoard's reader, which the export test reads `ddpctl tensorboard`'s files with.
 bash scripts/install_test_tools.sh
 # The venv first: the Debian flavour's command-job test runs a PyTorch 2.x script in it.
 [ "$torch2" != 1 ] || bash scripts/install_torch2.sh
+phase "Debian flavour: configure and build (fuzzers included)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDDP_FUZZ=ON
 cmake --build build -j "$(nproc)"
+phase "Debian flavour: tests ($(cd build && ctest -N "$@" | tail -n1 | grep -oE '[0-9]+') tests)"
 (cd build && ctest --output-on-failure --timeout 1200 "$@")
 # What the multi-host tests measured: the partition timings and the chaos soak's seed and
 # fault count (ctest keeps every test's output in its log).
@@ -31,19 +53,23 @@ grep -hE '^(chaos soak: |[a-z]+: lost declared after|outage: [0-9]|data: the sta
 
 [ "$torch2" = 1 ] || exit 0
 echo "== the PyPI flavour: torch 2.11 (docs/torch.md)"
+phase "PyPI flavour: configure and build"
 cmake -S . -B build-torch2 -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DDDP_TORCH_PYTHON="$here/.venv-torch2/bin/python" -DDDP_REQUIRE_CUDA=ON
 cmake --build build-torch2 -j "$(nproc)"
 cd build-torch2
+phase "PyPI flavour: trainer tests"
 ctest --output-on-failure --timeout 1200 -L trainer
+phase "PyPI flavour: libddp tests"
 ctest --output-on-failure --timeout 1200 \
   -R '^(library_unit_test|libddp_package_test|torch_config_test|libddp_cuda_test)$'
 cd "$here"
 
 echo "== the GPU check's rehearsal (bench/gpu/, docs/torch.md)"
+phase "GPU rehearsal: pack, engine-only build, dry run"
 bash bench/gpu/pack.sh
 gpu_out=$(mktemp -d)
-trap 'rm -rf "$gpu_out"' EXIT
+trap 'rc=$?; rm -rf "$gpu_out"; phase_table $rc' EXIT
 # build-gpu/ (the carried packages unpacked, and the engine-only build) stays, as build/
 # does: at a fixed place under the tree, its compiles hit ccache on the next run.
 OUT=$gpu_out DDP_GPU_WORK="$here/build-gpu" DDP_GPU_PYTHON="$here/.venv-torch2/bin/python" \
