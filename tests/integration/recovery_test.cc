@@ -6,6 +6,9 @@
 // carries an FNV-1a hash of its parameters).
 #include <signal.h>
 
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <regex>
@@ -291,11 +294,15 @@ std::map<int, Done> ProgramResults(LocalCluster& c, const std::string& id) {
   return out;
 }
 
-std::string ProgramSpec(const std::string& dir, const std::string& name, int max_recoveries) {
+// `notice_dir`: where each rank appends the step it was told to checkpoint at.
+std::string ProgramSpec(const std::string& dir, const std::string& name, int max_recoveries,
+                        const std::string& notice_dir = "") {
   const std::string path = absl::StrCat(dir, "/", name, ".yaml");
-  testing::WriteFile(path, absl::StrCat("name: ", name, "\nnodes: 3\nmax_recoveries: ",
-                                        max_recoveries, "\ncommand: [", DDP_RECOVERY_PROGRAM,
-                                        ", \"4000\"]\n"));
+  testing::WriteFile(
+      path, absl::StrCat("name: ", name, "\nnodes: 3\nmax_recoveries: ", max_recoveries,
+                         "\ncommand: [", DDP_RECOVERY_PROGRAM, ", \"4000\"",
+                         notice_dir.empty() ? "" : absl::StrCat(", \"", notice_dir, "\""),
+                         "]\n"));
   return path;
 }
 
@@ -445,7 +452,7 @@ TEST(PreemptionNoticeTest, ALibddpProgramIsAskedToCheckpointWhenItsWorkerDrains)
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   LocalCluster& c = **cluster;
   ASSERT_TRUE(c.WaitForWorkers(4).ok());
-  const std::string id = Submit(c, ProgramSpec(c.dir(), "program-notice", 0));
+  const std::string id = Submit(c, ProgramSpec(c.dir(), "program-notice", 0, c.dir()));
   auto running = c.WaitFor(id, [](const v1::Job& j) {
     return j.state() == v1::RUNNING && j.metrics_size() == 3 && j.metrics(0).global_step() >= 200;
   });
@@ -460,22 +467,23 @@ TEST(PreemptionNoticeTest, ALibddpProgramIsAskedToCheckpointWhenItsWorkerDrains)
   EXPECT_TRUE(done->attempts(0).preempted());
   EXPECT_THAT(done->attempts(0).reason(), HasSubstr(absl::StrCat("worker ", drained,
                                                                  " is draining")));
-  // Every rank was told at the same step.
-  CtlResult logs = c.Ctl({"logs", id});
-  static const std::regex kNotice(R"(NOTICE rank (\d) at step (\d+))");
-  std::map<int, int64_t> at;
-  for (auto it = std::sregex_iterator(logs.out.begin(), logs.out.end(), kNotice);
-       it != std::sregex_iterator(); ++it) {
-    at[std::stoi((*it)[1])] = std::stoll((*it)[2]);
+  // Every rank was told once, at the same step, the step rank 0 reported its checkpoint
+  // at, and the job moved from it. Each rank's own file says when it was told: the log's
+  // "NOTICE rank R" lines of ranks stopped right after them may never reach the job's
+  // log (the attempt is fenced by then; the notes of issue 29), and on a loaded machine
+  // they often did not.
+  std::map<int, std::string> told;
+  for (int rank = 0; rank < 3; ++rank) {
+    std::ifstream in(absl::StrCat(c.dir(), "/notice-rank", rank));
+    told[rank] = std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   }
-  // (A rank stopped right after its line may not have it delivered: see the notes of
-  // issue 29.) Every rank that said so was told at the same step, the step rank 0
-  // reported its checkpoint at, and the job moved from it.
-  ASSERT_TRUE(at.count(0)) << logs.out;
-  ASSERT_GE(at.size(), 2u) << logs.out;
-  for (const auto& [rank, step] : at) EXPECT_EQ(step, at[0]) << "rank " << rank;
+  ASSERT_FALSE(told[0].empty()) << "rank 0 was never told";
+  for (const auto& [rank, steps] : told) EXPECT_EQ(steps, told[0]) << "rank " << rank;
+  const int64_t at = std::atoll(told[0].c_str());
+  EXPECT_EQ(told[0], absl::StrCat(at, "\n")) << "told more than once";
+  EXPECT_GE(at, 200);
   EXPECT_THAT(done->attempts(0).reason(),
-              HasSubstr(absl::StrCat("from the checkpoint of global step ", at[0])));
+              HasSubstr(absl::StrCat("from the checkpoint of global step ", at)));
 }
 
 TEST(PreemptionNoticeTest, ACommandJobGetsItsNoticeSignalWithTheNoticeFileAndItsGrace) {

@@ -4,11 +4,16 @@
 // counter. At the end each rank prints its step count and an FNV-1a hash of its
 // parameters: "LIVE-RESULT rank R steps N params HASH". Every 50 steps it asks whether
 // ddp wants a checkpoint now (ddp::checkpoint_requested), and if so prints "NOTICE
-// rank R at step N" and reports one.
+// rank R at step N" and reports one; with NOTICE_DIR it also appends "N" to
+// NOTICE_DIR/notice-rankR at once (a rank stopped right after its line may not have the
+// line reach the job's log, and the test needs every rank's).
 //
-//   recovery_program [TOTAL_STEPS]   (default 3000)
+//   recovery_program [TOTAL_STEPS [NOTICE_DIR]]   (default 3000)
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
+
+#include <fstream>
+#include <string>
 
 #include <cstdio>
 #include <cstdlib>
@@ -37,6 +42,7 @@ std::string Fingerprint(const std::vector<torch::Tensor>& params) {
 
 int main(int argc, char** argv) {
   const int64_t total = argc > 1 ? std::atoll(argv[1]) : 3000;
+  const std::string notice_dir = argc > 2 ? argv[2] : "";
   try {
     torch::set_num_threads(1);
     auto group = ddp::init_process_group();
@@ -77,6 +83,10 @@ int main(int argc, char** argv) {
       // keeps its "checkpoint" in memory, and reports it so that ddp moves the job.
       if (done && step % 50 == 0 && ddp::checkpoint_requested(*group)) {
         std::cout << "NOTICE rank " << rank << " at step " << step << std::endl;
+        if (!notice_dir.empty()) {
+          std::ofstream(notice_dir + "/notice-rank" + std::to_string(rank), std::ios::app)
+              << step << "\n";
+        }
         if (rank == 0) report.checkpoint("in-memory", 0, step, step);
       }
     }
