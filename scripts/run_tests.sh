@@ -10,12 +10,21 @@
 # job). Last, the GPU check's rehearsal (bench/gpu/, docs/torch.md): its packing, and its
 # one command's dry run on the CPU (the carried build, the GPU tests, the GPU bench).
 #   scripts/run_tests.sh [ctest args...]     e.g. -L unit, -R trainer, -L fuzz
+#   scripts/run_tests.sh --quick             the contributors' tier (docs/testing.md)
 # With ctest arguments only the Debian flavour runs, with them; DDP_TORCH2=0 skips the
-# PyPI flavour, DDP_TORCH2=1 runs it whatever the arguments.
+# PyPI flavour, DDP_TORCH2=1 runs it whatever the arguments. --quick builds the Debian
+# flavour and runs its unit tests (every component's) and the engine's parity with
+# PyTorch (the trainer's and libddp's), nothing else.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$here"
-torch2=${DDP_TORCH2:-$([ $# -eq 0 ] && echo 1 || echo 0)}
+quick=0
+if [ "${1:-}" = --quick ]; then
+  quick=1
+  shift
+  [ $# -eq 0 ] || { echo "run_tests.sh: --quick takes no ctest arguments" >&2; exit 2; }
+fi
+torch2=${DDP_TORCH2:-$([ $# -eq 0 ] && [ $quick = 0 ] && echo 1 || echo 0)}
 
 # The phase table: every phase's seconds, printed at the end of every run, passed or not
 # (docs/testing.md keeps cold and warm figures).
@@ -44,6 +53,17 @@ bash scripts/install_test_tools.sh
 phase "Debian flavour: configure and build (fuzzers included)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDDP_FUZZ=ON
 cmake --build build -j "$(nproc)"
+if [ $quick = 1 ]; then
+  # The engine's parity: ddp-trainer's per-step losses and libddp's (plain DDP, the
+  # autograd graph's options, hooks, ZeRO, Join, SyncBatchNorm, the data loader, the fused
+  # optimizers) against PyTorch's own DDP run live.
+  parity='^(trainer_equivalence_test|library_parity_test|ddp_graph_parity_test|comm_hook_parity_test|zero_parity_test|join_parity_test|sync_batch_norm_parity_test|data_loader_parity_test|fused_optimizer_parity_test)$'
+  phase "quick: unit tests ($(cd build && ctest -N -L unit | tail -n1 | grep -oE '[0-9]+'))"
+  (cd build && ctest --output-on-failure --timeout 1200 -L unit)
+  phase "quick: the engine's parity with PyTorch ($(cd build && ctest -N -R "$parity" | tail -n1 | grep -oE '[0-9]+'))"
+  (cd build && ctest --output-on-failure --timeout 1200 -R "$parity")
+  exit 0
+fi
 phase "Debian flavour: tests ($(cd build && ctest -N "$@" | tail -n1 | grep -oE '[0-9]+') tests)"
 (cd build && ctest --output-on-failure --timeout 1200 "$@")
 # What the multi-host tests measured: the partition timings and the chaos soak's seed and
