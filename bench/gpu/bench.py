@@ -269,6 +269,37 @@ metrics: {{every_steps: {warmup}}}
 """)
 
 
+def profile_lines(g):
+    """Where the GPT step goes, for the sides that were profiled (--gpt-profile)."""
+    profiled = [(side, r["profile"]) for side, r in g["sides"].items() if r.get("profile")]
+    if not profiled:
+        return []
+    lines = ["", "Where the GPT step goes (torch.profiler over the steps after the timed ones; "
+             "ms a step; GPU busy: the union of the device's kernels, memcpys and memsets "
+             "over the wall time):", ""]
+    kinds = []
+    for _, p in profiled:
+        kinds += [k for k in p.get("kinds_ms_per_step", {}) if k not in kinds]
+    lines += ["| side | steps | wall | kernels | GPU busy % |" + "".join(f" {k} |" for k in kinds),
+              "|---|---|---|---|---|" + "---|" * len(kinds)]
+    for side, p in profiled:
+        if "error" in p:
+            lines.append(f"| {LABELS[side]} | profile failed: {p['error'][:300]} |")
+            continue
+        k = p.get("kinds_ms_per_step", {})
+        lines.append(f"| {LABELS[side]} | {p['steps']} | {p['wall_ms_per_step']} | "
+                     f"{p.get('kernel_ms_per_step', '-')} | {fmt(p.get('busy_pct'), 1)} |"
+                     + "".join(f" {k.get(x, '-')} |" for x in kinds))
+    for side, p in profiled:
+        top = p.get("top_kernels") or p.get("top_cpu_ops") or []
+        if top:
+            what = "kernels" if p.get("top_kernels") else "CPU operators (self time)"
+            lines += ["", f"{LABELS[side]}: the {len(top)} {what} that took the longest "
+                      "(ms a step, calls a step): " + "; ".join(
+                          f"`{n}` {t} ({c})" for n, t, c in top)]
+    return lines
+
+
 def gpt_job(path, c, tokens, backend, device, batch, steps, warmup, lr_warmup):
     """ddp-trainer's GPT job: what bench/gpu/gpt_pytorch.py does, in job.yaml."""
     with open(path, "w") as f:
@@ -485,6 +516,9 @@ class Bench:
                     argv += ["--threads", "1"]
                 if compiled:
                     argv += ["--compile", "--compile-backend", self.compile_backend]
+                profile = a.gpt_profile or (1 if a.dry_run else 0)
+                if profile:
+                    argv += ["--profile-steps", str(profile)]
                 outs = run_ranks(lambda r: argv, world, {}, self.tmp, timeout)
                 ds = [last_json(o, "gpt_pytorch.py") for o in outs]
                 if ds[0]["params"] != g["params"]:
@@ -493,6 +527,8 @@ class Bench:
                 rec = {"losses": ds[0]["losses"], "peak_mem_mib": ds[0]["peak_mem_mib"],
                        "first_step_s": ds[0]["first_step_s"], "warmup_s": ds[0]["warmup_s"],
                        "fused_adamw": ds[0]["fused_adamw"]}
+                if "profile" in ds[0]:
+                    rec["profile"] = ds[0]["profile"]
                 if compiled:
                     rec["compile"] = (f"torch.compile(model), backend {self.compile_backend}"
                                       + (" (the CPU: inductor's C++ compile takes minutes)"
@@ -798,6 +834,7 @@ def render_md(res):
                          f"{fmt(gpu.get('gpu_util_pct'), 1)} | {trend} | {'; '.join(notes)} |")
         if "llm.c" in g["sides"]:
             lines += ["", LLMC_SETTINGS.replace("RECOMPUTE", str(res.get("llmc_recompute", 0)))]
+        lines += profile_lines(g)
     if res["rows"]:
         lines += ["", "MLP, CNN, ResNet-18: samples/s (over PyTorch eager / over PyTorch "
                   "compile reduce-overhead); GPU busy % in the order of the columns", "",
@@ -850,6 +887,9 @@ def main():
     ap.add_argument("--gpt-steps", type=int, default=30, help="GPT's timed steps")
     ap.add_argument("--gpt-warmup", type=int, default=10, help="GPT's untimed steps first")
     ap.add_argument("--gpt-lr-warmup", type=int, default=10, help="GPT's lr warm-up steps")
+    ap.add_argument("--gpt-profile", type=int, default=0,
+                    help="after the timed steps, this many more of each PyTorch GPT side under "
+                         "torch.profiler: where the step goes (the dry run profiles 1)")
     for k in GPT_124M:
         ap.add_argument(f"--gpt-{k.replace('_', '-')}", type=int, default=0,
                         help=f"GPT's {k} (0: GPT-2 124M's {GPT_124M[k]})")

@@ -3,7 +3,7 @@
     torchrun-style environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK)
     python3 bench/gpu/gpt_pytorch.py --train train.bin [--compile] [--batch 16] [--steps 30]
         [--warmup 10] [--layers 12 --heads 12 --dim 768 --seq-len 1024 --vocab 50304]
-        [--device cuda|cpu] [--backend nccl|gloo] [--precision bf16|fp32]
+        [--device cuda|cpu] [--backend nccl|gloo] [--precision bf16|fp32] [--profile-steps 0]
 
 What ddp-trainer's GPT job (bench/gpu/bench.py writes it) does, in PyTorch:
   - the model is tests/reference/nanogpt.py's GPT (dropout 0, tied head), built after
@@ -37,12 +37,15 @@ import time
 
 import torch
 import torch.distributed as dist
+import torch.profiler
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # step_profile
 from nanogpt import GPT, GPTConfig, flops_per_token  # noqa: E402
+import step_profile  # noqa: E402
 
 
 def load_tokens(path):
@@ -101,6 +104,9 @@ def main():
     ap.add_argument("--backend", default="nccl")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="intra-op threads (0: torch's default)")
+    ap.add_argument("--profile-steps", type=int, default=0,
+                    help="after the timed steps, this many more under torch.profiler "
+                         "(bench/gpu/step_profile.py: the GPU's kernel time by kind)")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -151,11 +157,9 @@ def main():
     losses, lrs, step_s = [], [], []
     epochs = 0
     t_timed = None
-    for step in range(total):
-        if step == a.warmup:
-            sync()
-            t_timed = time.perf_counter()
-        t0 = time.perf_counter()
+
+    def train_step():
+        nonlocal epochs
         epoch, x, y = next(data)
         epochs = epoch + 1
         if dev.type == "cuda":
@@ -166,16 +170,41 @@ def main():
         loss.backward()
         if a.clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
-        lrs.append(opt.param_groups[0]["lr"])
+        lr = opt.param_groups[0]["lr"]
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-        losses.append(loss.detach())
+        return loss.detach(), lr
+
+    for step in range(total):
+        if step == a.warmup:
+            sync()
+            t_timed = time.perf_counter()
+        t0 = time.perf_counter()
+        loss, lr = train_step()
+        lrs.append(lr)
+        losses.append(loss)
         if step < a.warmup:
             sync()  # Untimed steps: each one's own seconds (the first: the compile).
             step_s.append(time.perf_counter() - t0)
     sync()
     train_s = time.perf_counter() - t_timed if a.steps else 0.0
+
+    profile = None
+    if a.profile_steps > 0:
+        # After the timed steps, so that the profiler's own cost is in no figure above;
+        # the schedule runs on past its end (the rate, not the loss, is what is read).
+        try:
+            with torch.profiler.profile(activities=step_profile.activities(dev.type)) as prof:
+                sync()
+                t0 = time.perf_counter()
+                for _ in range(a.profile_steps):
+                    train_step()
+                sync()
+                wall = time.perf_counter() - t0
+            profile = step_profile.summarize(prof, wall, a.profile_steps)
+        except Exception as e:  # The profile is a diagnosis: its failure is reported, not fatal.
+            profile = {"error": f"{type(e).__name__}: {e}"}
     timed_tokens = a.steps * a.batch * a.seq_len
     result = {
         "rank": rank, "world": world, "backend": a.backend, "device": str(dev),
@@ -196,6 +225,8 @@ def main():
         "peak_mem_mib": (round(torch.cuda.max_memory_allocated(dev) / 2**20, 1)
                          if dev.type == "cuda" else None),
     }
+    if profile is not None:
+        result["profile"] = profile
     if not all(math.isfinite(l) for l in result["losses"]):
         result["error"] = "a loss is not finite"
     print(json.dumps(result), flush=True)
