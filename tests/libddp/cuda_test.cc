@@ -220,17 +220,17 @@ TrainRun TrainOnPort(int port, int world, const std::string& backend, const std:
   return run;
 }
 
-// `world` ranks as processes of their own: this test program again, running
-// CudaTest.DISABLED_RankProcess with the rank's environment; rank 0 writes what it saw
-// to a file. Two ranks on one GPU over Gloo's CUDA path hung as threads of one process
-// (seen on an H200, for 300 s, cause not established; as processes they pass), and a
-// user's ranks are processes anyway, as under ddp-worker and torchrun.
 TrainRun Train(int world, const std::string& backend, const std::string& device, int steps,
                bool bf16 = false, Feature feature = Feature::kPlain) {
   return OnFreePorts(
       [&](int port) { return TrainOnPort(port, world, backend, device, steps, bf16, feature); });
 }
 
+// `world` ranks as processes of their own: this test program again, running
+// CudaTest.DISABLED_RankProcess with the rank's environment; rank 0 writes what it saw
+// to a file. Two ranks on one GPU over Gloo's CUDA path hung as threads of one process
+// (seen on an H200, for 300 s, cause not established; as processes they pass), and a
+// user's ranks are processes anyway, as under ddp-worker and torchrun.
 TrainRun TrainInProcessesOnPort(int port, int world, const std::string& backend,
                                 const std::string& device, int steps, Feature feature) {
   char dir_template[] = "/tmp/ddp-cuda-test-XXXXXX";
