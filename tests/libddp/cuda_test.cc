@@ -469,7 +469,8 @@ struct GraphRun {
   bool captured = false;
 };
 
-GraphRun TrainGraphed(bool capture) {
+// A world of one rank over NCCL on this process's GPU: what a graph captures.
+std::shared_ptr<ddp::ProcessGroup> NcclWorldOneGroup() {
   ddp::Environment env;
   env.rank = env.local_rank = 0;
   env.world_size = env.local_world_size = 1;
@@ -479,7 +480,11 @@ GraphRun TrainGraphed(bool capture) {
   ddp::ProcessGroupOptions o;
   o.backend = "nccl";
   o.device = "cuda";
-  auto group = ddp::ProcessGroup::create(env, o);
+  return ddp::ProcessGroup::create(env, o);
+}
+
+GraphRun TrainGraphed(bool capture) {
+  auto group = NcclWorldOneGroup();
   ddp::CudaStreamScope stream(group->device());
   torch::nn::Sequential net(torch::nn::Linear(8, 32), torch::nn::Tanh(), torch::nn::Linear(32, 3));
   {
@@ -544,16 +549,7 @@ TEST(CudaGraphTest, AGraphedStepEqualsTheSameStepRunEagerly) {
 
 TEST(CudaGraphTest, AModelWithACommunicationHookIsRefusedWhenAGraphIsRequired) {
   REQUIRE_GPU();
-  ddp::Environment env;
-  env.rank = env.local_rank = 0;
-  env.world_size = env.local_world_size = 1;
-  env.master_addr = "127.0.0.1";
-  env.master_port = FreePort();
-  env.node = "cuda-test";
-  ddp::ProcessGroupOptions o;
-  o.backend = "nccl";
-  o.device = "cuda";
-  auto group = ddp::ProcessGroup::create(env, o);
+  auto group = NcclWorldOneGroup();
   ddp::CudaStreamScope stream(group->device());
   torch::nn::Linear net(4, 2);
   ddp::DistributedDataParallel model(net, group);
