@@ -96,6 +96,34 @@ absl::StatusOr<int> PickFreePort(const std::string& host) {
   return last;
 }
 
+absl::StatusOr<PortRange> ParsePortRange(const std::string& text) {
+  const size_t dash = text.find('-');
+  const std::string lo = dash == std::string::npos ? text : text.substr(0, dash);
+  const std::string hi = dash == std::string::npos ? text : text.substr(dash + 1);
+  PortRange r;
+  if (!absl::SimpleAtoi(lo, &r.first) || !absl::SimpleAtoi(hi, &r.last)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", text, "' is not a port range LO-HI (for example 29500-29599)"));
+  }
+  if (r.first < 1 || r.last > 65535 || r.first > r.last) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", text, "': the ports must be 1..65535, the first not above the last"));
+  }
+  return r;
+}
+
+bool PortIsBindable(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return ok;
+}
+
 std::string LocalHostname() {
   char buf[256];
   if (::gethostname(buf, sizeof(buf)) != 0) return "localhost";

@@ -23,6 +23,18 @@ absl::StatusOr<HostPort> ParseHostPort(const std::string& text);
 // free-port probe; users of the port must treat a bind failure as retryable.
 absl::StatusOr<int> PickFreePort(const std::string& host = "127.0.0.1");
 
+// A range of ports, "LO-HI" (inclusive) or one port "P", as ddp-worker's --store-ports
+// takes it: 1 <= LO <= HI <= 65535. Errors name the input: INVALID_ARGUMENT.
+struct PortRange {
+  int first = 0;
+  int last = 0;  // Inclusive.
+  int size() const { return last - first + 1; }
+};
+absl::StatusOr<PortRange> ParsePortRange(const std::string& text);
+
+// Whether a TCP socket can bind `port` on every interface (0.0.0.0) right now.
+bool PortIsBindable(int port);
+
 // Whether `host` (as ParseHostPort returns it) names only this machine: "localhost",
 // 127.0.0.0/8 or ::1. Empty, "0.0.0.0", "::" and every other name are not: they
 // listen on (or reach) other machines' networks too.

@@ -25,15 +25,22 @@ import math
 import os
 import socket
 import struct
-import subprocess
 import sys
 import time
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    # In the repository, a port claimed against tests run beside this one (ctest -j;
+    # tests/common/ddp_test_ports.py); elsewhere, one the kernel says is free.
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                                    "common"))
+    try:
+        from ddp_test_ports import claim_port
+    except ImportError:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    return claim_port()
 
 
 def parse_args():
@@ -507,23 +514,39 @@ def main():
         child(args)
         return
     port = free_port()
+    # The ranks are forked from this process once it has imported torch (and run nothing
+    # in it), not started afresh: a new interpreter imports torch again, seconds of CPU
+    # per rank, and the ranks' numbers are the same either way. Each writes its JSON to
+    # a pipe of its own, as its stdout; --child still runs one rank alone.
+    import torch  # noqa: F401
     procs = []
     for rank in range(args.world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(args.world), LOCAL_RANK=str(rank),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", "--spec",
-               os.path.abspath(args.spec), "--world", str(args.world), "--out", args.out,
-               "--threads", str(args.threads), "--max-steps", str(args.max_steps)]
-        if args.index_loader:
-            cmd.append("--index-loader")
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE))
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(read_end)
+            os.dup2(write_end, 1)
+            os.close(write_end)
+            os.environ.update(RANK=str(rank), WORLD_SIZE=str(args.world), LOCAL_RANK=str(rank),
+                              MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            try:
+                child(args)  # Ends with os._exit(0).
+            except BaseException:
+                import traceback
+                traceback.print_exc()
+            os._exit(1)
+        os.close(write_end)
+        procs.append((pid, read_end))
     ranks = {}
-    for rank, p in enumerate(procs):
-        stdout, _ = p.communicate()
-        if p.returncode != 0:
-            sys.exit(f"rank {rank} failed with exit code {p.returncode}")
+    for rank, (pid, read_end) in enumerate(procs):
+        with os.fdopen(read_end, "rb") as f:
+            stdout = f.read()
+        _, status = os.waitpid(pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0:
+            sys.exit(f"rank {rank} failed with exit code {code}")
         ranks[str(rank)] = json.loads(stdout.decode().strip().splitlines()[-1])
-    result = {"torch": __import__("torch").__version__, "world": args.world,
+    result = {"torch": torch.__version__, "world": args.world,
               "spec": os.path.basename(args.spec), "ranks": ranks}
     with open(args.out, "w") as f:
         json.dump(result, f, separators=(",", ":"))

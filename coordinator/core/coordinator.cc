@@ -203,7 +203,8 @@ void Coordinator::StartRecoveryLocked(JobRecord& rec, const std::vector<int>& mo
   // A fresh store for the new generation, on rank 0's node: a port it found free.
   const v1::RankAssignment& head = a->ranks(0);
   WorkerRecord* w0 = registry_.Find(head.worker());
-  const int port = w0 == nullptr ? 0 : ports_.Pick(head.worker(), head.address(), w0->free_ports);
+  const int port =
+      w0 == nullptr ? 0 : ports_.Pick(head.worker(), head.address(), w0->free_ports, now);
   if (port == 0) {
     ApplyLocked(rec,
                 FailRecovery(rec, absl::StrCat(cause.empty() ? "" : cause + ", and ", "no free port on ",
@@ -212,7 +213,7 @@ void Coordinator::StartRecoveryLocked(JobRecord& rec, const std::vector<int>& mo
                 touched);
     return;
   }
-  ports_.Release(a->master_addr(), a->master_port());
+  ports_.Release(a->master_addr(), a->master_port(), now);
   ports_.Hold(head.address(), port);
   const std::string address = head.address();
   ApplyLocked(rec, BeginRecovery(rec, address, port, now, moved, cause), touched);
@@ -273,7 +274,7 @@ void Coordinator::EndAttemptLocked(JobRecord& rec, int attempt) {
     if (registry_.Unassign(w, key)) schedule_dirty_ = true;
     WakeLongPollsLocked(w);
   }
-  ports_.Release(a.master_addr(), a.master_port());
+  ports_.Release(a.master_addr(), a.master_port(), clock_->Now());
 }
 
 void Coordinator::ScheduleLocked(TouchList& touched) {
@@ -422,7 +423,7 @@ bool Coordinator::FormLocked(JobRecord& rec, const std::vector<NodeOffer>& nodes
   WorkerRecord* head = registry_.Find(nodes[0].worker);
   std::vector<int32_t> no_ports;
   const int port = ports_.Pick(nodes[0].worker, nodes[0].address,
-                               head == nullptr ? no_ports : head->free_ports);
+                               head == nullptr ? no_ports : head->free_ports, clock_->Now());
   if (port == 0) {
     ApplyLocked(rec, WaitForPort(rec, nodes[0].worker), touched);
     return false;

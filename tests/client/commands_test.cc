@@ -25,6 +25,7 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
+#include "tests/common/ports.h"
 #include "tests/common/test_util.h"
 
 namespace ddp {
@@ -74,7 +75,11 @@ class CommandsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     state_dir_ = testing::MakeTempDir("commands");
-    StartServer(0);
+    // A port of this test's own (tests/common/ports.h): RestartServer binds it again,
+    // and an ephemeral one could be taken in between by tests running beside this one.
+    auto port = testing::ClaimPort();
+    ASSERT_TRUE(port.ok()) << port.status();
+    StartServer(*port);
     address_ = absl::StrCat("127.0.0.1:", server_->port());
     workers_ = v1::WorkerService::NewStub(
         grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
@@ -84,6 +89,7 @@ class CommandsTest : public ::testing::Test {
     CoordinatorServerOptions o;
     o.listen = absl::StrCat("127.0.0.1:", port);
     o.state_dir = state_dir_;
+    o.timing.heartbeat_timeout = heartbeat_timeout_;
     auto server = CoordinatorServer::Start(o);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
@@ -194,6 +200,7 @@ class CommandsTest : public ::testing::Test {
     }
   }
 
+  absl::Duration heartbeat_timeout_ = CoordinatorOptions().heartbeat_timeout;
   std::string state_dir_;
   std::unique_ptr<CoordinatorServer> server_;
   std::string address_;
@@ -202,6 +209,10 @@ class CommandsTest : public ::testing::Test {
 };
 
 TEST_F(CommandsTest, WorkersFollowsEveryPageThenSummarizesOrStopsAtTheLimit) {
+  // Workers that register and never beat: alive for a minute, not the default 2.5 s,
+  // which registering 2,100 of them can take on a loaded machine.
+  heartbeat_timeout_ = absl::Minutes(1);
+  RestartServer();
   constexpr int kWorkers = 2100;  // More than two of ListWorkers' default pages.
   for (int i = 0; i < kWorkers; ++i) {
     grpc::ClientContext ctx;

@@ -28,8 +28,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
-#include "common/net.h"
 #include "common/process.h"
+#include "tests/common/ports.h"
 #include "tests/common/run_captured.h"
 #include "tests/common/test_util.h"
 
@@ -238,7 +238,7 @@ absl::StatusOr<std::unique_ptr<PostgresServer>> PostgresServer::Start() {
   // postmaster does. That shows in the log, and a fresh port is tried.
   absl::Status started;
   for (int attempt = 0; attempt < 3; ++attempt) {
-    absl::StatusOr<int> port = PickFreePort("127.0.0.1");
+    absl::StatusOr<int> port = ::ddp::testing::ClaimPort();
     if (!port.ok()) return port.status();
     server->port_ = *port;
     started = server->StartPostmaster();

@@ -102,25 +102,43 @@ TEST(AdmissionTest, CheckSubmissionAppliesTheTimingAndCommandJobPolicy) {
 TEST(PortBookTest, APortHeldAtAnAddressIsNotHandedOutAgainUntilReleased) {
   PortBook book;
   std::vector<int32_t> offer = {29500, 29501};
-  const int first = book.Pick("w1", "10.0.0.1", offer);
+  const int first = book.Pick("w1", "10.0.0.1", offer, kT0);
   EXPECT_EQ(first, 29500);
   EXPECT_THAT(offer, ElementsAre(29501)) << "taken out of the offer";
   book.Hold("10.0.0.1", first);
   std::vector<int32_t> again = {29500};  // The next heartbeat offers it again.
-  EXPECT_EQ(book.Pick("w1", "10.0.0.1", again), 0) << "held by a live attempt";
+  EXPECT_EQ(book.Pick("w1", "10.0.0.1", again, kT0), 0) << "held by a live attempt";
   EXPECT_TRUE(book.WaitsOn("w1")) << "its next heartbeat with ports retries";
   std::vector<int32_t> elsewhere = {29500};
-  EXPECT_EQ(book.Pick("w2", "10.0.0.2", elsewhere), 29500) << "another address";
+  EXPECT_EQ(book.Pick("w2", "10.0.0.2", elsewhere, kT0), 29500) << "another address";
   EXPECT_TRUE(book.WaitsOn("w1")) << "another node's port does not end w1's wait";
-  book.Release("10.0.0.1", first);
+  book.Release("10.0.0.1", first, kT0);
   EXPECT_EQ(book.held("10.0.0.1"), 0u);
   std::vector<int32_t> freed = {29500};
-  EXPECT_EQ(book.Pick("w1", "10.0.0.1", freed), 29500);
+  EXPECT_EQ(book.Pick("w1", "10.0.0.1", freed, kT0), 29500) << "the offer's only port";
   EXPECT_FALSE(book.WaitsOn("w1")) << "its port came";
-  book.Pick("w3", "10.0.0.3", offer = {});
+  book.Pick("w3", "10.0.0.3", offer = {}, kT0);
   EXPECT_TRUE(book.WaitsOn("w3"));
   book.Forget("w3");
   EXPECT_FALSE(book.WaitsOn("w3"));
+}
+
+TEST(PortBookTest, AJustReleasedPortGoesToTheNextAttemptOnlyWhenTheOfferHasNoOther) {
+  // A node's --store-ports range offers its few ports in turn: the attempt (or
+  // generation) after one that released 29500 gets another port while 29500 cools.
+  PortBook book;
+  std::vector<int32_t> offer = {29500, 29501, 29502};
+  ASSERT_EQ(book.Pick("w1", "10.0.0.1", offer, kT0), 29500);
+  book.Hold("10.0.0.1", 29500);
+  book.Release("10.0.0.1", 29500, kT0 + absl::Seconds(10));
+  offer = {29500, 29501, 29502};
+  EXPECT_EQ(book.Pick("w1", "10.0.0.1", offer, kT0 + absl::Seconds(20)), 29501);
+  offer = {29500};
+  EXPECT_EQ(book.Pick("w1", "10.0.0.1", offer, kT0 + absl::Seconds(20)), 29500)
+      << "cooling, but the only port offered";
+  offer = {29500, 29501};
+  EXPECT_EQ(book.Pick("w1", "10.0.0.1", offer, kT0 + absl::Minutes(3)), 29500)
+      << "cooled: the offer's order again";
 }
 
 TEST(TimersTest, StartDeadlinesComeDueInOrderOnce) {

@@ -11,9 +11,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/net.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/ports.h"
 #include "tests/common/postgres_server.h"
 #include "tests/common/status_matchers.h"
 
@@ -194,7 +194,7 @@ TEST_F(PostgresStoreTest, BadUrisAndUnreachableServersAreClearErrors) {
   EXPECT_THAT(PostgresStore::Open({"postgresql://ddp:s3cret@127.0.0.1:notaport/ddp"}),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr("--store"), ::testing::Not(HasSubstr("s3cret")))));
-  auto port = PickFreePort("127.0.0.1");
+  auto port = ::ddp::testing::ClaimPort();
   ASSERT_TRUE(port.ok());
   const std::string nowhere = absl::StrCat("postgresql://ddp:s3cret@127.0.0.1:", *port, "/ddp");
   auto st = PostgresStore::Open({nowhere}).status();

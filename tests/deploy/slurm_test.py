@@ -28,6 +28,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from ddp_test_ports import claim_port  # noqa: E402
+
 SKIP = 77
 SLURM_PROGRAMS = ["mungekey", "munged", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo",
                   "scancel", "srun"]
@@ -55,16 +58,10 @@ def die_with_parent():
 
 
 def free_port():
-    # Below the ephemeral range, as docs/deploy.md advises for loopback servers.
-    for _ in range(200):
-        port = 20000 + int.from_bytes(os.urandom(2), "little") % 10000
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise Failure("no free port")
+    # Of this test's own: below the ephemeral range, as docs/deploy.md advises for
+    # loopback servers, and claimed against tests run beside this one
+    # (tests/common/ddp_test_ports.py).
+    return claim_port()
 
 
 def wait_for(what, predicate, timeout, interval=0.2):

@@ -16,10 +16,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "common/net.h"
 #include "common/process.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/ports.h"
 #include "tests/common/status_matchers.h"
 #include "tests/common/test_util.h"
 #include "tests/integration/local_cluster.h"
@@ -293,7 +293,7 @@ TEST_F(CommandJobTest, ARestartedWorkerEndsWhatItsKilledPredecessorsRanksLeftBeh
   Start();
   const std::string work_dir = cluster_->dir() + "/node-x";
   auto start_worker = [&]() -> std::unique_ptr<Subprocess> {
-    auto health = PickFreePort();
+    auto health = ::ddp::testing::ClaimPort();
     EXPECT_TRUE(health.ok());
     SpawnOptions o;
     o.argv = {testing::BinDir() + "/ddp-worker", "--coordinator", cluster_->address(),

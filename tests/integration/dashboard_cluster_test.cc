@@ -16,8 +16,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "common/net.h"
 #include "gtest/gtest.h"
+#include "tests/common/ports.h"
 #include "tests/common/test_util.h"
 #include "tests/integration/local_cluster.h"
 
@@ -28,7 +28,7 @@ using testing::CtlResult;
 using testing::LocalCluster;
 
 TEST(DashboardClusterTest, ViewerLogsInOverHttpsAndSeesBothRanksRedrawInHeadlessChromium) {
-  auto port = PickFreePort("127.0.0.1");
+  auto port = ::ddp::testing::ClaimPort();
   ASSERT_TRUE(port.ok()) << port.status();
   LocalCluster::Options o;
   o.secure = true;

@@ -1,9 +1,6 @@
 #include "tests/integration/local_cluster.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <poll.h>
-#include <sys/socket.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -15,7 +12,6 @@
 #include <grpcpp/create_channel.h>
 #include <grpcpp/generic/generic_stub.h>
 
-#include "absl/random/random.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -23,10 +19,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
-#include "common/net.h"
 #include "common/auth/tokens.h"
 #include "common/rpc/credentials.h"
 #include "common/rpc/status.h"
+#include "tests/common/ports.h"
 #include "tests/common/run_captured.h"
 #include "tests/common/test_util.h"
 
@@ -37,17 +33,6 @@ namespace {
 // heartbeat timeout comes from the options).
 const std::vector<std::string> kTimingFlags = {"--rpc-deadline=100ms",
                                                "--heartbeat-interval=200ms"};
-
-bool PortIsFree(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  ::close(fd);
-  return ok;
-}
 
 }  // namespace
 
@@ -136,20 +121,14 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const Options&
       return absl::InternalError(absl::StrCat("make_certs.sh failed: ", made.err));
     }
   }
-  // A free port below the ephemeral range: connecting to a closed ephemeral port on
-  // loopback can "succeed" by TCP self-connect while the coordinator restarts.
-  absl::BitGen gen;
+  // Ports of this test's own (tests/common/ports.h), below the ephemeral range:
+  // connecting to a closed ephemeral port on loopback can "succeed" by TCP self-connect
+  // while the coordinator restarts, and nothing else takes them while it is down.
   const int wanted = options.store_uri.empty() ? 1 : options.coordinators;
-  for (int tries = 0; tries < 100 * wanted && static_cast<int>(c->ports_.size()) < wanted;
-       ++tries) {
-    const int candidate = absl::Uniform(gen, 20000, 32000);
-    if (PortIsFree(candidate) &&
-        std::find(c->ports_.begin(), c->ports_.end(), candidate) == c->ports_.end()) {
-      c->ports_.push_back(candidate);
-    }
-  }
-  if (static_cast<int>(c->ports_.size()) < wanted) {
-    return absl::UnavailableError("no free port for the coordinator");
+  for (int i = 0; i < wanted; ++i) {
+    auto port = ClaimPort();
+    if (!port.ok()) return port.status();
+    c->ports_.push_back(*port);
   }
   c->port_ = c->ports_.front();
   if (!options.store_uri.empty()) {
@@ -297,12 +276,18 @@ absl::Status LocalCluster::AddWorker(const std::string& name) {
 
 absl::Status LocalCluster::StartWorker(const std::string& name, int slots) {
   SpawnOptions o;
-  auto health_port = PickFreePort("127.0.0.1");
+  auto health_port = ClaimPort();
   if (!health_port.ok()) return health_port.status();
+  // Its jobs' store ports from a block of this test's own: ports the kernel hands out
+  // as free come from the range outgoing connections draw from, and with tests side by
+  // side one was taken before rank 0 bound it.
+  auto store_ports = ClaimPortBlock();
+  if (!store_ports.ok()) return store_ports.status();
   o.argv = {BinDir() + "/ddp-worker", "--coordinator", address(), "--name", name,
             "--slots", std::to_string(slots), "--cpus", "1", "--stop-grace", "3s",
             "--work-dir", dir_ + "/" + name,
-            "--health-listen", absl::StrCat("127.0.0.1:", *health_port)};
+            "--health-listen", absl::StrCat("127.0.0.1:", *health_port),
+            absl::StrCat("--store-ports=", store_ports->first, "-", store_ports->last)};
   if (!options_.trainer.empty()) {
     o.argv.push_back("--trainer");
     o.argv.push_back(options_.trainer);
@@ -318,7 +303,7 @@ absl::Status LocalCluster::StartWorker(const std::string& name, int slots) {
   }
   int metrics_port = 0;
   if (options_.worker_metrics) {
-    auto port = PickFreePort("127.0.0.1");
+    auto port = ClaimPort();
     if (!port.ok()) return port.status();
     metrics_port = *port;
     o.argv.push_back(absl::StrCat("--metrics-listen=127.0.0.1:", metrics_port));

@@ -20,10 +20,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/net.h"
 #include "common/process.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/ports.h"
 #include "tests/common/probes.h"
 #include "tests/common/test_util.h"
 #include "tests/integration/local_cluster.h"
@@ -89,7 +89,7 @@ class MetricsClusterTest : public ::testing::Test {
                    "scripts/install_deps.sh does)\n";
       std::exit(77);
     }
-    auto port = PickFreePort("127.0.0.1");
+    auto port = ::ddp::testing::ClaimPort();
     ASSERT_TRUE(port.ok()) << port.status();
     coordinator_metrics_ = *port;
     LocalCluster::Options o;
@@ -120,7 +120,7 @@ class MetricsClusterTest : public ::testing::Test {
                      "    static_configs: [{targets: ['127.0.0.1:",
                      cluster_->worker_metrics_port(0), "', '127.0.0.1:",
                      cluster_->worker_metrics_port(1), "']}]\n"));
-    auto port = PickFreePort("127.0.0.1");
+    auto port = ::ddp::testing::ClaimPort();
     ASSERT_TRUE(port.ok()) << port.status();
     prometheus_port_ = *port;
     SpawnOptions o;

@@ -13,11 +13,11 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/net.h"
 #include "common/process.h"
 #include "common/version.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/ports.h"
 #include "tests/common/test_util.h"
 #include "tests/integration/local_cluster.h"
 
@@ -85,7 +85,7 @@ TEST(ReadinessTest, CoordinatorIsReadyOnceServingAndWorkerOnceRegistered) {
   NotifySocket notify;
   ASSERT_TRUE(notify.bound());
   const std::string dir = ::ddp::testing::MakeTempDir("readiness");
-  auto port = PickFreePort("127.0.0.1");
+  auto port = ::ddp::testing::ClaimPort();
   ASSERT_TRUE(port.ok());
   const std::string bin = ::ddp::testing::BinDir();
 

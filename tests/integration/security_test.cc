@@ -14,13 +14,13 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/auth/tokens.h"
-#include "common/net.h"
 #include "common/process.h"
 #include "common/rpc/credentials.h"
 #include "common/rpc/status.h"
 #include "ddp/v1/worker_service.grpc.pb.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/ports.h"
 #include "tests/common/status_matchers.h"
 #include "tests/common/test_util.h"
 #include "tests/integration/local_cluster.h"
@@ -297,7 +297,7 @@ TEST(CredentialRotationTest, NewCertificatesAndTokensApplyWithoutARestart) {
     }
   };
   install(dir + "/old");
-  auto port = PickFreePort();
+  auto port = ::ddp::testing::ClaimPort();
   ASSERT_TRUE(port.ok());
   const std::string address = absl::StrCat("127.0.0.1:", *port);
   SpawnOptions o;

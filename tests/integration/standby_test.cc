@@ -15,8 +15,8 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "common/net.h"
 #include "common/process.h"
+#include "tests/common/ports.h"
 #include "tests/common/postgres_server.h"
 #include "tests/common/test_util.h"
 #include "tests/integration/local_cluster.h"
@@ -187,7 +187,7 @@ TEST_F(StandbyTest, BadStoreFlagsAndDatabasesAreClearErrorsAndChangeNothing) {
   r = run({"--store", pg_->uri(), "--lease-renew", "2s"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("at most half of --lease-ttl"));
-  auto closed = PickFreePort("127.0.0.1");
+  auto closed = ::ddp::testing::ClaimPort();
   ASSERT_TRUE(closed.ok());
   r = run({"--store", absl::StrCat("postgresql://ddp:secret@127.0.0.1:", *closed, "/ddp"),
            "--store-wait", "1s"});
@@ -218,7 +218,7 @@ TEST_F(StandbyTest, AWorkerIsNeverTakenByACoordinatorOfAnotherStore) {
   ASSERT_TRUE(leader.ok()) << leader.status();
   // Another cluster's coordinator, on a database of its own.
   ASSERT_TRUE(pg_->CreateDatabase("other").ok());
-  auto port = PickFreePort("127.0.0.1");
+  auto port = ::ddp::testing::ClaimPort();
   ASSERT_TRUE(port.ok());
   const std::string other = absl::StrCat("127.0.0.1:", *port);
   SpawnOptions o;

@@ -16,11 +16,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/contract/exit_codes.h"
-#include "common/net.h"
 #include "common/process.h"
 #include "ddp/ddp.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/ports.h"
 #include "tests/common/test_util.h"
 #include "tests/trainer/trainer_harness.h"
 
@@ -303,7 +303,7 @@ TEST(TrainerCommHookTest, JobYamlSelectsTheHook) {
 std::shared_ptr<ProcessGroup> WorldOfOne() {
   Environment env;
   env.master_addr = "127.0.0.1";
-  env.master_port = *PickFreePort();
+  env.master_port = *::ddp::testing::ClaimPort();
   env.node = "test";
   return ProcessGroup::create(env);
 }

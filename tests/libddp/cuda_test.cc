@@ -10,10 +10,8 @@
 // hooks) are held to PyTorch on the CPU by their parity tests; here their GPU path is held
 // to their CPU path.
 #include <ddp/ddp.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <sys/wait.h>
-#include <sys/socket.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -33,6 +31,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/ports.h"
 
 namespace {
 
@@ -53,22 +52,12 @@ using ::testing::HasSubstr;
 // (TORCH_FR_BUFFER_SIZE means nothing to LibTorch 1.13, which has no recorder.)
 [[maybe_unused]] const int kFlightRecorderOff = setenv("TORCH_FR_BUFFER_SIZE", "0", 1);
 
-// A port that was free a moment ago. It can be taken before rank 0's store binds it (by
-// an outgoing connection's ephemeral port, drawn from the same range as bind(0)); rank 0
-// then cannot host the store, and OnFreePorts tries again on another port.
+// A port of this test's own (tests/common/ports.h: below the ephemeral range, claimed
+// against other tests run beside this one). Should something else hold it after all,
+// rank 0 cannot host the store, and OnFreePorts tries again on another port.
 int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    close(fd);
-    return -1;
-  }
-  close(fd);
-  return ntohs(a.sin_port);
+  absl::StatusOr<int> port = ddp::testing::ClaimPort();
+  return port.ok() ? *port : -1;
 }
 
 struct TrainRun {

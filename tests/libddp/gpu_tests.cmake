@@ -1,10 +1,13 @@
 # libddp's GPU tests (label gpu; each skips itself where no CUDA GPU is visible): a program
 # on the public API, linked against libddp.so as a user's is. Included by tests/ and by
 # the GPU check's engine-only build (bench/gpu/run.sh).
-add_executable(libddp_cuda_test ${CMAKE_CURRENT_LIST_DIR}/cuda_test.cc)
-target_link_libraries(libddp_cuda_test PRIVATE ddp::ddp GTest::gmock GTest::gtest_main)
+add_executable(libddp_cuda_test ${CMAKE_CURRENT_LIST_DIR}/cuda_test.cc
+               ${CMAKE_CURRENT_LIST_DIR}/../common/ports.cc)
+target_include_directories(libddp_cuda_test PRIVATE ${PROJECT_SOURCE_DIR})
+target_link_libraries(libddp_cuda_test PRIVATE ddp::ddp GTest::gmock GTest::gtest_main
+                      absl::status absl::statusor absl::strings absl::synchronization)
 add_test(NAME libddp_cuda_test COMMAND libddp_cuda_test)
-set_tests_properties(libddp_cuda_test PROPERTIES LABELS gpu TIMEOUT 300)
+set_tests_properties(libddp_cuda_test PROPERTIES LABELS "gpu;engine" TIMEOUT 300)
 # ddp::FusedAdamW, FusedAdam and FusedSGD, one case per run, for
 # fused_optimizer_parity_test.py (torch.optim with fused=True live beside it): on the CPU
 # in ctest (tests/CMakeLists.txt), and on the GPU, CUDA graphs included, with

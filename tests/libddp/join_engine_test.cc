@@ -12,10 +12,10 @@
 #include <string>
 #include <thread>
 
-#include "common/net.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libddp/engine/api_bridge.h"
+#include "tests/common/ports.h"
 
 namespace ddp {
 namespace {
@@ -63,7 +63,7 @@ TEST(JoinEngineTest, AJoinedRankWhoseModelHasNoReducerNamesIt) {
   // A port found free can be taken before rank 0's store binds it: rank 0 then cannot
   // host the store, and both try again on another port (3 tries in all).
   for (int attempt = 1; attempt <= 3; ++attempt) {
-    port = *PickFreePort();
+    port = *::ddp::testing::ClaimPort();
     error0.clear();
     error1.clear();
     std::thread other(run, 1);

@@ -29,8 +29,10 @@ consolidated on rank 0 right after the Join (consolidate_state_dict(0), state_di
 """
 import json
 import os
-import socket
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from ddp_test_ports import claim_port  # noqa: E402 (tests/common/ddp_test_ports.py)
 
 import torch
 import torch.distributed as dist
@@ -129,16 +131,19 @@ def run(rank, world, port, out):
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    # A port of this process's own, claimed against tests run beside it (ctest -j).
+    return claim_port()
 
 
 def main():
     world = int(sys.argv[1])
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(run, args=(world, free_port(), out), nprocs=world)
+        # Forked from this process, which has imported torch already (and run nothing in
+        # it), rather than spawned: a spawned rank imports torch again, seconds of CPU
+        # each, and the numbers are the same.
+        mp.start_processes(run, args=(world, free_port(), out), nprocs=world,
+                           start_method="fork")
         ranks = [out[r] for r in range(world)]
     json.dump({"torch": torch.__version__, "ranks": ranks}, sys.stdout)
     sys.stdout.write("\n")

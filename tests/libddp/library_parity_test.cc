@@ -16,10 +16,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/contract/exit_codes.h"
-#include "common/net.h"
 #include "common/process.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/ports.h"
 #include "tests/common/status_matchers.h"
 #include "tests/common/test_util.h"
 #include "tests/trainer/trainer_harness.h"
@@ -147,7 +147,7 @@ TEST(LibraryCheckpointTest, ResumesToTheSameLosses) {
 // own. Here PyTorch's own TCPStore plays the agent: the torch of the flavour under test
 // (Debian's, or the venv's for the PyPI flavour: their stores' protocols differ).
 TEST(LibraryTorchrunTest, RanksJoinTheAgentsStore) {
-  auto port = PickFreePort();
+  auto port = ::ddp::testing::ClaimPort();
   ASSERT_TRUE(port.ok()) << port.status();
   SpawnOptions agent;
   agent.argv = {DDP_REFERENCE_PYTHON, "-c",

@@ -15,8 +15,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/ports.h"
 #include "tests/trainer/trainer_harness.h"
-#include "common/net.h"
 #include "worker/agent/trainer_event_parser.h"
 
 namespace ddp {
@@ -254,7 +254,7 @@ TEST(EnvironmentTest, ErrorsNameTheVariable) {
 std::shared_ptr<ProcessGroup> WorldOfOne() {
   Environment env;
   env.master_addr = "127.0.0.1";
-  env.master_port = *PickFreePort();
+  env.master_port = *::ddp::testing::ClaimPort();
   env.node = "test";
   return ProcessGroup::create(env);
 }

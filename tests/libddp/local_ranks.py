@@ -8,18 +8,19 @@ GROUP_RANK, MASTER_ADDR, MASTER_PORT).
 """
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from ddp_test_ports import claim_port  # noqa: E402 (tests/common/ddp_test_ports.py)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    # A port of this process's own, claimed against tests run beside it (ctest -j).
+    return claim_port()
 
 
 def run_ranks(argv, world, prefix="ddp-ranks-", timeout=240, dir_flag=None):

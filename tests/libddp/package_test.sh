@@ -59,13 +59,17 @@ echo "ok: examples/cpp builds with find_package(ddp) from $prefix"
 
 # A real cluster from the installed binaries: a coordinator and two workers.
 bin=$prefix/bin
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-export DDP_COORDINATOR=127.0.0.1:$port
+# Ports of this test's own (tests/common/claim_ports.sh): the coordinator's, and the
+# workers' store ports.
+source "$src/tests/common/claim_ports.sh"
+claim_port_block
+export DDP_COORDINATOR=127.0.0.1:$port_block
 mkdir -p "$work/logs"
 "$bin/ddp-coordinator" --listen "$DDP_COORDINATOR" --state-dir "$work/state" > "$work/logs/coordinator.log" 2>&1 &
 pids+=($!)
 for w in node-a node-b; do
   "$bin/ddp-worker" --coordinator "$DDP_COORDINATOR" --name "$w" --slots 1 --cpus 1 \
+    --store-ports "$((port_block + 1))-$((port_block + 15))" \
     --work-dir "$work/$w" > "$work/logs/$w.log" 2>&1 &
   pids+=($!)
 done

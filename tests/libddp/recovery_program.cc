@@ -6,7 +6,8 @@
 // ddp wants a checkpoint now (ddp::checkpoint_requested), and if so prints "NOTICE
 // rank R at step N" and reports one; with NOTICE_DIR it also appends "N" to
 // NOTICE_DIR/notice-rankR at once (a rank stopped right after its line may not have the
-// line reach the job's log, and the test needs every rank's).
+// line reach the job's log, and the test needs every rank's); rank 0 reports the
+// checkpoint after a barrier, once every rank has written.
 //
 //   recovery_program [TOTAL_STEPS [NOTICE_DIR]]   (default 3000)
 #include <ATen/CPUGeneratorImpl.h>
@@ -87,6 +88,11 @@ int main(int argc, char** argv) {
           std::ofstream(notice_dir + "/notice-rank" + std::to_string(rank), std::ios::app)
               << step << "\n";
         }
+        // The checkpoint is complete once every rank has done its part (a real save is
+        // collective too): rank 0 reports it, and so lets ddp move the job, only then.
+        // Without the barrier a fast rank 0 had the job preempted while a slow rank had
+        // not yet written its file (seen on a loaded machine).
+        group->barrier();
         if (rank == 0) report.checkpoint("in-memory", 0, step, step);
       }
     }

@@ -26,9 +26,11 @@ kernels right against PyTorch's CPU batch norm on the concatenated global batch
 import inspect
 import json
 import os
-import socket
 import sys
 import textwrap
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from ddp_test_ports import claim_port  # noqa: E402 (tests/common/ddp_test_ports.py)
 
 import torch
 import torch.distributed as dist
@@ -251,18 +253,25 @@ def run(rank, world, kind, port, out, device="cpu"):
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    # A port of this process's own, claimed against tests run beside it (ctest -j).
+    return claim_port()
 
 
 def main():
     world, kind = int(sys.argv[1]), sys.argv[2]
     device = sys.argv[3] if len(sys.argv) > 3 else "cpu"
+    # One thread before any kernel runs here: no OpenMP pool exists when the ranks are
+    # forked from this process (a forked child cannot use its parent's pool).
+    torch.set_num_threads(1)
     check_kernels()
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(run, args=(world, kind, free_port(), out, device), nprocs=world)
+        # Forked from this process, which has imported torch already (and run only the
+        # one-thread kernel check above), rather than spawned: a spawned rank imports
+        # torch again, seconds of CPU each, and the numbers are the same. On a GPU,
+        # spawned: CUDA cannot be used in a forked child of a process that touched it.
+        mp.start_processes(run, args=(world, kind, free_port(), out, device), nprocs=world,
+                           start_method="fork" if device == "cpu" else "spawn")
         ranks = [out[r] for r in range(world)]
     json.dump({"torch": torch.__version__, "ranks": ranks}, sys.stdout)
     sys.stdout.write("\n")

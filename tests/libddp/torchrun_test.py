@@ -12,10 +12,12 @@ Run by ctest in the PyPI flavour's build (its torchrun and its LibTorch are one 
 """
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from ddp_test_ports import claim_port  # noqa: E402 (tests/common/ddp_test_ports.py)
 import time
 
 trainer, program, source, fashion = (os.path.abspath(a) for a in sys.argv[1:5])
@@ -82,9 +84,8 @@ for ref in ("libddp_parity.json", os.path.join("torch2", "libddp_parity.json")):
 
 
 def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    # A port of this process's own, claimed against tests run beside it (ctest -j).
+    return claim_port()
 
 
 def ddp_command_job(argv, tmp):

@@ -16,8 +16,10 @@ values}}, "param_groups": its param groups' params}, ...}.
 """
 import json
 import os
-import socket
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from ddp_test_ports import claim_port  # noqa: E402 (tests/common/ddp_test_ports.py)
 
 import torch
 import torch.distributed as dist
@@ -97,12 +99,14 @@ def train(rank, world, name):
 def main():
     world, names = int(sys.argv[1]), sys.argv[2].split(",")
     torch.set_num_threads(1)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = claim_port()  # Of this process's own, claimed against tests run beside it.
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(run, args=(world, port, names, out), nprocs=world)
+        # Forked from this process, which has imported torch already (and run nothing in
+        # it), rather than spawned: a spawned rank imports torch again, seconds of CPU
+        # each, and the numbers are the same.
+        mp.start_processes(run, args=(world, port, names, out), nprocs=world,
+                           start_method="fork")
         result = {"torch": torch.__version__}
         for name in names:
             ranks = [out[(name, r)] for r in range(world)]

@@ -5,7 +5,6 @@ worker certificates and tokens from scripts/make_certs.sh). Everything it starts
 stopped, and its directory removed, by stop() (also when start() fails half-way).
 """
 import os
-import random
 import shutil
 import signal
 import socket
@@ -14,25 +13,15 @@ import sys
 import tempfile
 import time
 
-
-def port_is_free(port):
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from ddp_test_ports import claim_port, claim_port_block  # noqa: E402
 
 
 def free_port(taken):
-    # Below the ephemeral range: connecting to a closed ephemeral port on loopback can
-    # "succeed" by TCP self-connect (local_cluster.cc picks ports the same way).
-    for _ in range(200):
-        port = random.randint(20000, 32000)
-        if port not in taken and port_is_free(port):
-            taken.add(port)
-            return port
-    raise RuntimeError("no free port")
+    """A port of this test's own (tests/common/ddp_test_ports.py: below the ephemeral
+    range, where connecting to a closed port on loopback cannot "succeed" by TCP
+    self-connect, and claimed against tests run beside this one), added to `taken`."""
+    return claim_port(taken)
 
 
 def stage_example(source_dir, name, dir):
@@ -105,7 +94,10 @@ class Cluster:
         self.port = free_port(self.ports)
         argv = [os.path.join(self.bin_dir, "ddp-coordinator"), "--listen", self.address,
                 "--state-dir", os.path.join(self.dir, "state"), "--rpc-deadline=100ms",
-                "--heartbeat-interval=200ms", "--heartbeat-timeout=2000ms"]
+                # 5 s, not local_cluster.cc's 2: a coordinator restarted mid-job (test_7)
+                # must be back before the workers ask each other and fence (fence.h),
+                # on a machine loaded with other tests too.
+                "--heartbeat-interval=200ms", "--heartbeat-timeout=5000ms"]
         argv += self.coordinator_flags
         if self.secure:
             c = self.certs
@@ -119,6 +111,9 @@ class Cluster:
                     "--name", name, "--slots", "1", "--cpus", "1", "--stop-grace", "3s",
                     "--work-dir", os.path.join(self.dir, name),
                     "--health-listen", "127.0.0.1:%d" % free_port(self.ports)]
+            # Its jobs' store ports from a block of this test's own (local_cluster.cc).
+            first, count = claim_port_block()
+            argv.append("--store-ports=%d-%d" % (first, first + count - 1))
             if self.secure:
                 c = self.certs
                 argv += ["--tls-ca", c + "/ca.pem", "--tls-cert", "%s/%s.pem" % (c, name),

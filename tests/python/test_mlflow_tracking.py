@@ -185,14 +185,20 @@ class MlflowTrackingTest(unittest.TestCase):
     def test_points_kept_while_the_server_is_away_reach_it_when_it_is_back(self):
         spec = job_spec("mlflow-outage", 40, 2048, {"mlflow": True})
         spec["metrics"] = {"every_steps": 2}
-        job_id = self.client.submit(spec)
         # The run is made when the job is queued (default experiment: the job's name);
-        # the server goes before the job's ranks have started.
-        run = self.run_of("mlflow-outage", job_id)
-        self.server.stop()
-        state = self.client.get(job_id)["state"]
-        self.assertIn(state, ("QUEUED", "RENDEZVOUS", "RUNNING"),
-                      "the job ended before the server was stopped")
+        # the workers are cordoned meanwhile, so the job waits in the queue until the
+        # server has gone, however long finding its run and stopping the server take.
+        workers = [w["name"] for w in self.client.workers()]
+        for w in workers:
+            self.client.cordon(w)
+        try:
+            job_id = self.client.submit(spec)
+            run = self.run_of("mlflow-outage", job_id)
+            self.server.stop()
+            self.assertIn(self.client.get(job_id)["state"], ("QUEUED", "PENDING"))
+        finally:
+            for w in workers:
+                self.client.uncordon(w)
         done = self.client.wait(job_id, timeout=JOB_TIMEOUT)
         self.assertEqual(done["state"], "SUCCEEDED", self.cluster.logs())
         time.sleep(2)  # The coordinator retries meanwhile (and backs off).

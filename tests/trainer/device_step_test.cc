@@ -16,11 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "common/net.h"
 #include "ddp/fused_optimizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libddp/engine/api_bridge.h"
+#include "tests/common/ports.h"
 
 namespace ddp {
 namespace {
@@ -67,7 +67,7 @@ std::unique_ptr<Setup> MakeSetup() {
   auto s = std::make_unique<Setup>();
   Environment env;
   env.master_addr = "127.0.0.1";
-  env.master_port = *PickFreePort();
+  env.master_port = *::ddp::testing::ClaimPort();
   env.job_id = "device-step-test";
   s->group = *ProcessGroup::Impl::Create(env, DeviceChoice{at::kCPU, "gloo"}, CommOptions{});
   s->ddp = *DataParallel::Impl::Create(s->model.Parameters(), {}, s->group, DdpOptions{}, nullptr);

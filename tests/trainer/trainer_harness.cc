@@ -12,8 +12,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "common/net.h"
 #include "google/protobuf/util/json_util.h"
+#include "tests/common/ports.h"
 
 namespace ddp::testing {
 
@@ -43,7 +43,7 @@ absl::StatusOr<std::unique_ptr<TrainerGroup>> TrainerGroup::Start(const TrainerL
   auto group = std::make_unique<TrainerGroup>();
   group->port_ = launch.master_port;
   if (group->port_ == 0) {
-    auto port = PickFreePort("127.0.0.1");
+    auto port = ::ddp::testing::ClaimPort();
     if (!port.ok()) return port.status();
     group->port_ = *port;
   }
@@ -133,7 +133,26 @@ std::vector<RankResult> TrainerGroup::Wait(
     }
     int left_ms = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
     if (left_ms <= 0) {
-      if (!killed) kill_all();
+      if (!killed) {
+        // Which ranks were still running, and what each did last: a test that fails
+        // on the timeout says who waited for what (every test prints a failed rank's
+        // stderr).
+        for (const Stream& s : streams) {
+          if (!s.events || s.fd < 0) continue;
+          RankResult& result = ranks_[s.rank_index].result;
+          std::string last = "no event yet";
+          if (!result.events.empty()) {
+            const Event& e = result.events.back();
+            last = absl::StrCat("its last event '", e.type(), "'");
+            if (e.Has("epoch")) absl::StrAppend(&last, " epoch ", e.Number("epoch"));
+            if (e.Has("step")) absl::StrAppend(&last, " step ", e.Number("step"));
+          }
+          absl::StrAppend(&result.stderr_text, "[harness] rank ", result.rank,
+                          " still running at the ", absl::FormatDuration(timeout),
+                          " deadline (", last, "): killed\n");
+        }
+        kill_all();
+      }
       left_ms = 1000;  // Drain what the killed ranks left in their pipes.
     }
     int n = ::poll(fds.data(), fds.size(), std::min(left_ms, 1000));

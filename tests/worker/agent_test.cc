@@ -3,9 +3,12 @@
 // Real processes, pipes and signals; the test waits on conditions, never sleeps.
 #include "worker/agent/agent.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/ports.h"
 #include "tests/common/status_matchers.h"
 #include "tests/common/test_util.h"
 
@@ -309,6 +313,7 @@ class AgentTest : public ::testing::Test {
     o.work_dir = dir_ + "/work";
     o.stop_grace = absl::Milliseconds(300);
     o.tick = absl::Milliseconds(10);
+    o.store_ports = store_ports_;
     o.ask_witnesses = [this](const std::vector<std::string>& witnesses, absl::Duration deadline) {
       absl::MutexLock lock(&witness_mu_);
       asked_.push_back({witnesses, deadline});
@@ -433,6 +438,7 @@ class AgentTest : public ::testing::Test {
   // restarted, and answered a witness first).
   bool back_when_asked_ ABSL_GUARDED_BY(witness_mu_) = false;
   FakeClock fake_clock_;  // For agents that must not see real time pass.
+  PortRange store_ports_;  // StartAgent's --store-ports (none: free ports of the kernel's).
   absl::Mutex reachable_mu_;
   std::vector<bool> reachable_ ABSL_GUARDED_BY(reachable_mu_);  // on_reachable calls.
   std::string dir_;
@@ -629,6 +635,42 @@ TEST_F(AgentTest, ABatchLostToADeadlineIsResentUnchangedWithItsNumber) {
     EXPECT_EQ(reports[i].events.batch_seq(), reports[i - 1].events.batch_seq() + 1);
   }
   EXPECT_EQ(StdoutLines(fake_->calls()), 2);
+}
+
+TEST_F(AgentTest, WithStorePortsHeartbeatsOfferTheRangesFreePortsInTurn) {
+  DDP_ASSERT_OK_AND_ASSIGN(PortRange block, testing::ClaimPortBlock());
+  store_ports_ = {block.first, block.first + 4};
+  // The range's second port is taken (a server listens there): it is never offered.
+  const int taken = block.first + 1;
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(taken));
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  StartAgent(Trainer("exit 0"));
+  ASSERT_TRUE(fake_->WaitFor([](const auto& c) {
+    int beats = 0;
+    for (const auto& call : c) beats += call.method == "Heartbeat";
+    return beats >= 3;
+  }));
+  std::set<int> offered;
+  std::vector<std::vector<int>> beats;
+  for (const auto& call : fake_->calls()) {
+    if (call.method != "Heartbeat") continue;
+    beats.emplace_back(call.heartbeat.free_ports().begin(), call.heartbeat.free_ports().end());
+    offered.insert(beats.back().begin(), beats.back().end());
+  }
+  ::close(fd);
+  ASSERT_GE(beats.size(), 3u);
+  // Three a beat (kFreePorts), of the range's four free ports: the next beat starts
+  // where the last one stopped.
+  EXPECT_THAT(beats[0], ::testing::ElementsAre(block.first, block.first + 2, block.first + 3));
+  EXPECT_THAT(beats[1], ::testing::ElementsAre(block.first + 4, block.first, block.first + 2));
+  EXPECT_EQ(offered, (std::set<int>{block.first, block.first + 2, block.first + 3,
+                                    block.first + 4}));
 }
 
 TEST_F(AgentTest, HeartbeatsGoOnWhileAReportHangs) {

@@ -39,6 +39,10 @@ TEST(WorkerServerTest, BadFlagValuesAreInvalidArgumentsNamingTheFlag) {
        "--allow-exec relative/bin: give an absolute path"},
       {[](WorkerServerOptions& o) { o.token_file = "/nonexistent/token"; }, "--token-file"},
       {[](WorkerServerOptions& o) { o.agent.work_dir = "/proc/self/cwd/x/y"; }, "--work-dir"},
+      {[](WorkerServerOptions& o) { o.store_ports = "29599-29500"; },
+       "--store-ports: '29599-29500': the ports must be 1..65535, the first not above the last"},
+      {[](WorkerServerOptions& o) { o.store_ports = "many"; },
+       "--store-ports: 'many' is not a port range LO-HI"},
   };
   for (const Case& c : cases) {
     WorkerServerOptions o = Plain(dir);

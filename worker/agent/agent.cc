@@ -317,9 +317,19 @@ absl::Status Agent::HeartbeatOnce(absl::Duration deadline) {
       DDP_LOG(WARNING) << "GPU use not sent with heartbeats: " << usage.status().message();
     }
   }
-  for (int i = 0; i < kFreePorts; ++i) {
-    auto port = PickFreePort("0.0.0.0");
-    if (port.ok()) req.add_free_ports(*port);
+  if (options_.store_ports.first > 0) {
+    // The range's free ports in turn, so that successive beats offer others.
+    const PortRange& range = options_.store_ports;
+    for (int n = 0; n < range.size() && req.free_ports_size() < kFreePorts; ++n) {
+      const int port = range.first + store_port_cursor_;
+      store_port_cursor_ = (store_port_cursor_ + 1) % range.size();
+      if (PortIsBindable(port)) req.add_free_ports(port);
+    }
+  } else {
+    for (int i = 0; i < kFreePorts; ++i) {
+      auto port = PickFreePort("0.0.0.0");
+      if (port.ok()) req.add_free_ports(*port);
+    }
   }
   RepairUtf8(&req);  // Task errors carry paths and OS messages.
   const absl::Time sent = clock_->Now();

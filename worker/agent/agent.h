@@ -34,6 +34,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/net.h"
 #include "common/jobspec/labels.h"
 #include "worker/agent/backoff.h"
 #include "worker/agent/coordinator_client.h"
@@ -50,6 +51,11 @@ namespace ddp {
 struct AgentOptions {
   std::string name;            // Unique in the cluster.
   std::string advertise_addr;  // Where this node's rank 0 can be reached.
+  // --store-ports: the MASTER_PORTs this node offers for the jobs whose rank 0 it hosts
+  // (free ports of the range, in turn). Empty (first 0): free ports the kernel gives
+  // (bind to port 0), which come from its ephemeral range, where an outgoing
+  // connection may take one before rank 0 binds it.
+  PortRange store_ports;
   // The interface holding advertise_addr when it is not loopback: the ranks'
   // GLOO_SOCKET_IFNAME unless set (launch_plan.h). Empty: none.
   std::string gloo_socket_ifname;
@@ -197,6 +203,7 @@ class Agent {
   // Quiet heartbeats (decision 161): k, 1 when every beat waits for its answer.
   int beats_per_ack_ = 1;
   uint64_t beat_seq_ = 0;                // The last beat's HeartbeatRequest.beat_seq.
+  int store_port_cursor_ = 0;            // Where the next offer from --store-ports starts.
   std::map<uint64_t, absl::Time> beats_sent_;  // Beats not yet answered: when each was sent.
   std::string last_told_;  // What the last answered beat said (tasks, leaving, stopping).
   std::atomic<int64_t> quiet_beats_{0};

@@ -2,7 +2,7 @@
 // Flags are parsed here and nowhere else; worker/agent/server.h builds the rest.
 //
 //   ddp-worker --coordinator 10.0.0.1:29400 --name node-a [--slots 8] [--gpus 0,1]
-//       [--advertise-addr IP]
+//       [--advertise-addr IP] [--store-ports LO-HI]
 //       [--tls-ca ca.pem --tls-cert node-a.pem --tls-key node-a.key | --token-file F]
 //       [--allow-root /srv/ddp ...]
 #include <iostream>
@@ -56,6 +56,10 @@ int main(int argc, char** argv) {
   flags.String("health-listen", &options.health_listen,
                "HOST:PORT of the gRPC health service, which other workers ask too (default: a "
                "free port on --advertise-addr)");
+  flags.String("store-ports", &options.store_ports,
+               "LO-HI: the ports this node offers its jobs' rank 0 for the rendezvous store "
+               "(MASTER_PORT), free ones in turn: a range a firewall lets through, outside the "
+               "kernel's ephemeral range (default: any free port)");
   flags.Bool("long-poll", &opts.long_poll,
              "keep a WaitForTasks call open so new tasks arrive at once (--long-poll=false: "
              "only with heartbeats)");

@@ -182,6 +182,13 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
   std::unique_ptr<CoordinatorClient> client =
       clients.size() == 1 ? std::move(clients.front())
                           : MakeFollowingCoordinatorClient(*coordinators, std::move(clients));
+  if (!options.store_ports.empty()) {
+    auto range = ParsePortRange(options.store_ports);
+    if (!range.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--store-ports: ", range.status().message()));
+    }
+    opts.store_ports = *range;
+  }
   auto roots = CanonicalRoots(options.allow_roots);
   if (!roots.ok()) return absl::InvalidArgumentError(roots.status().message());
   opts.allowed_roots = *roots;

@@ -42,6 +42,7 @@ struct WorkerServerOptions {
   // workers can ask it whether this one reaches the coordinator (fence.h).
   std::string health_listen;
   std::string metrics_listen;                 // --metrics-listen ("" : none)
+  std::string store_ports;                    // --store-ports LO-HI ("" : any free port)
   // Where this binary is (argv[0]): ddp-trainer and share/ddp/python are found beside it.
   std::string argv0;
   char** environ = nullptr;  // What trainers may inherit (TrainerBaseEnv).
@@ -50,7 +51,7 @@ struct WorkerServerOptions {
 class WorkerServer {
  public:
   // Errors: INVALID_ARGUMENT naming the flag (a bad --coordinator, --token-file,
-  // --allow-root, --allow-exec, --work-dir or --trainer: main exits 2); UNAVAILABLE
+  // --allow-root, --allow-exec, --store-ports, --work-dir or --trainer: main exits 2); UNAVAILABLE
   // for a port that cannot be served (--health-listen, --metrics-listen: exit 1).
   static absl::StatusOr<std::unique_ptr<WorkerServer>> Start(WorkerServerOptions options);
   ~WorkerServer();
