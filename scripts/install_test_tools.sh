@@ -32,17 +32,18 @@ if ! { [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import sys' > /dev/nu
   "$python" -m venv "$venv" ||
     die "could not create a venv at $venv (on Debian: apt-get install python3-venv)"
 fi
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+source "$here/scripts/venv_pip.sh"
+venv_pip "$venv/bin/python" install --quiet --disable-pip-version-check \
   "tensorboard==$tensorboard_version" ||
   die "pip could not install tensorboard==$tensorboard_version into $venv (is PyPI reachable?)"
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${notebook_pins[@]}" ||
+venv_pip "$venv/bin/python" install --quiet --disable-pip-version-check "${notebook_pins[@]}" ||
   die "pip could not install ${notebook_pins[*]} into $venv (is PyPI reachable?)"
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check "mlflow==$mlflow_version" ||
+venv_pip "$venv/bin/python" install --quiet --disable-pip-version-check "mlflow==$mlflow_version" ||
   die "pip could not install mlflow==$mlflow_version into $venv (is PyPI reachable?)"
 # Not editable: the tests import the package as users get it. --no-build-isolation
 # builds with the venv's own pinned grpcio-tools (no download per run); --no-deps: its
 # runtime dependencies (grpcio, protobuf) are already there.
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall \
+venv_pip "$venv/bin/python" install --quiet --disable-pip-version-check --force-reinstall \
   --no-deps --no-build-isolation "$here/python" ||
   die "pip could not build and install the Python client from $here/python"
 rm -rf "$here/python/build" "$here/python/ddp_client.egg-info"

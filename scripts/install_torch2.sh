@@ -69,7 +69,8 @@ fi
 # numpy and PyYAML: the reference scripts (scripts/gen_fixtures.py) run in the venv too.
 pip_args=(install --disable-pip-version-check --no-input "$torch_req" numpy pyyaml)
 log "pip ${pip_args[*]}"
-"$vpy" -m pip "${pip_args[@]}" ||
+source "$here/scripts/venv_pip.sh"
+venv_pip "$vpy" "${pip_args[@]}" ||
   die "pip could not install torch==$torch_version (see pip's message above). Check that" \
       "PyPI is reachable (or PIP_INDEX_URL points at a mirror that has torch $torch_version)" \
       "and that PyPI has a torch $torch_version wheel for $("$vpy" -V 2>&1) on Linux $(uname -m)" \
