@@ -9,10 +9,13 @@
 #                      bin/ddp-coordinator, ddp-worker, ddpctl (stripped) and lib/ every
 #                      shared library they load but glibc's, libstdc++ and libgcc_s (the
 #                      GPU machine's own must be used: torch needs its newer ones)
-#   prebuilt.tar.xz    the engine built here against the same torch wheel ($DDP_GPU_WORK,
-#                      default build-gpu, made by `run.sh --dry-run`): bin/ddp-trainer,
-#                      ddp-bench-gpu, libddp_cuda_test and lib/libddp.so*, stripped;
-#                      run.sh uses it where it loads, and builds there where it does not
+#   prebuilt.tar.xz    the engine built here against the same torch wheel
+#                      ($DDP_GPU_ENGINE_BUILD: a build tree, as the PyPI flavour's
+#                      build-torch2 that scripts/run_tests.sh names; default
+#                      $DDP_GPU_WORK/build, made by `run.sh --dry-run --build-there`):
+#                      bin/ddp-trainer, ddp-bench-gpu, libddp_cuda_test and
+#                      lib/libddp.so*, stripped; run.sh uses it where it loads, and
+#                      builds there where it does not
 #   fashion-mnist/     Debian's Fashion-MNIST ($DDP_FMNIST, default
 #                      /usr/share/datasets/fashion-mnist), for bench/gpu/stack.py
 #   llm.c/             karpathy/llm.c, the GPT bench's anchor: src/ (its source, from
@@ -33,6 +36,7 @@ cd "$(dirname "$0")/../.."
 limit_mib=64
 stack_build=${DDP_STACK_BUILD:-build}
 gpu_work=${DDP_GPU_WORK:-build-gpu}
+engine_build=${DDP_GPU_ENGINE_BUILD:-$gpu_work/build}
 fmnist=${DDP_FMNIST:-/usr/share/datasets/fashion-mnist}
 pkgs=(libabsl-dev libabsl20220623 libyaml-cpp-dev libyaml-cpp0.7 libgtest-dev libgmock-dev
       zlib1g-dev zlib1g)
@@ -96,33 +100,34 @@ fi
 # The engine, built here against the torch wheel the GPU machine has.
 engine_bins=(ddp-trainer ddp-bench-gpu ddp-gpt-example libddp_cuda_test cuda_graph_test
              libddp_fused_optimizer_program)
-if ! ls "${engine_bins[@]/#/$gpu_work/build/bin/}" "$gpu_work"/build/lib/libddp.so.*.*.* >/dev/null 2>&1; then
+if ! ls "${engine_bins[@]/#/$engine_build/bin/}" "$engine_build"/lib/libddp.so.*.*.* >/dev/null 2>&1; then
   rm -f "$carry/prebuilt.tar.xz"
-  echo "pack.sh: no ${engine_bins[*]} and libddp.so in $gpu_work/build: prebuilt.tar.xz left out" \
-       "(run.sh builds there; make it with DDP_GPU_WORK=\$PWD/$gpu_work bash bench/gpu/run.sh --dry-run)"
+  echo "pack.sh: no ${engine_bins[*]} and libddp.so in $engine_build: prebuilt.tar.xz left out" \
+       "(run.sh builds there; make it with DDP_GPU_WORK=\$PWD/$gpu_work bash bench/gpu/run.sh --dry-run --build-there," \
+       "or name a build-torch2 in DDP_GPU_ENGINE_BUILD)"
 else
-  stale "$gpu_work/build/bin/ddp-trainer" trainer libddp common cmake tests/libddp bench/gpu
+  stale "$engine_build/bin/ddp-trainer" trainer libddp common cmake tests/libddp bench/gpu
   mkdir -p "$tmp/prebuilt/bin" "$tmp/prebuilt/lib"
   for b in "${engine_bins[@]}"; do
-    strip -o "$tmp/prebuilt/bin/$b" "$gpu_work/build/bin/$b"
+    strip -o "$tmp/prebuilt/bin/$b" "$engine_build/bin/$b"
   done
-  for l in "$gpu_work"/build/lib/libddp.so*; do
+  for l in "$engine_build"/lib/libddp.so*; do
     if [[ -L $l ]]; then
       cp -P "$l" "$tmp/prebuilt/lib/"
     else
       strip -o "$tmp/prebuilt/lib/$(basename "$l")" "$l"
     fi
   done
-  "$gpu_work/build/bin/ddp-trainer" --version > "$tmp/prebuilt/VERSION" 2>/dev/null || true
-  (cd "$gpu_work/build" && grep -E '^(DDP_TORCH_PYTHON|CMAKE_BUILD_TYPE|DDP_REQUIRE_CUDA):' CMakeCache.txt \
+  "$engine_build/bin/ddp-trainer" --version > "$tmp/prebuilt/VERSION" 2>/dev/null || true
+  (cd "$engine_build" && grep -E '^(DDP_TORCH_PYTHON|CMAKE_BUILD_TYPE|DDP_REQUIRE_CUDA):' CMakeCache.txt \
      >> "$tmp/prebuilt/VERSION" 2>/dev/null) || true
   # The torch it was built against: run.sh builds there instead where the machine's differs.
-  torch_py=$(sed -n 's/^DDP_TORCH_PYTHON:[A-Z]*=//p' "$gpu_work/build/CMakeCache.txt" 2>/dev/null || true)
+  torch_py=$(sed -n 's/^DDP_TORCH_PYTHON:[A-Z]*=//p' "$engine_build/CMakeCache.txt" 2>/dev/null || true)
   if [[ -n $torch_py ]]; then
     echo "torch $("$torch_py" -c 'import torch; print(torch.__version__)' 2>/dev/null)" >> "$tmp/prebuilt/VERSION"
   fi
   tar -C "$tmp/prebuilt" -cf - VERSION bin lib | xz -T0 -6 > "$carry/prebuilt.tar.xz"
-  echo "pack.sh: prebuilt.tar.xz: ${engine_bins[*]} and libddp.so from $gpu_work/build" \
+  echo "pack.sh: prebuilt.tar.xz: ${engine_bins[*]} and libddp.so from $engine_build" \
        "($(mib "$tmp/prebuilt") stripped): $(mib "$carry/prebuilt.tar.xz")"
 fi
 

@@ -12,9 +12,11 @@
 # 1. unpacks the carried .deb files (dpkg -x; a Python fallback where dpkg is missing);
 # 2. takes the engine pack.sh carried prebuilt (.gpu-carry/prebuilt.tar.xz: ddp-trainer,
 #    the GPU bench program and the GPU tests, built against the same torch wheel) if every
-#    library it needs loads there; else (and always with --dry-run or --build-there) builds
-#    libddp, ddp-trainer, the GPU bench program and the GPU tests against that machine's
-#    torch (DDP_ENGINE_ONLY: nothing else of ddp, only what was carried);
+#    library it needs loads there; else (and always with --build-there) builds libddp,
+#    ddp-trainer, the GPU bench program and the GPU tests against that machine's torch
+#    (DDP_ENGINE_ONLY: nothing else of ddp, only what was carried). A dry run takes the
+#    prebuilt engine as a GPU machine would, fails where it loads a library that machine
+#    lacks, and configures the fallback build from the carried packages without compiling;
 # 3. runs the GPU tests (ctest -L gpu, or the prebuilt test program): on a GPU none may skip;
 # 4. runs the GPU bench (bench/gpu/bench.py): GPT-2 124M under ddp-trainer, the libddp
 #    GPT example, PyTorch's DDP eager and with torch.compile, and llm.c (the carried
@@ -94,7 +96,25 @@ done
 # this machine's paths, not that one's).
 root_lib=$root/usr/lib/x86_64-linux-gnu
 prebuilt=0
-if (( ! dry_run && ! build_there )) && [[ -f .gpu-carry/prebuilt.tar.xz ]]; then
+# What a machine without Debian's packages has of the libraries the engine's programs load:
+# torch's (its lib/ and its nvidia-* wheels, under site-packages), the carried packages',
+# the prebuilt's own, the CUDA toolkit's (CUDA_HOME, default /usr/local/cuda: the runtime
+# the engine links) and the base system's. A dry run here, where ldd finds all of
+# Debian's, names the rest: the GPU machine would not find them.
+site_packages=$(dirname "$(dirname "$torch_lib")")
+cuda_home=${CUDA_HOME:-/usr/local/cuda}
+foreign_libs() {  # foreign_libs FILE...: "soname (path)" of each library from elsewhere
+  LD_LIBRARY_PATH="$torch_lib:$root_lib:$work/prebuilt/lib" ldd "$@" 2>/dev/null |
+    awk -v site="$site_packages/" -v root="$root/" -v own="$work/prebuilt/" \
+        -v cuda="$(realpath -m "$cuda_home")/" -v cuda_link="$cuda_home/" '
+      $2 == "=>" && $3 ~ /^\// {
+        if (index($3, site) == 1 || index($3, root) == 1 || index($3, own) == 1) next
+        if (index($3, cuda) == 1 || index($3, cuda_link) == 1) next
+        if ($1 ~ /^(libc|libm|libpthread|libdl|librt|libresolv|libutil|libz|libstdc\+\+|libgcc_s)\.so/) next
+        print $1 " (" $3 ")"
+      }' | sort -u
+}
+if (( ! build_there )) && [[ -f .gpu-carry/prebuilt.tar.xz ]]; then
   step "the prebuilt engine (.gpu-carry/prebuilt.tar.xz) into $work/prebuilt"
   rm -rf "$work/prebuilt" && mkdir -p "$work/prebuilt"
   tar -C "$work/prebuilt" -xJf .gpu-carry/prebuilt.tar.xz
@@ -106,10 +126,18 @@ if (( ! dry_run && ! build_there )) && [[ -f .gpu-carry/prebuilt.tar.xz ]]; then
   if [[ -n $built_for && $built_for != "$here" ]]; then
     missing="built against torch $built_for, this machine has $here"
   fi
+  if (( dry_run )) && [[ -z $missing ]]; then
+    missing=$(foreign_libs "$work"/prebuilt/bin/* "$work"/prebuilt/lib/*.so*)
+    [[ -z $missing ]] || missing="it loads libraries a GPU machine lacks: $missing"
+  fi
   if [[ -z $missing ]]; then
     echo "every library of the prebuilt engine loads here: using it (--build-there builds instead)"
     build=$work/prebuilt
     prebuilt=1
+  elif (( dry_run )); then
+    # The GPU machine would build instead, minutes of a short lease: CI's rehearsal fails.
+    echo "the prebuilt engine would not load on a GPU machine: $missing"
+    exit 1
   else
     echo "the prebuilt engine does not fit here, building it instead:"
     echo "$missing"
@@ -117,12 +145,27 @@ if (( ! dry_run && ! build_there )) && [[ -f .gpu-carry/prebuilt.tar.xz ]]; then
 fi
 engine_ld=$torch_lib:$root_lib:$build/lib
 
-if (( ! prebuilt )); then
-  step "configure (DDP_ENGINE_ONLY, torch from $python, dependencies from $root only)"
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDDP_ENGINE_ONLY=ON \
+configure_engine() {  # configure_engine BUILD_DIR: the engine alone, from what was carried
+  cmake -S . -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDDP_ENGINE_ONLY=ON \
     -DDDP_TORCH_PYTHON="$python" -DDDP_TORCH_VERSION= -DDDP_REQUIRE_CUDA=ON \
     -DCMAKE_PREFIX_PATH="$root/usr" -DCMAKE_IGNORE_PREFIX_PATH=/usr \
     -DCMAKE_LIBRARY_PATH="$root_lib" -DCMAKE_INCLUDE_PATH="$root/usr/include"
+}
+if (( prebuilt && dry_run )); then
+  # The build a GPU machine falls back on, configured from the carried packages alone
+  # (every dependency found there, the graph generated); its compile is the one the
+  # prebuilt engine had, against the same torch: `--dry-run --build-there` runs it too.
+  step "configure the fallback build (DDP_ENGINE_ONLY, dependencies from $root only)"
+  configure_engine "$work/fallback" > "$out/fallback_configure.log" 2>&1 ||
+    { cat "$out/fallback_configure.log"; echo "the fallback build does not configure"; exit 1; }
+  ninja -C "$work/fallback" -n ddp-trainer ddp-bench-gpu ddp-gpt-example libddp_cuda_test \
+    cuda_graph_test libddp_fused_optimizer_program > /dev/null ||
+    { echo "the fallback build's graph lacks a target"; exit 1; }
+  echo "the fallback build configures from the carried packages"
+fi
+if (( ! prebuilt )); then
+  step "configure (DDP_ENGINE_ONLY, torch from $python, dependencies from $root only)"
+  configure_engine "$build"
 
   step "build"
   cmake --build "$build" --target ddp-trainer ddp-bench-gpu ddp-gpt-example libddp_cuda_test \

@@ -448,14 +448,17 @@ def main():
                     help="LD_LIBRARY_PATH entries the worker's trainers need (before --ctl-lib)")
     ap.add_argument("--python", default=sys.executable, help="the command job's Python (torch)")
     ap.add_argument("--job-timeout", type=int, default=0,
-                    help="seconds a job may take, submit to end (0: 120 in a dry run, 150)")
-    ap.add_argument("--budget", type=int, default=360,
-                    help="seconds for all of it: a job that would start past it is not run")
+                    help="seconds a job may take, submit to end (0: 150; 300 in a dry run, "
+                         "where bf16 on a CPU shared with the other checks is slow)")
+    ap.add_argument("--budget", type=int, default=0,
+                    help="seconds for all of it: a job that would start past it is not run "
+                         "(0: 360; 720 in a dry run)")
     ap.add_argument("--dry-run", action="store_true", help="a CPU machine: Gloo, a few steps")
     a = ap.parse_args()
     a.bin, a.trainer, a.data, a.out = (os.path.abspath(p) for p in (a.bin, a.trainer, a.data, a.out))
     a.ctl_lib = os.path.abspath(a.ctl_lib) if a.ctl_lib else ""
-    job_timeout = a.job_timeout or (120 if a.dry_run else 150)
+    job_timeout = a.job_timeout or (300 if a.dry_run else 150)
+    a.budget = a.budget or (720 if a.dry_run else 360)
     logs = os.path.join(a.out, "stack")
     os.makedirs(logs, exist_ok=True)
     check = Check()
