@@ -112,13 +112,13 @@ absl::StatusOr<PortRange> ParsePortRange(const std::string& text) {
   return r;
 }
 
-bool PortIsBindable(int port) {
+bool PortIsBindable(int port, uint32_t ipv4) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return false;
   sockaddr_in addr = {};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_addr.s_addr = htonl(ipv4);
   const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
   ::close(fd);
   return ok;

@@ -2,6 +2,7 @@
 #ifndef DDP_COMMON_NET_H_
 #define DDP_COMMON_NET_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -32,8 +33,9 @@ struct PortRange {
 };
 absl::StatusOr<PortRange> ParsePortRange(const std::string& text);
 
-// Whether a TCP socket can bind `port` on every interface (0.0.0.0) right now.
-bool PortIsBindable(int port);
+// Whether a TCP socket can bind `port` right now on `ipv4` (host byte order; 0, the
+// default, is every interface: 0.0.0.0).
+bool PortIsBindable(int port, uint32_t ipv4 = 0);
 
 // Whether `host` (as ParseHostPort returns it) names only this machine: "localhost",
 // 127.0.0.0/8 or ::1. Empty, "0.0.0.0", "::" and every other name are not: they

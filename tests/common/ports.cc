@@ -1,10 +1,8 @@
 #include "tests/common/ports.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/file.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -41,19 +39,9 @@ std::vector<int> BlockStarts() {
   return starts;
 }
 
-bool Bindable(uint32_t addr, int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  sockaddr_in a = {};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(addr);
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-  ::close(fd);
-  return ok;
+bool Free(int port) {
+  return ddp::PortIsBindable(port) && ddp::PortIsBindable(port, INADDR_LOOPBACK);
 }
-
-bool Free(int port) { return Bindable(INADDR_ANY, port) && Bindable(INADDR_LOOPBACK, port); }
 
 class PortBook {
  public:

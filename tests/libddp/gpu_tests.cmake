@@ -4,7 +4,7 @@
 add_executable(libddp_cuda_test ${CMAKE_CURRENT_LIST_DIR}/cuda_test.cc
                ${CMAKE_CURRENT_LIST_DIR}/../common/ports.cc)
 target_include_directories(libddp_cuda_test PRIVATE ${PROJECT_SOURCE_DIR})
-target_link_libraries(libddp_cuda_test PRIVATE ddp::ddp GTest::gmock GTest::gtest_main
+target_link_libraries(libddp_cuda_test PRIVATE ddp::ddp ddp_common GTest::gmock GTest::gtest_main
                       absl::status absl::statusor absl::strings absl::synchronization)
 add_test(NAME libddp_cuda_test COMMAND libddp_cuda_test)
 set_tests_properties(libddp_cuda_test PROPERTIES LABELS "gpu;engine" TIMEOUT 300)
