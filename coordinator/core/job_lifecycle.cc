@@ -152,20 +152,20 @@ JobRecord NewJob(std::string id, int64_t seq, JobSpec spec, std::string rdzv_id,
   job.set_reason("queued");
   job.set_spec_yaml(std::move(spec_yaml));
   job.set_workdir(std::move(workdir));
+  job.set_submit_ms(Millis(now));
+  ShowSpec(rec);
+  rec.stall = StallWatch(/*reporting_ranks_only=*/rec.spec.is_command());
+  return rec;
+}
+
+void ShowSpec(JobRecord& rec) {
+  v1::Job& job = rec.job;
   job.set_min_nodes(rec.spec.nodes.min);
   job.set_max_nodes(rec.spec.nodes.max);
   job.set_nproc_per_node(rec.spec.nproc_per_node);
   job.set_max_restarts(rec.spec.max_restarts);
   job.set_max_recoveries(rec.spec.max_recoveries);
   job.set_epochs(rec.spec.is_command() ? 0 : rec.spec.train.epochs);  // 0: unknown
-  job.set_submit_ms(Millis(now));
-  ShowScheduling(rec);
-  rec.stall = StallWatch(/*reporting_ranks_only=*/rec.spec.is_command());
-  return rec;
-}
-
-void ShowScheduling(JobRecord& rec) {
-  v1::Job& job = rec.job;
   job.set_priority(rec.spec.priority);
   job.mutable_node_selector()->clear();
   for (const auto& [key, value] : rec.spec.node_selector) {
@@ -203,7 +203,7 @@ JobDelta RestoreJob(JobRecord& rec, absl::Time now) {
     return delta;
   }
   rec.spec = *std::move(spec);
-  ShowScheduling(rec);
+  ShowSpec(rec);  // The spec's facts from the spec; the counters are the row's.
   // A restarted coordinator re-arms the watch with the next step events, in the mode
   // of the job's kind (a command job watches only the ranks that report).
   rec.stall = StallWatch(/*reporting_ranks_only=*/rec.spec.is_command());
@@ -309,15 +309,15 @@ JobDelta FailAttempt(JobRecord& rec, const std::string& reason, bool retryable, 
   rec.recovery_deadline = absl::InfiniteFuture();
   delta.attempt_rows.push_back(a->number());
   delta.ended_attempt = a->number();
-  if (retryable && rec.job.restarts() < rec.job.max_restarts()) {
+  if (retryable && rec.job.restarts() < rec.spec.max_restarts) {
     rec.job.set_restarts(rec.job.restarts() + 1);
     SetState(rec, v1::PENDING,
-             absl::StrCat("restarting (", rec.job.restarts(), " of ", rec.job.max_restarts(),
+             absl::StrCat("restarting (", rec.job.restarts(), " of ", rec.spec.max_restarts,
                           ") after attempt ", a->number(), " failed: ", reason));
   } else {
     SetState(rec, v1::FAILED,
-             retryable && rec.job.max_restarts() > 0
-                 ? absl::StrCat(reason, " (no restarts left of ", rec.job.max_restarts(), ")")
+             retryable && rec.spec.max_restarts > 0
+                 ? absl::StrCat(reason, " (no restarts left of ", rec.spec.max_restarts, ")")
                  : reason);
     rec.job.set_end_ms(Millis(now));
     delta.finished = true;
@@ -463,9 +463,9 @@ template <typename Lost>
 std::string Refusal(const JobRecord& rec, Lost lost) {
   const v1::Attempt* a = ActiveAttempt(rec);
   if (a == nullptr) return "no active attempt";
-  if (rec.job.max_recoveries() == 0) return "max_recoveries is 0";
-  if (rec.job.recoveries() >= rec.job.max_recoveries()) {
-    return absl::StrCat("no recoveries left of max_recoveries ", rec.job.max_recoveries());
+  if (rec.spec.max_recoveries == 0) return "max_recoveries is 0";
+  if (rec.job.recoveries() >= rec.spec.max_recoveries) {
+    return absl::StrCat("no recoveries left of max_recoveries ", rec.spec.max_recoveries);
   }
   if (a->state() != v1::RUNNING) return "the attempt was not running yet";
   if (Recovering(*a)) return "a recovery is under way";
@@ -525,7 +525,7 @@ JobDelta BeginRecovery(JobRecord& rec, const std::string& master_addr, int port,
   rec.recovery_deadline = now + absl::Seconds(rec.spec.recovery_timeout_s);
   SetState(rec, v1::RUNNING,
            absl::StrCat("attempt ", a->number(), ": live recovery ", a->generation(), " (",
-                        rec.job.recoveries(), " of ", rec.job.max_recoveries(), "): replacing ",
+                        rec.job.recoveries(), " of ", rec.spec.max_recoveries, "): replacing ",
                         recovery->cause()));
   delta.job_row = true;
   delta.attempt_rows.push_back(a->number());

@@ -108,8 +108,12 @@ const v1::Attempt* ActiveAttempt(const JobRecord& job);
 // Whether the job waits in the queue: PENDING, or RENDEZVOUS still gathering.
 bool Queued(const JobRecord& job);
 
-// Copies the spec's priority, node_selector and preemption into the job's view.
-void ShowScheduling(JobRecord& rec);
+// The job's view (v1::Job) of its spec: nodes, nproc_per_node, max_restarts,
+// max_recoveries, epochs, priority, node_selector and preemption, from `rec.spec`,
+// the one place each is read from (a new job's, and a stored job's once its text is
+// parsed again). The view's counters (restarts, recoveries, preemptions) are the
+// job's own, kept in its row.
+void ShowSpec(JobRecord& rec);
 
 // A new job, PENDING ("queued"), from a validated spec.
 JobRecord NewJob(std::string id, int64_t seq, JobSpec spec, std::string rdzv_id,

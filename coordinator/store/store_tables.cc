@@ -32,6 +32,9 @@ M& Msg(M& m) {
         [](sql::Params& s, int i, const Row& r) { s.BindValue(i, Msg(r).field()); },      \
         [](const sql::Row& s, int c, Row& r) {                                         \
           Msg(r).set_##field(s.Value<std::decay_t<decltype(Msg(r).field())>>(c));       \
+        },                                                                              \
+        [](Row& to, const typename RowMessage<Row>::type& from) {                      \
+          Msg(to).set_##field(from.field());                                            \
         }                                                                               \
   }
 // The same, named like the field.
@@ -42,6 +45,11 @@ M& Msg(M& m) {
     {#member, __VA_ARGS__}, [](sql::Params& s, int i, const Row& r) { s.BindValue(i, r.member); }, \
         [](const sql::Row& s, int c, Row& r) {                                          \
           r.member = s.Value<std::decay_t<decltype(r.member)>>(c);                       \
+        },                                                                               \
+        [](Row& to, const auto& from) {  /* generic: the branch below is discarded */   \
+          if constexpr (std::is_same_v<std::decay_t<decltype(from)>, Row>) {             \
+            to.member = from.member;                                                     \
+          }                                                                              \
         }                                                                                \
   }
 
@@ -259,6 +267,9 @@ const Table<RowBatch::AttemptRow>& Attempts() {
                       },
                       [](const sql::Row& s, int c, Row& r) {
                         DecodeRecoveries(s.Text(c), &r.attempt);
+                      },
+                      [](Row& to, const v1::Attempt& from) {
+                        *to.attempt.mutable_recoveries() = from.recoveries();
                       }},
       });
   return *table;
@@ -302,7 +313,10 @@ const Table<v1::Worker>& Workers() {
           DDP_FIELD(last_heartbeat_ms, kInt),
           Column<Row>{{"gpu_devices", "TEXT NOT NULL DEFAULT ''"},
                       [](sql::Params& s, int i, const Row& w) { s.BindText(i, EncodeGpus(w)); },
-                      [](const sql::Row& s, int c, Row& w) { DecodeGpus(s.Text(c), &w); }},
+                      [](const sql::Row& s, int c, Row& w) { DecodeGpus(s.Text(c), &w); },
+                      [](Row& to, const Row& from) {
+                        *to.mutable_gpu_devices() = from.gpu_devices();
+                      }},
           // A value this build does not know (a newer coordinator's) reads as
           // cordoned: an operator took the node out, so it stays out.
           Column<Row>{{"maintenance", "INTEGER NOT NULL DEFAULT 0"},
@@ -312,7 +326,8 @@ const Table<v1::Worker>& Workers() {
                         w.set_maintenance(v1::WorkerMaintenance_IsValid(m)
                                               ? static_cast<v1::WorkerMaintenance>(m)
                                               : v1::WORKER_CORDONED);
-                      }},
+                      },
+                      [](Row& to, const Row& from) { to.set_maintenance(from.maintenance()); }},
           Column<Row>{{"drain_policy", "INTEGER NOT NULL DEFAULT 0"},
                       [](sql::Params& s, int i, const Row& w) { s.BindValue(i, w.drain_policy()); },
                       [](const sql::Row& s, int c, Row& w) {
@@ -320,13 +335,15 @@ const Table<v1::Worker>& Workers() {
                         w.set_drain_policy(v1::DrainPolicy_IsValid(p)
                                                ? static_cast<v1::DrainPolicy>(p)
                                                : v1::DRAIN_WAIT);
-                      }},
+                      },
+                      [](Row& to, const Row& from) { to.set_drain_policy(from.drain_policy()); }},
           DDP_FIELD(maintenance_since_ms, "INTEGER NOT NULL DEFAULT 0"),
           DDP_FIELD(maintenance_by, "TEXT NOT NULL DEFAULT ''"),
           DDP_FIELD(witness_port, "INTEGER NOT NULL DEFAULT 0"),
           Column<Row>{{"labels", "TEXT NOT NULL DEFAULT ''"},
                       [](sql::Params& s, int i, const Row& w) { s.BindText(i, EncodeLabels(w)); },
-                      [](const sql::Row& s, int c, Row& w) { DecodeLabels(s.Text(c), &w); }},
+                      [](const sql::Row& s, int c, Row& w) { DecodeLabels(s.Text(c), &w); },
+                      [](Row& to, const Row& from) { *to.mutable_labels() = from.labels(); }},
       });
   return *table;
 }

@@ -62,10 +62,34 @@ struct TableInfo {
   std::string SelectSql(const std::string& rest) const;
 };
 
+// The message a row's columns are the fields of: the job's, the attempt's and the
+// rank's rows add keys of their own (seq, job_id, attempt) to theirs; any other row
+// is its own.
+template <typename Row>
+struct RowMessage {
+  using type = Row;
+};
+template <>
+struct RowMessage<RowBatch::JobRow> {
+  using type = v1::Job;
+};
+template <>
+struct RowMessage<RowBatch::AttemptRow> {
+  using type = v1::Attempt;
+};
+template <>
+struct RowMessage<RowBatch::RankRow> {
+  using type = v1::RankAssignment;
+};
+
 template <typename Row>
 struct Column : ColumnInfo {
   void (*bind)(sql::Params& s, int index, const Row& row);
   void (*load)(const sql::Row& s, int col, Row& row);
+  // Sets the column's value in `to` from the message `from` (what binding it and
+  // loading the result into `to` would give); a key of the row's own that is not in
+  // the message (seq, job_id) is left to the caller.
+  void (*copy)(Row& to, const typename RowMessage<Row>::type& from);
 };
 
 template <typename Row>
@@ -90,6 +114,12 @@ class Table : public TableInfo {
   // Reads the row's columns from the current row of a SelectSql() statement.
   void Load(const sql::Row& s, Row& row) const {
     for (size_t i = 0; i < binders_.size(); ++i) binders_[i].load(s, static_cast<int>(i), row);
+  }
+  // Sets `to`'s columns from `from`, and nothing else (a job's row gets no attempts,
+  // an attempt's no ranks): what a writer stages is then what the table stores, from
+  // the one list of columns. The row's own keys (seq, job_id) are the caller's.
+  void Copy(const typename RowMessage<Row>::type& from, Row& to) const {
+    for (const Column<Row>& c : binders_) c.copy(to, from);
   }
 
  private:

@@ -7,49 +7,12 @@
 
 #include "absl/synchronization/notification.h"
 #include "common/logging.h"
+#include "coordinator/store/store_tables.h"
 
 namespace ddp {
 namespace {
 
 constexpr size_t kOutcomesKept = 64;
-
-// The job's row: its columns only, never its attempts (a 4,096-rank job's row is as
-// cheap to stage as a one-rank job's).
-v1::Job JobRow(const v1::Job& job) {
-  v1::Job row;
-  row.set_id(job.id());
-  row.set_name(job.name());
-  row.set_rdzv_id(job.rdzv_id());
-  row.set_state(job.state());
-  row.set_reason(job.reason());
-  row.set_spec_yaml(job.spec_yaml());
-  row.set_workdir(job.workdir());
-  row.set_min_nodes(job.min_nodes());
-  row.set_max_nodes(job.max_nodes());
-  row.set_nproc_per_node(job.nproc_per_node());
-  row.set_max_restarts(job.max_restarts());
-  row.set_restarts(job.restarts());
-  row.set_submit_ms(job.submit_ms());
-  row.set_start_ms(job.start_ms());
-  row.set_end_ms(job.end_ms());
-  row.set_epochs(job.epochs());
-  row.set_owner(job.owner());
-  row.set_preemptions(job.preemptions());
-  return row;
-}
-
-v1::Attempt AttemptRow(const v1::Attempt& a) {
-  v1::Attempt row;
-  row.set_number(a.number());
-  row.set_state(a.state());
-  row.set_reason(a.reason());
-  row.set_master_addr(a.master_addr());
-  row.set_master_port(a.master_port());
-  row.set_world_size(a.world_size());
-  row.set_start_ms(a.start_ms());
-  row.set_end_ms(a.end_ms());
-  return row;
-}
 
 }  // namespace
 
@@ -73,7 +36,11 @@ StoreWriter::Ticket StoreWriter::StageLocked(size_t rows) {
 }
 
 StoreWriter::Ticket StoreWriter::PutJob(const v1::Job& job, int64_t seq, bool creation) {
-  RowBatch::JobRow row{JobRow(job), seq};
+  // The job's row: its columns only (store_tables.cc), never its attempts (a
+  // 4,096-rank job's row is as cheap to stage as a one-rank job's).
+  RowBatch::JobRow row;
+  row.seq = seq;
+  store::Jobs().Copy(job, row);
   absl::MutexLock lock(&mu_);
   pending_.rows.jobs.push_back(std::move(row));
   pending_.job_is_creation.push_back(creation);
@@ -81,7 +48,9 @@ StoreWriter::Ticket StoreWriter::PutJob(const v1::Job& job, int64_t seq, bool cr
 }
 
 StoreWriter::Ticket StoreWriter::PutAttempt(const std::string& job_id, const v1::Attempt& attempt) {
-  RowBatch::AttemptRow row{job_id, AttemptRow(attempt)};
+  RowBatch::AttemptRow row;
+  row.job_id = job_id;
+  store::Attempts().Copy(attempt, row);  // Its columns, not its ranks.
   absl::MutexLock lock(&mu_);
   pending_.rows.attempts.push_back(std::move(row));
   return StageLocked(1);

@@ -35,7 +35,7 @@ bool Ended(const v1::Job& j) {
 
 // Three ranks, no checkpoint: whatever a failure costs, no file gives it back.
 std::string Spec(const std::string& dir, const std::string& name, int max_recoveries,
-                 int max_restarts = 0) {
+                 int max_restarts = 0, int epochs = 2) {
   const std::string path = absl::StrCat(dir, "/", name, ".yaml");
   testing::WriteFile(path, absl::StrCat("name: ", name, R"(
 nodes: 3
@@ -44,7 +44,7 @@ max_recoveries: )", max_recoveries, R"(
 recovery_timeout_s: 60
 model: {mlp: {hidden: [64, 64]}}
 data: {synthetic: {samples: 12000, features: 32, classes: 10}}
-train: {epochs: 2, batch_size: 32, threads: 1, seed: 7}
+train: {epochs: )", epochs, R"(, batch_size: 32, threads: 1, seed: 7}
 metrics: {every_steps: 5}
 )"));
   return path;
@@ -175,6 +175,68 @@ TEST(LiveRecoveryTest, KilledRanksAreReplacedLiveAndTheJobEndsBitIdenticalToAnUn
   CtlResult logs = c.Ctl({"logs", id});
   EXPECT_THAT(logs.out, HasSubstr("[rank 0] * recovered: generation 1 formed"));
   EXPECT_THAT(logs.out, HasSubstr("[rank 0] * recovered: generation 2 formed"));
+}
+
+// What a coordinator keeps of a job's recovery policy and counters lives through a
+// kill -9 of it: its successor (on the same state directory) replaces a killed rank
+// live, and the next one still knows the recovery it counted.
+TEST(LiveRecoveryTest, ARestartedCoordinatorKeepsTheJobsRecoveriesAndStillReplacesARankLive) {
+  auto cluster = LocalCluster::Start({.workers = 4});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  ASSERT_TRUE(c.WaitForWorkers(4).ok());
+  // 10 epochs (1,250 steps): long enough that two coordinator restarts and a recovery
+  // come well before the end, however loaded the machine.
+  const std::string id = Submit(c, Spec(c.dir(), "restarted", 2, 0, /*epochs=*/10));
+  auto running = c.WaitFor(id, SteppedPast(20));
+  ASSERT_TRUE(running.ok()) << running.status();
+  const v1::Attempt first = running->attempts(0);
+  std::map<int, int> pids;
+  for (const auto& r : first.ranks()) pids[r.rank()] = r.pid();
+
+  EXPECT_EQ(c.StopCoordinator(SIGKILL).signal, SIGKILL);
+  ASSERT_TRUE(c.StartCoordinator().ok());
+  auto back = c.WaitFor(id, SteppedPast(running->metrics(0).global_step() + 5));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->max_recoveries(), 2);
+  CtlResult shown = c.Ctl({"get", id});
+  EXPECT_THAT(shown.out, HasSubstr("0 of 2 (live)")) << shown.out;
+
+  ASSERT_EQ(::kill(pids[1], SIGKILL), 0);
+  auto recovered = c.WaitFor(id, [&](const v1::Job& j) {
+    return j.recoveries() == 1 && SteppedPast(back->metrics(0).global_step() + 5)(j);
+  });
+  ASSERT_TRUE(recovered.ok()) << recovered.status();
+  EXPECT_EQ(recovered->restarts(), 0);
+  ASSERT_EQ(recovered->attempts_size(), 1);
+  EXPECT_EQ(recovered->attempts(0).recoveries(0).outcome(), "recovered");
+  const int replacement = recovered->attempts(0).ranks(1).pid();
+
+  // The counter, the attempt's generation and its recovery record, from the store.
+  EXPECT_EQ(c.StopCoordinator(SIGKILL).signal, SIGKILL);
+  ASSERT_TRUE(c.StartCoordinator().ok());
+  auto again = c.GetJob(id);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->recoveries(), 1);
+  EXPECT_EQ(again->max_recoveries(), 2);
+  ASSERT_EQ(again->attempts_size(), 1);
+  EXPECT_EQ(again->attempts(0).generation(), 1);
+  ASSERT_EQ(again->attempts(0).recoveries_size(), 1);
+  EXPECT_EQ(again->attempts(0).recoveries(0).outcome(), "recovered");
+  EXPECT_EQ(again->attempts(0).recoveries(0).ranks(0), 1);
+  shown = c.Ctl({"get", id});
+  EXPECT_THAT(shown.out, HasSubstr("1 of 2 (live)")) << shown.out;
+
+  auto done = c.WaitFor(id, Ended, absl::Minutes(5));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  EXPECT_EQ(done->restarts(), 0);
+  EXPECT_EQ(done->recoveries(), 1);
+  ASSERT_EQ(done->attempts_size(), 1);
+  const v1::Attempt& a = done->attempts(0);
+  EXPECT_EQ(a.ranks(0).pid(), pids[0]);  // The survivors kept their processes
+  EXPECT_EQ(a.ranks(2).pid(), pids[2]);  // through both restarts and the recovery.
+  EXPECT_EQ(a.ranks(1).pid(), replacement);
 }
 
 TEST(LiveRecoveryTest, ASecondFaultDuringARecoveryFallsBackToARestartNamedInTheReason) {

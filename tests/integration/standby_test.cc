@@ -56,10 +56,12 @@ class StandbyTest : public ::testing::Test {
   }
 
   // A job of two ranks that trains for `epochs` epochs of ~310 steps.
-  std::string Submit(int epochs) {
-    const std::string spec = absl::StrCat(cluster_->dir(), "/job", epochs, ".yaml");
+  std::string Submit(int epochs, int max_recoveries = 0) {
+    const std::string spec =
+        absl::StrCat(cluster_->dir(), "/job", epochs, "-", max_recoveries, ".yaml");
     testing::WriteFile(spec, absl::StrCat(R"(name: standby
 nodes: 2
+max_recoveries: )", max_recoveries, R"(
 model: {mlp: {hidden: [128, 128]}}
 data: {synthetic: {samples: 20000, features: 64, classes: 10}}
 train: {epochs: )", epochs, R"(, batch_size: 32, threads: 1}
@@ -170,6 +172,40 @@ TEST_F(StandbyTest, ALeaderStoppedWithSigtermHandsOverAndNoRankIsTouched) {
     EXPECT_EQ(job->attempts(0).ranks(i).pid(), first->attempts(0).ranks(i).pid())
         << "the same trainer processes throughout: nothing fenced, nothing restarted";
   }
+}
+
+// The job's recovery policy and counters are in the shared store: the standby that
+// takes over from a killed leader replaces a killed rank live, as the leader would.
+TEST_F(StandbyTest, TheStandbyThatTakesOverReplacesAKilledRankLive) {
+  LocalCluster& c = *cluster_;
+  const std::string id = Submit(6, /*max_recoveries=*/2);
+  auto running = c.WaitFor(id, SteppedPast(60));
+  ASSERT_TRUE(running.ok()) << running.status();
+  const v1::Attempt first = running->attempts(0);
+  auto leader = c.Leader();
+  ASSERT_TRUE(leader.ok()) << leader.status();
+  c.coordinator(*leader)->Signal(SIGKILL);
+  auto next = c.Leader(absl::Seconds(30));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_NE(*next, *leader);
+  auto back = c.WaitFor(id, SteppedPast(running->metrics(0).global_step() + 20));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->max_recoveries(), 2);
+  CtlResult shown = c.Ctl({"get", id});
+  EXPECT_THAT(shown.out, HasSubstr("0 of 2 (live)")) << shown.out;
+
+  ASSERT_EQ(::kill(first.ranks(1).pid(), SIGKILL), 0);
+  auto done = c.WaitFor(id, Ended, absl::Minutes(10));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  EXPECT_EQ(done->restarts(), 0);
+  EXPECT_EQ(done->recoveries(), 1);
+  ASSERT_EQ(done->attempts_size(), 1) << done->ShortDebugString();
+  const v1::Attempt& a = done->attempts(0);
+  ASSERT_EQ(a.recoveries_size(), 1);
+  EXPECT_EQ(a.recoveries(0).outcome(), "recovered") << a.ShortDebugString();
+  EXPECT_EQ(a.ranks(0).pid(), first.ranks(0).pid()) << "the survivor kept its process";
+  EXPECT_NE(a.ranks(1).pid(), first.ranks(1).pid());
 }
 
 TEST_F(StandbyTest, BadStoreFlagsAndDatabasesAreClearErrorsAndChangeNothing) {

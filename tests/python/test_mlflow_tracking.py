@@ -48,15 +48,23 @@ class MlflowServer:
     def start(self):
         mlflow = os.path.join(os.path.dirname(sys.executable), "mlflow")
         log = open(os.path.join(self.dir, "mlflow.log"), "ab")
+        # Tracking only: MLflow 3's job execution (GenAI scorers) would start a job
+        # runner and seven huey consumers beside the server, each importing mlflow
+        # (a start took 29 CPU-s against 13 without them, and they poll while the test
+        # runs), with a queue directory in /dev/shm that a killed server leaves behind.
+        env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
         self.proc = subprocess.Popen(
             [mlflow, "server", "--backend-store-uri",
              "sqlite:///" + os.path.join(self.dir, "mlflow.db"),
              "--default-artifact-root", os.path.join(self.dir, "artifacts"),
              "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True)
+            start_new_session=True, env=env)
         log.close()
-        deadline = time.monotonic() + 120
+        # About 25 s on an idle 2-core machine (two Python processes importing mlflow,
+        # the SQLite store's migrations); side by side with other tests, several times
+        # that. A bound for a server that never comes, not a timing target.
+        deadline = time.monotonic() + 300
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError("mlflow server exited: " + self.log())
