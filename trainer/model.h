@@ -21,11 +21,10 @@
 
 #include "absl/status/statusor.h"
 #include "common/jobspec/job_spec.h"
+#include "libddp/engine/named_tensor.h"
 #include "trainer/dataset.h"
 
 namespace ddp {
-
-using NamedTensor = std::pair<std::string, at::Tensor>;
 
 class Model {
  public:

@@ -33,7 +33,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/contract/position.h"
-#include "trainer/model.h"
+#include "libddp/engine/named_tensor.h"
 
 namespace ddp {
 

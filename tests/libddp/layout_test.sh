@@ -5,6 +5,8 @@
 #   - worker/ holds the agent alone;
 #   - the built-in trainer (trainer/) includes libddp's public headers and its one
 #     internal target's (libddp/engine/), nothing else of libddp;
+#   - the engine (libddp/engine/) includes nothing of the trainer (trainer/): the
+#     library is below its first client;
 #   - each torch-free contract type is defined once, in common/contract/, with no alias.
 # The checker is first run on made-up trees that break each rule, so it is known to
 # catch what it looks for.
@@ -38,6 +40,9 @@ check_tree() {
   if [[ -d trainer ]] && hits=$(grep -rn "${code[@]}" -E '#include\s*[<"]libddp/' trainer |
                                 grep -v -E '#include\s*[<"]libddp/engine/'); then
     echo "trainer/ includes libddp beyond its public headers and libddp/engine/:"; echo "$hits"; bad=1
+  fi
+  if [[ -d libddp/engine ]] && hits=$(grep -rn "${code[@]}" -E '#include\s*[<"]trainer/' libddp/engine); then
+    echo "libddp/engine/ includes trainer/:"; echo "$hits"; bad=1
   fi
   local type
   for type in Environment Position LrSchedule; do
@@ -75,6 +80,8 @@ expect_refused() {  # name, then a command that breaks a copy of the good tree i
 }
 expect_refused "trainer includes libddp/src" \
   sh -c 'printf "#include \"libddp/src/internal.h\"\n" >> trainer/t.cc'
+expect_refused "the engine includes trainer/" \
+  sh -c 'printf "#include \"trainer/model.h\"\n" > libddp/engine/checkpoint.h'
 expect_refused "common includes <ddp/...>" \
   sh -c 'printf "#include <ddp/lr_schedule.h>\n" > common/j.h'
 expect_refused "worker holds the trainer" mkdir worker/trainer
