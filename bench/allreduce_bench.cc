@@ -36,7 +36,8 @@ int main(int argc, char** argv) {
   auto env = ddp::ReadEnvironment();
   if (!env.ok()) return Fail(env.status());
   ddp::CommOptions options;
-  options.intra_node = mode == "shm" ? ddp::IntraNodeComm::kShm : ddp::IntraNodeComm::kGloo;
+  options.intra_node = mode == "shm" ? ddp::CommOptions::IntraNode::kShm
+                                      : ddp::CommOptions::IntraNode::kGloo;
   ddp::DeviceChoice device;
   device.backend = "gloo";
   auto comm = ddp::Comm::Connect(*env, device, options);

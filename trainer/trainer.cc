@@ -39,6 +39,7 @@
 #include "libddp/engine/torch_compat.h"
 #include "trainer/dataset.h"
 #include "trainer/device_step.h"
+#include "trainer/engine_options.h"
 #include "trainer/model.h"
 
 namespace ddp {
@@ -48,10 +49,6 @@ using Clock = std::chrono::steady_clock;
 
 double MillisSince(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
-
-std::chrono::milliseconds Seconds(double s) {
-  return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
 }
 
 std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
@@ -270,7 +267,7 @@ absl::Status TrainerImpl::Setup() {
   DDP_ASSIGN_OR_RETURN(data_, LoadData(spec_.data, spec_.train.loss, spec_.model));
   at::manual_seed(static_cast<uint64_t>(spec_.train.seed));
   DDP_ASSIGN_OR_RETURN(model_, BuildModel(spec_.model, data_, spec_.train.loss));
-  auto device = ChooseDevice(spec_.backend, spec_.train.device, env_);
+  auto device = ChooseDevice(DeviceRequestOf(spec_), env_);
   // The device the job asks for is not on this node (or not in this build): another
   // node may have it. (A bad pairing, cpu with nccl, is the job's: job.yaml refuses it.)
   if (!device.ok()) {
@@ -370,11 +367,7 @@ absl::Status TrainerImpl::SetUpDeviceStep() {
 }
 
 absl::Status TrainerImpl::JoinGroup() {
-  CommOptions co;
-  co.rdzv_timeout = Seconds(spec_.rdzv.timeout_s);
-  co.collective_timeout = Seconds(spec_.train.collective_timeout_s);
-  co.intra_node = spec_.train.intra_node_comm;
-  DDP_ASSIGN_OR_RETURN(group_, ProcessGroup::Impl::Create(env_, device_, co));
+  DDP_ASSIGN_OR_RETURN(group_, ProcessGroup::Impl::Create(env_, device_, CommOptionsOf(spec_)));
   if (spec_.train.optimizer.zero_redundancy) DDP_RETURN_IF_ERROR(MakeZeroOptimizer());
   // The notice check is collective: every rank of the new group counts from here.
   notice_every_ = 1;

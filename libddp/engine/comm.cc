@@ -227,7 +227,11 @@ std::optional<ShmDType> ShmTypeOf(const at::Tensor& t) {
 
 }  // namespace
 
-absl::StatusOr<DeviceChoice> ChooseDevice(Backend backend, Device device, const Environment& env) {
+absl::StatusOr<DeviceChoice> ChooseDevice(const DeviceRequest& request, const Environment& env) {
+  using Backend = DeviceRequest::Backend;
+  using Device = DeviceRequest::Device;
+  const Backend backend = request.backend;
+  const Device device = request.device;
   if (device == Device::kCpu && backend == Backend::kNccl) {
     return absl::InvalidArgumentError(
         "device cpu with backend nccl: NCCL reduces GPU tensors only (use gloo or auto)");
@@ -325,9 +329,9 @@ absl::StatusOr<Comm> Comm::Connect(const Environment& env, const DeviceChoice& d
     return absl::UnavailableError(
         absl::StrCat("cannot form the ", device.backend, " process group: ", FirstLine(e)));
   }
-  if (options.intra_node != IntraNodeComm::kGloo && device.device.is_cpu() && env.world_size > 1) {
+  if (options.intra_node != CommOptions::IntraNode::kGloo && device.device.is_cpu() && env.world_size > 1) {
     DDP_RETURN_IF_ERROR(c.SetUpNodeGroup(env, options.intra_node));
-  } else if (options.intra_node == IntraNodeComm::kShm && !device.device.is_cpu()) {
+  } else if (options.intra_node == CommOptions::IntraNode::kShm && !device.device.is_cpu()) {
     return absl::FailedPreconditionError(
         "train.intra_node_comm: shm reduces CPU tensors, but this rank trains on " +
         device.device.str() + " (use auto or gloo)");
@@ -339,7 +343,7 @@ Comm::Comm(Comm&&) = default;
 Comm& Comm::operator=(Comm&&) = default;
 Comm::~Comm() = default;
 
-absl::Status Comm::SetUpNodeGroup(const Environment& env, IntraNodeComm mode) {
+absl::Status Comm::SetUpNodeGroup(const Environment& env, CommOptions::IntraNode mode) {
   const int local_world = env.local_world_size;
   // Node leaders' ranks are derived, so ranks must be numbered node by node.
   const bool layout_ok = local_world > 1 && env.world_size % local_world == 0 &&
@@ -389,7 +393,7 @@ absl::Status Comm::SetUpNodeGroup(const Environment& env, IntraNodeComm mode) {
     const std::string why =
         "shared memory needs the same LOCAL_WORLD_SIZE on every node and ranks numbered node "
         "by node (RANK = GROUP_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK)";
-    if (mode == IntraNodeComm::kShm) {
+    if (mode == CommOptions::IntraNode::kShm) {
       return absl::FailedPreconditionError(absl::StrCat("train.intra_node_comm: shm: ", why));
     }
     DDP_LOG(WARNING) << why << fallback;
@@ -399,7 +403,7 @@ absl::Status Comm::SetUpNodeGroup(const Environment& env, IntraNodeComm mode) {
     const std::string why =
         local.ok() ? "shared memory could not be set up on another node (see its log)"
                    : absl::StrCat("shared memory could not be set up: ", local.message());
-    if (mode == IntraNodeComm::kShm) {
+    if (mode == CommOptions::IntraNode::kShm) {
       return absl::UnavailableError(absl::StrCat("train.intra_node_comm: shm: ", why));
     }
     DDP_LOG(WARNING) << why << fallback;

@@ -21,7 +21,6 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/jobspec/job_spec.h"
 #include "libddp/engine/torch_compat.h"
 #include "libddp/engine/environment.h"
 
@@ -45,12 +44,24 @@ struct DeviceChoice {
 // the node is visible, and with more ranks than GPUs they share them (Gloo only: NCCL
 // refuses two ranks on one device). FAILED_PRECONDITION when a GPU is asked for and
 // this build has no CUDA or no GPU is visible (permanent).
-absl::StatusOr<DeviceChoice> ChooseDevice(Backend backend, Device device, const Environment& env);
+// The engine's own words for what a rank asks for (job.yaml's `backend` and
+// `train.device` are mapped onto these by trainer/engine_options.h, libddp's
+// ProcessGroupOptions by the public ProcessGroup).
+struct DeviceRequest {
+  enum class Backend { kAuto, kGloo, kNccl };
+  enum class Device { kAuto, kCpu, kCuda };
+  Backend backend = Backend::kAuto;
+  Device device = Device::kAuto;
+};
+absl::StatusOr<DeviceChoice> ChooseDevice(const DeviceRequest& request, const Environment& env);
 
 struct CommOptions {
+  // Among a node's CPU ranks: auto (shared memory where every node can, else the
+  // backend), shm (shared memory, or an error), gloo (the backend alone).
+  enum class IntraNode { kAuto, kShm, kGloo };
   std::chrono::milliseconds rdzv_timeout{120000};
   std::chrono::milliseconds collective_timeout{300000};
-  IntraNodeComm intra_node = IntraNodeComm::kAuto;
+  IntraNode intra_node = IntraNode::kAuto;
 };
 
 // An in-place sum started by Comm::StartSum. Sums complete in start order.
@@ -112,7 +123,7 @@ class Comm {
   Comm() = default;
   absl::Status Run(const char* what, const std::function<c10::intrusive_ptr<c10d::Work>()>& op);
   // Sets up the node's shared-memory group and agrees on it with every rank.
-  absl::Status SetUpNodeGroup(const Environment& env, IntraNodeComm mode);
+  absl::Status SetUpNodeGroup(const Environment& env, CommOptions::IntraNode mode);
 
   c10::intrusive_ptr<c10d::Store> store_;
   CommBackendPtr backend_;

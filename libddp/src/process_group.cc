@@ -30,35 +30,34 @@ absl::Status ProcessGroup::Impl::Reconnect(const Environment& next) {
 
 std::shared_ptr<ProcessGroup> ProcessGroup::create(const Environment& env,
                                                    const ProcessGroupOptions& options) {
-  Backend backend = Backend::kAuto;
+  DeviceRequest request;
   if (options.backend == "auto") {
-    backend = Backend::kAuto;
+    request.backend = DeviceRequest::Backend::kAuto;
   } else if (options.backend == "gloo") {
-    backend = Backend::kGloo;
+    request.backend = DeviceRequest::Backend::kGloo;
   } else if (options.backend == "nccl") {
-    backend = Backend::kNccl;
+    request.backend = DeviceRequest::Backend::kNccl;
   } else {
     ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
         "ProcessGroupOptions.backend: '", options.backend, "' is not one of auto, gloo, nccl")));
   }
-  Device device = Device::kAuto;
   if (options.device == "auto") {
-    device = Device::kAuto;
+    request.device = DeviceRequest::Device::kAuto;
   } else if (options.device == "cpu") {
-    device = Device::kCpu;
+    request.device = DeviceRequest::Device::kCpu;
   } else if (options.device == "cuda") {
-    device = Device::kCuda;
+    request.device = DeviceRequest::Device::kCuda;
   } else {
     ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
         "ProcessGroupOptions.device: '", options.device, "' is not one of auto, cpu, cuda")));
   }
   CommOptions co;
   if (options.intra_node_comm == "auto") {
-    co.intra_node = IntraNodeComm::kAuto;
+    co.intra_node = CommOptions::IntraNode::kAuto;
   } else if (options.intra_node_comm == "shm") {
-    co.intra_node = IntraNodeComm::kShm;
+    co.intra_node = CommOptions::IntraNode::kShm;
   } else if (options.intra_node_comm == "gloo") {
-    co.intra_node = IntraNodeComm::kGloo;
+    co.intra_node = CommOptions::IntraNode::kGloo;
   } else {
     ThrowIfError(absl::InvalidArgumentError(
         absl::StrCat("ProcessGroupOptions.intra_node_comm: '", options.intra_node_comm,
@@ -70,7 +69,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const Environment& env,
   }
   co.rdzv_timeout = options.rdzv_timeout;
   co.collective_timeout = options.collective_timeout;
-  const DeviceChoice choice = ValueOrThrow(ChooseDevice(backend, device, env));
+  const DeviceChoice choice = ValueOrThrow(ChooseDevice(request, env));
   return ValueOrThrow(Impl::Create(env, choice, co));
 }
 

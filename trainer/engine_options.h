@@ -1,0 +1,48 @@
+// Where job.yaml meets libddp's engine: the one place that maps a JobSpec's fields onto
+// the engine's own option types (libddp/engine/ knows nothing of job.yaml for these).
+// Each function is the whole mapping of its type; a field the engine gains an option
+// for is mapped here, and nowhere else.
+#ifndef DDP_TRAINER_ENGINE_OPTIONS_H_
+#define DDP_TRAINER_ENGINE_OPTIONS_H_
+
+#include <chrono>
+#include <cstdint>
+
+#include "common/jobspec/job_spec.h"
+#include "libddp/engine/comm.h"
+
+namespace ddp {
+
+// `backend` and `train.device`: what ChooseDevice picks from.
+inline DeviceRequest DeviceRequestOf(const JobSpec& spec) {
+  DeviceRequest r;
+  switch (spec.backend) {
+    case Backend::kAuto: r.backend = DeviceRequest::Backend::kAuto; break;
+    case Backend::kGloo: r.backend = DeviceRequest::Backend::kGloo; break;
+    case Backend::kNccl: r.backend = DeviceRequest::Backend::kNccl; break;
+  }
+  switch (spec.train.device) {
+    case Device::kAuto: r.device = DeviceRequest::Device::kAuto; break;
+    case Device::kCpu: r.device = DeviceRequest::Device::kCpu; break;
+    case Device::kCuda: r.device = DeviceRequest::Device::kCuda; break;
+  }
+  return r;
+}
+
+// `rdzv.timeout_s`, `train.collective_timeout_s` and `train.intra_node_comm`.
+inline CommOptions CommOptionsOf(const JobSpec& spec) {
+  auto ms = [](double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
+  CommOptions co;
+  co.rdzv_timeout = ms(spec.rdzv.timeout_s);
+  co.collective_timeout = ms(spec.train.collective_timeout_s);
+  switch (spec.train.intra_node_comm) {
+    case IntraNodeComm::kAuto: co.intra_node = CommOptions::IntraNode::kAuto; break;
+    case IntraNodeComm::kShm: co.intra_node = CommOptions::IntraNode::kShm; break;
+    case IntraNodeComm::kGloo: co.intra_node = CommOptions::IntraNode::kGloo; break;
+  }
+  return co;
+}
+
+}  // namespace ddp
+
+#endif  // DDP_TRAINER_ENGINE_OPTIONS_H_
