@@ -329,7 +329,8 @@ absl::StatusOr<Comm> Comm::Connect(const Environment& env, const DeviceChoice& d
     return absl::UnavailableError(
         absl::StrCat("cannot form the ", device.backend, " process group: ", FirstLine(e)));
   }
-  if (options.intra_node != CommOptions::IntraNode::kGloo && device.device.is_cpu() && env.world_size > 1) {
+  if (options.intra_node != CommOptions::IntraNode::kGloo && device.device.is_cpu() &&
+      env.world_size > 1) {
     DDP_RETURN_IF_ERROR(c.SetUpNodeGroup(env, options.intra_node));
   } else if (options.intra_node == CommOptions::IntraNode::kShm && !device.device.is_cpu()) {
     return absl::FailedPreconditionError(
