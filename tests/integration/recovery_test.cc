@@ -109,6 +109,21 @@ Done Uninterrupted(LocalCluster& c) {
   return lines[0];
 }
 
+// The job's end, which must be SUCCEEDED in its first attempt (a live recovery never
+// starts a new one), with no restart and `recoveries` live recoveries.
+absl::StatusOr<v1::Job> SucceededLive(LocalCluster& c, const std::string& id, int recoveries) {
+  auto done = c.WaitFor(id, Ended, absl::Minutes(5));
+  if (!done.ok()) return done.status();
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
+  EXPECT_EQ(done->restarts(), 0);
+  EXPECT_EQ(done->recoveries(), recoveries);
+  if (done->attempts_size() != 1) {
+    return absl::InternalError(absl::StrCat("a live recovery never starts a new attempt: ",
+                                            done->ShortDebugString()));
+  }
+  return done;
+}
+
 TEST(LiveRecoveryTest, KilledRanksAreReplacedLiveAndTheJobEndsBitIdenticalToAnUninterruptedRun) {
   auto cluster = LocalCluster::Start({.workers = 3});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
@@ -145,12 +160,8 @@ TEST(LiveRecoveryTest, KilledRanksAreReplacedLiveAndTheJobEndsBitIdenticalToAnUn
   EXPECT_EQ(once.ranks(1).worker(), first.ranks(1).worker());
 
   ASSERT_EQ(::kill(pids[0], SIGKILL), 0);
-  auto done = c.WaitFor(id, Ended, absl::Minutes(5));
+  auto done = SucceededLive(c, id, 2);
   ASSERT_TRUE(done.ok()) << done.status();
-  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
-  EXPECT_EQ(done->restarts(), 0);
-  EXPECT_EQ(done->recoveries(), 2);
-  ASSERT_EQ(done->attempts_size(), 1) << "a live recovery never starts a new attempt";
   const v1::Attempt& a = done->attempts(0);
   ASSERT_EQ(a.recoveries_size(), 2) << a.ShortDebugString();
   EXPECT_EQ(a.recoveries(1).outcome(), "recovered");
@@ -230,12 +241,8 @@ TEST(LiveRecoveryTest, ARestartedCoordinatorKeepsTheJobsRecoveriesAndStillReplac
   shown = c.Ctl({"get", id});
   EXPECT_THAT(shown.out, HasSubstr("1 of 2 (live)")) << shown.out;
 
-  auto done = c.WaitFor(id, Ended, absl::Minutes(5));
+  auto done = SucceededLive(c, id, 1);
   ASSERT_TRUE(done.ok()) << done.status();
-  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
-  EXPECT_EQ(done->restarts(), 0);
-  EXPECT_EQ(done->recoveries(), 1);
-  ASSERT_EQ(done->attempts_size(), 1);
   const v1::Attempt& a = done->attempts(0);
   EXPECT_EQ(a.ranks(0).pid(), pids[0]);  // The survivors kept their processes
   EXPECT_EQ(a.ranks(2).pid(), pids[2]);  // through both restarts and the recovery.
@@ -299,12 +306,8 @@ TEST(LiveRecoveryTest, ALostNodesRanksMoveToASpareWorkerAndTheJobEndsBitIdentica
   const std::string lost = first.ranks(1).worker();
   const int lost_index = lost[1] - '1';
   c.worker(lost_index).Signal(SIGKILL);
-  auto done = c.WaitFor(id, Ended, absl::Minutes(5));
+  auto done = SucceededLive(c, id, 1);
   ASSERT_TRUE(done.ok()) << done.status();
-  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
-  EXPECT_EQ(done->restarts(), 0);
-  EXPECT_EQ(done->recoveries(), 1);
-  ASSERT_EQ(done->attempts_size(), 1);
   const v1::Attempt& a = done->attempts(0);
   ASSERT_EQ(a.recoveries_size(), 1);
   EXPECT_EQ(a.recoveries(0).outcome(), "recovered");
@@ -395,12 +398,8 @@ TEST(LiveRecoveryTest, ALibddpProgramLosesARankAndEndsBitIdenticalToAnUninterrup
   ASSERT_TRUE(running.ok()) << running.status();
   const v1::Attempt first = running->attempts(0);
   ASSERT_EQ(::kill(first.ranks(2).pid(), SIGKILL), 0);
-  auto done = c.WaitFor(id, Ended, absl::Minutes(5));
+  auto done = SucceededLive(c, id, 1);
   ASSERT_TRUE(done.ok()) << done.status();
-  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
-  EXPECT_EQ(done->restarts(), 0);
-  EXPECT_EQ(done->recoveries(), 1);
-  ASSERT_EQ(done->attempts_size(), 1);
   const v1::Attempt& a = done->attempts(0);
   ASSERT_EQ(a.recoveries_size(), 1);
   EXPECT_EQ(a.recoveries(0).outcome(), "recovered") << a.ShortDebugString();

@@ -61,9 +61,9 @@ class MlflowServer:
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, env=env)
         log.close()
-        # About 25 s on an idle 2-core machine (two Python processes importing mlflow,
-        # the SQLite store's migrations); side by side with other tests, several times
-        # that. A bound for a server that never comes, not a timing target.
+        # About 26 s on a 2-core machine with a build beside it (two Python processes
+        # importing mlflow, the SQLite store's migrations); side by side with other
+        # tests, several times that. A bound for a server that never comes, not a timing target.
         deadline = time.monotonic() + 300
         while True:
             if self.proc.poll() is not None:
