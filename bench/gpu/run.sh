@@ -104,15 +104,23 @@ prebuilt=0
 site_packages=$(dirname "$(dirname "$torch_lib")")
 cuda_home=${CUDA_HOME:-/usr/local/cuda}
 foreign_libs() {  # foreign_libs FILE...: "soname (path)" of each library from elsewhere
+  # A library counts by where it is, its links followed: a machine whose ld.so.conf names
+  # /usr/local/lib, where libcudart.so.13 links into the toolkit, loads the toolkit's.
+  local allowed=() dir soname path real
+  for dir in "$site_packages" "$root" "$work/prebuilt" "$cuda_home"; do
+    allowed+=("$dir/" "$(realpath -m "$dir")/")
+  done
   LD_LIBRARY_PATH="$torch_lib:$root_lib:$work/prebuilt/lib" ldd "$@" 2>/dev/null |
-    awk -v site="$site_packages/" -v root="$root/" -v own="$work/prebuilt/" \
-        -v cuda="$(realpath -m "$cuda_home")/" -v cuda_link="$cuda_home/" '
-      $2 == "=>" && $3 ~ /^\// {
-        if (index($3, site) == 1 || index($3, root) == 1 || index($3, own) == 1) next
-        if (index($3, cuda) == 1 || index($3, cuda_link) == 1) next
-        if ($1 ~ /^(libc|libm|libpthread|libdl|librt|libresolv|libutil|libz|libstdc\+\+|libgcc_s)\.so/) next
-        print $1 " (" $3 ")"
-      }' | sort -u
+    awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }' | sort -u |
+    while read -r soname path; do
+      [[ $soname =~ ^(libc|libm|libpthread|libdl|librt|libresolv|libutil|libz|libstdc\+\+|libgcc_s)\.so ]] &&
+        continue
+      real=$(realpath -m "$path")
+      for dir in "${allowed[@]}"; do
+        [[ $path == "$dir"* || $real == "$dir"* ]] && continue 2
+      done
+      echo "$soname ($path)"
+    done
 }
 if (( ! build_there )) && [[ -f .gpu-carry/prebuilt.tar.xz ]]; then
   step "the prebuilt engine (.gpu-carry/prebuilt.tar.xz) into $work/prebuilt"
