@@ -9,7 +9,7 @@
 #include "common/status_macros.h"
 #include "ddp/autocast.h"
 #include "ddp/fused_optimizer.h"
-#include "libddp/engine/api_bridge.h"
+#include "libddp/src/api_bridge.h"
 
 namespace ddp {
 

@@ -1,14 +1,18 @@
 // Where job.yaml meets libddp's engine: the one place that maps a JobSpec's fields onto
-// the engine's own option types (libddp/engine/ knows nothing of job.yaml for these).
-// Each function is the whole mapping of its type; a field the engine gains an option
-// for is mapped here, and nowhere else.
+// the engine's own option types (libddp/engine/ knows nothing of job.yaml). Each
+// function is the whole mapping of its type; a field the engine gains an option for is
+// mapped here, and nowhere else. (train.optimizer needs no mapping: it is the contract
+// type ddp::OptimizerSpec, common/contract/optimizer_spec.h, which the engine takes.)
 #ifndef DDP_TRAINER_ENGINE_OPTIONS_H_
 #define DDP_TRAINER_ENGINE_OPTIONS_H_
 
 #include <chrono>
 #include <cstdint>
+#include <string>
+#include <utility>
 
 #include "common/jobspec/job_spec.h"
+#include "libddp/engine/checkpoint_keeper.h"
 #include "libddp/engine/comm.h"
 
 namespace ddp {
@@ -41,6 +45,23 @@ inline CommOptions CommOptionsOf(const JobSpec& spec) {
     case IntraNodeComm::kGloo: co.intra_node = CommOptions::IntraNode::kGloo; break;
   }
   return co;
+}
+
+// `checkpoint`: `checkpoint.dir` with its placeholders replaced (the trainer's spec), and
+// as written (`dir_template`), `checkpoint.keep` and `checkpoint.resume`. The trainer
+// keeps `every_epochs` and `every_steps` (when to save) to itself.
+inline CheckpointKeeper::Options KeeperOptionsOf(const CheckpointSpec& checkpoint,
+                                                 std::string dir_template) {
+  CheckpointKeeper::Options o;
+  o.dir_template = std::move(dir_template);
+  o.dir = checkpoint.dir;
+  o.keep = checkpoint.keep;
+  switch (checkpoint.resume) {
+    case ResumePolicy::kNo: o.resume = CheckpointKeeper::Options::Resume::kNo; break;
+    case ResumePolicy::kYes: o.resume = CheckpointKeeper::Options::Resume::kYes; break;
+    case ResumePolicy::kForce: o.resume = CheckpointKeeper::Options::Resume::kForce; break;
+  }
+  return o;
 }
 
 }  // namespace ddp

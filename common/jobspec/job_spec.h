@@ -19,18 +19,12 @@
 
 #include "common/jobspec/labels.h"
 #include "common/contract/lr_schedule.h"
+#include "common/contract/optimizer_spec.h"
 
 namespace ddp {
 
 enum class Backend { kAuto, kNccl, kGloo };
 enum class LossKind { kCrossEntropy, kMse, kBceWithLogits };
-enum class OptimizerKind { kSgd, kAdam, kAdamW };
-// train.optimizer.fused: PyTorch's fused optimizer kernels (torch.optim's fused=True):
-// auto (when every parameter is on a GPU and the LibTorch has them), true, false.
-enum class FusedPolicy { kAuto, kTrue, kFalse };
-// train.optimizer.weight_decay_params: which parameters weight_decay applies to: all, or
-// matrices (nanoGPT's two param groups: 2 or more dimensions decay, the rest do not).
-enum class WeightDecayParams { kAll, kMatrices };
 // fp32, or bf16: autocast to bfloat16 with fp32 master weights (torch.autocast's rule:
 // matmuls and convolutions in bf16, reductions and losses in fp32).
 enum class Precision { kFp32, kBf16 };
@@ -150,22 +144,8 @@ struct DataSpec {
   int64_t seed = 0;
 };
 
-struct OptimizerSpec {
-  OptimizerKind kind = OptimizerKind::kAdam;
-  double lr = 1e-3;
-  double momentum = 0.0;  // sgd
-  bool nesterov = false;  // sgd
-  double weight_decay = 0.0;  // adamw default 1e-2
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  bool amsgrad = false;
-  FusedPolicy fused = FusedPolicy::kAuto;
-  WeightDecayParams weight_decay_params = WeightDecayParams::kAll;
-  // ZeRO stage 1 (ddp::ZeroRedundancyOptimizer): each rank keeps the optimizer state of
-  // its share of the parameters only; checkpoints hold the whole state (decision 163).
-  bool zero_redundancy = false;
-};
+// train.optimizer is the contract's ddp::OptimizerSpec (common/contract/optimizer_spec.h),
+// which the engine makes optimizers from.
 
 // train.lr_schedule: the learning rate as torch.optim.lr_scheduler computes it,
 // stepped every optimizer step or every epoch (`interval`), from the optimizer's lr:

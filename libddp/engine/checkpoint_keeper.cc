@@ -49,22 +49,22 @@ std::string CheckpointDirFor(const std::string& dir, const Environment& env) {
   return absl::StrReplaceAll(dir, {{"{job_id}", env.job_id}, {"{node}", FileNameToken(env.node)}});
 }
 
-CheckpointKeeper::CheckpointKeeper(const CheckpointSpec& spec, std::string dir,
-                                   const Environment& env, Comm* comm, at::Device device)
-    : spec_(spec),
+CheckpointKeeper::CheckpointKeeper(Options options, const Environment& env, Comm* comm,
+                                   at::Device device)
+    : options_(std::move(options)),
       env_(env),
       comm_(comm),
       device_(device),
-      store_(CheckpointStore::Options{std::move(dir), absl::StrCat(env.job_id, ".", env.node),
-                                      spec.keep, env.debug_checkpoint_stall, env.attempt}) {}
+      store_(CheckpointStore::Options{options_.dir, absl::StrCat(env.job_id, ".", env.node),
+                                      options_.keep, env.debug_checkpoint_stall, env.attempt}) {}
 
 absl::Status CheckpointKeeper::ClaimDirectories() {
   DDP_RETURN_IF_ERROR(store_.Claim());
-  if (!absl::StrContains(spec_.dir, "{node}")) return absl::OkStatus();
+  if (!absl::StrContains(options_.dir_template, "{node}")) return absl::OkStatus();
   // Every node's own directory ({node}): a node this attempt no longer runs on may
   // still hold a rank of an attempt given up on; its writes there are fenced too.
   const std::string pattern =
-      absl::StrReplaceAll(spec_.dir, {{"{job_id}", env_.job_id}, {"{node}", "*"}});
+      absl::StrReplaceAll(options_.dir_template, {{"{job_id}", env_.job_id}, {"{node}", "*"}});
   glob_t found{};
   if (::glob(pattern.c_str(), GLOB_ONLYDIR | GLOB_NOSORT, nullptr, &found) == 0) {
     for (size_t i = 0; i < found.gl_pathc; ++i) {
@@ -127,7 +127,7 @@ absl::Status CheckpointKeeper::Setup() {
 }
 
 absl::StatusOr<std::optional<CheckpointKeeper::Restored>> CheckpointKeeper::Restore() {
-  if (spec_.resume == ResumePolicy::kNo) return std::optional<Restored>();
+  if (options_.resume == Options::Resume::kNo) return std::optional<Restored>();
   // What each node's writer candidate holds: [newest step + 1 per rank (0: none),
   // then 1 per rank that cannot list its directory], summed over ranks.
   int64_t held = -1;
@@ -202,7 +202,8 @@ absl::StatusOr<std::optional<CheckpointKeeper::Restored>> CheckpointKeeper::Rest
                                                           payload.end()),
                                         out.path));
   const CheckpointIdentity& id = out.state.identity;
-  if (!id.job_id.empty() && id.job_id != env_.job_id && spec_.resume != ResumePolicy::kForce) {
+  if (!id.job_id.empty() && id.job_id != env_.job_id &&
+      options_.resume != Options::Resume::kForce) {
     return absl::InvalidArgumentError(absl::StrCat(
         "checkpoint ", out.path, " (step ", best, ") was written by job ", id.job_id,
         " (attempt ", id.attempt, "), and this is job ", env_.job_id,

@@ -25,11 +25,11 @@
 #ifndef DDP_LIBDDP_ENGINE_CHECKPOINT_KEEPER_H_
 #define DDP_LIBDDP_ENGINE_CHECKPOINT_KEEPER_H_
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/jobspec/job_spec.h"
 #include "libddp/engine/checkpoint.h"
 #include "libddp/engine/checkpoint_store.h"
 #include "libddp/engine/comm.h"
@@ -50,10 +50,18 @@ void RestoreRngState(const at::Tensor& state);
 
 class CheckpointKeeper {
  public:
-  // `spec.dir` as written ({job_id}, {node}); `dir`: with its placeholders replaced.
+  // What to keep and what to resume: job.yaml's `checkpoint` (trainer/engine_options.h
+  // maps it) or libddp's CheckpointOptions.
+  struct Options {
+    std::string dir_template;  // As written: {job_id} and {node} not yet replaced.
+    std::string dir;           // This node's: CheckpointDirFor(dir_template, env).
+    int64_t keep = 2;          // Checkpoints each writer keeps, newest first.
+    // Restore(): kNo finds nothing; kYes refuses another job's checkpoint; kForce takes it.
+    enum class Resume { kNo, kYes, kForce };
+    Resume resume = Resume::kYes;
+  };
   // `comm` and `device` (where collectives want their tensors) outlive the keeper.
-  CheckpointKeeper(const CheckpointSpec& spec, std::string dir, const Environment& env,
-                   Comm* comm, at::Device device);
+  CheckpointKeeper(Options options, const Environment& env, Comm* comm, at::Device device);
 
   // Collective: decides whether this rank writes, and removes the temporaries its
   // predecessors on this node left behind (saves killed midway).
@@ -81,7 +89,7 @@ class CheckpointKeeper {
   // of every node's directory there is): CheckpointStore::Claim.
   absl::Status ClaimDirectories();
 
-  const CheckpointSpec spec_;
+  const Options options_;
   const Environment env_;
   Comm* const comm_;
   const at::Device device_;

@@ -1,4 +1,5 @@
-// Optimizers from train.optimizer, and their state in PyTorch's state_dict layout.
+// Optimizers from an OptimizerSpec (job.yaml's train.optimizer, or read from a user's
+// optimizer), and their state in PyTorch's state_dict layout.
 //
 // The state dict matches torch.optim's, so a checkpoint's "optimizer" entry loads in
 // Python with optimizer.load_state_dict():
@@ -18,7 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/jobspec/job_spec.h"
+#include "common/contract/optimizer_spec.h"
 
 namespace ddp {
 

@@ -2,10 +2,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "libddp/engine/api_bridge.h"
 #include "libddp/engine/checkpoint.h"
 #include "libddp/engine/checkpoint_keeper.h"
 #include "libddp/engine/optimizer.h"
+#include "libddp/src/api_bridge.h"
 
 namespace ddp {
 namespace {
@@ -65,14 +65,14 @@ Checkpointer::Checkpointer(std::shared_ptr<ProcessGroup> group, CheckpointOption
         absl::StrCat("CheckpointOptions.keep: ", options.keep, " must be >= 1")));
   }
   ProcessGroup::Impl& pg = group->impl();
-  CheckpointSpec spec;
-  spec.dir = options.dir;
-  spec.keep = options.keep;
-  spec.resume = !options.resume ? ResumePolicy::kNo
-                : options.force ? ResumePolicy::kForce
-                                : ResumePolicy::kYes;
-  impl_->dir = CheckpointDirFor(options.dir, pg.env);
-  impl_->keeper = std::make_unique<CheckpointKeeper>(spec, impl_->dir, pg.env, &*pg.comm,
+  CheckpointKeeper::Options keeper;
+  keeper.dir_template = options.dir;
+  keeper.dir = CheckpointDirFor(options.dir, pg.env);
+  keeper.keep = options.keep;
+  using Resume = CheckpointKeeper::Options::Resume;
+  keeper.resume = !options.resume ? Resume::kNo : options.force ? Resume::kForce : Resume::kYes;
+  impl_->dir = keeper.dir;
+  impl_->keeper = std::make_unique<CheckpointKeeper>(std::move(keeper), pg.env, &*pg.comm,
                                                      pg.device.device);
   impl_->group = std::move(group);
   ThrowIfError(impl_->keeper->Setup());

@@ -4,8 +4,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "libddp/engine/api_bridge.h"
 #include "libddp/engine/cuda_graph.h"
+#include "libddp/src/api_bridge.h"
 
 namespace ddp {
 

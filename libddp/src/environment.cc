@@ -1,7 +1,7 @@
 #include "ddp/environment.h"
 
-#include "libddp/engine/api_bridge.h"
 #include "libddp/engine/environment.h"
+#include "libddp/src/api_bridge.h"
 
 namespace ddp {
 

@@ -1,7 +1,7 @@
 #include "ddp/error.h"
 
-#include "libddp/engine/api_bridge.h"
 #include "libddp/engine/failure.h"
+#include "libddp/src/api_bridge.h"
 
 namespace ddp {
 

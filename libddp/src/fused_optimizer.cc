@@ -21,7 +21,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "libddp/engine/api_bridge.h"
+#include "libddp/src/api_bridge.h"
 
 namespace ddp {
 namespace {

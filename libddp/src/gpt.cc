@@ -10,7 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "libddp/engine/api_bridge.h"
+#include "libddp/src/api_bridge.h"
 
 namespace ddp {
 namespace {

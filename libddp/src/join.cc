@@ -34,7 +34,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "ddp/zero_redundancy_optimizer.h"
-#include "libddp/engine/api_bridge.h"
+#include "libddp/src/api_bridge.h"
 
 namespace ddp {
 namespace {

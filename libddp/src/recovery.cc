@@ -12,9 +12,9 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "ddp/report.h"
-#include "libddp/engine/api_bridge.h"
 #include "libddp/engine/checkpoint_keeper.h"
 #include "libddp/engine/recovery.h"
+#include "libddp/src/api_bridge.h"
 
 namespace ddp {
 namespace {

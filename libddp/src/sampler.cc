@@ -4,8 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "ddp/process_group.h"
-#include "libddp/engine/api_bridge.h"
 #include "libddp/engine/sampler.h"
+#include "libddp/src/api_bridge.h"
 
 namespace ddp {
 

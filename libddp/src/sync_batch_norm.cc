@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "libddp/engine/api_bridge.h"
+#include "libddp/src/api_bridge.h"
 
 namespace ddp {
 namespace {

@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ddp/join.h"
-#include "libddp/engine/api_bridge.h"
+#include "libddp/src/api_bridge.h"
 
 namespace ddp {
 namespace {

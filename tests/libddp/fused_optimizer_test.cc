@@ -15,9 +15,9 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "libddp/engine/api_bridge.h"
 #include "libddp/engine/optimizer.h"
 #include "libddp/engine/torch_compat.h"
+#include "libddp/src/api_bridge.h"
 
 namespace ddp {
 namespace {
@@ -248,7 +248,9 @@ TEST(FusedOptimizerTest, LoadWritesIntoTheStateAlreadyThere) {
 TEST(FusedOptimizerTest, StateDictsMoveBetweenFusedAndLibTorchOptimizers) {
   if (!kHasKernels) GTEST_SKIP() << "LibTorch " << TORCH_VERSION << " has no fused kernels";
   for (OptimizerKind kind : {OptimizerKind::kAdamW, OptimizerKind::kAdam, OptimizerKind::kSgd}) {
-    SCOPED_TRACE(OptimizerName(kind));
+    SCOPED_TRACE(kind == OptimizerKind::kAdamW ? "adamw"
+                 : kind == OptimizerKind::kAdam ? "adam"
+                                                : "sgd");
     OptimizerSpec spec;
     spec.kind = kind;
     spec.lr = 0.01;

@@ -14,7 +14,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "libddp/engine/api_bridge.h"
+#include "libddp/src/api_bridge.h"
 #include "tests/common/ports.h"
 
 namespace ddp {

@@ -1,10 +1,11 @@
 // libddp's inside: how the public classes hold the engine (its Comm, GradientReducer,
 // CheckpointKeeper), and the bridge between the engine's absl::Status and the public
-// ddp::Error. Part of the internal target ddp_engine, not installed: ddp-trainer, the
-// library's first client, includes it to reach the engine behind the public objects it
-// makes (decision 139). The functions declared here are defined in libddp/src.
-#ifndef DDP_LIBDDP_ENGINE_API_BRIDGE_H_
-#define DDP_LIBDDP_ENGINE_API_BRIDGE_H_
+// ddp::Error, declared beside the public API's implementation that defines them. Part
+// of the object library ddp_api, not installed. ddp-trainer, the library's first
+// client, includes it (the one header of libddp/src/ included from outside libddp/) to
+// reach the engine behind the public objects it makes (decision 139).
+#ifndef DDP_LIBDDP_SRC_API_BRIDGE_H_
+#define DDP_LIBDDP_SRC_API_BRIDGE_H_
 
 #include <functional>
 #include <memory>
@@ -15,7 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/jobspec/job_spec.h"
+#include "common/contract/optimizer_spec.h"
 #include "ddp/distributed_data_parallel.h"
 #include "ddp/error.h"
 #include "ddp/process_group.h"
@@ -102,4 +103,4 @@ struct DataParallel::Impl {
 
 }  // namespace ddp
 
-#endif  // DDP_LIBDDP_ENGINE_API_BRIDGE_H_
+#endif  // DDP_LIBDDP_SRC_API_BRIDGE_H_
