@@ -321,11 +321,14 @@ std::vector<RunningJob> Coordinator::RunningJobsLocked() {
     JobRecord* rec = FindLocked(*it);
     const v1::Attempt* active = rec == nullptr ? nullptr : ActiveAttempt(*rec);
     RunningJob r{rec, {}, 0, false, false, {}};
+    // The GPUs it holds on each worker: ranks sharing a GPU (train.device cuda over
+    // Gloo) hold it once.
+    std::map<std::string, std::set<std::string>> gpus;
     if (active != nullptr && active->ranks_size() > 0) {
       r.preempting = !rec->preempt_for.empty();
       for (const v1::RankAssignment& rank : active->ranks()) {
         ++r.ranks_by_worker[rank.worker()];
-        if (!rank.gpu_uuid().empty()) ++r.gpus_by_worker[rank.worker()];
+        if (!rank.gpu_uuid().empty()) gpus[rank.worker()].insert(rank.gpu_uuid());
       }
     } else if (rec != nullptr && rec->stopping_attempt > 0) {
       // A preempted attempt: its nodes come free as its trainers go.
@@ -335,10 +338,11 @@ std::vector<RunningJob> Coordinator::RunningJobsLocked() {
         const WorkerRecord* w = registry_.Find(rank.worker());
         if (w == nullptr || !registry_.RankMayLive(*w, key, rank)) continue;
         ++r.ranks_by_worker[rank.worker()];
-        if (!rank.gpu_uuid().empty()) ++r.gpus_by_worker[rank.worker()];
+        if (!rank.gpu_uuid().empty()) gpus[rank.worker()].insert(rank.gpu_uuid());
       }
       if (r.ranks_by_worker.empty()) rec->stopping_attempt = 0;  // All gone.
     }
+    for (const auto& [worker, held] : gpus) r.gpus_by_worker[worker] = static_cast<int>(held.size());
     if (r.ranks_by_worker.empty()) {  // Holds nothing (any more).
       it = holding_.erase(it);
       continue;

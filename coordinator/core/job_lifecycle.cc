@@ -266,7 +266,8 @@ JobDelta FormAttempt(JobRecord& rec, const std::vector<NodeOffer>& nodes, int po
   a->set_master_addr(nodes[0].address);
   a->set_master_port(port);
   const bool gpus = UseGpus(rec.spec, nodes);
-  for (auto& r : AssignRanks(nodes, rec.spec.nproc_per_node, gpus)) {
+  const bool shared = ShareGpus(rec.spec, gpus);
+  for (auto& r : AssignRanks(nodes, rec.spec.nproc_per_node, gpus, shared)) {
     *a->add_ranks() = std::move(r);
   }
   a->set_world_size(a->ranks_size());
@@ -289,7 +290,9 @@ JobDelta FormAttempt(JobRecord& rec, const std::vector<NodeOffer>& nodes, int po
   for (const v1::RankAssignment& r : a->ranks()) delta.rank_rows.emplace_back(a->number(), r.rank());
   delta.formed = true;
   DDP_LOG(INFO) << "job " << rec.job.id() << " attempt " << a->number() << " formed: world "
-                << a->world_size() << (gpus ? " (a GPU per rank)" : "") << " on " << nodes.size()
+                << a->world_size()
+                << (gpus ? " (a GPU per rank)" : shared ? " (ranks sharing their node's GPUs)" : "")
+                << " on " << nodes.size()
                 << " node(s) (" << ListSome(names) << "), store " << a->master_addr() << ":" << port;
   return delta;
 }

@@ -5,7 +5,11 @@
 namespace ddp {
 
 NodeNeed NeedOf(const JobSpec& spec) {
-  return NodeNeed(spec.nproc_per_node, spec.backend == Backend::kNccl, &spec.node_selector);
+  NodeNeed need(spec.nproc_per_node, spec.backend == Backend::kNccl, &spec.node_selector);
+  // A rank asked to train on a GPU fails on a node without one (exit 3, a node fault):
+  // place it where it can run, sharing the node's GPUs when there are fewer than ranks.
+  need.gpu_node = !need.gpus && !spec.is_command() && spec.train.device == Device::kCuda;
+  return need;
 }
 
 bool UseGpus(const JobSpec& spec, const std::vector<NodeOffer>& nodes) {
@@ -23,8 +27,10 @@ int LocalRanksFor(int nproc_per_node, const NodeOffer& offer, bool use_gpus) {
   return use_gpus ? std::max<int>(1, static_cast<int>(offer.free_gpus.size())) : 1;
 }
 
+bool ShareGpus(const JobSpec& spec, bool use_gpus) { return !use_gpus && NeedOf(spec).gpu_node; }
+
 std::vector<v1::RankAssignment> AssignRanks(std::vector<NodeOffer> nodes, int nproc_per_node,
-                                            bool use_gpus) {
+                                            bool use_gpus, bool share_gpus) {
   std::sort(nodes.begin(), nodes.end(),
             [](const NodeOffer& a, const NodeOffer& b) { return a.worker < b.worker; });
   std::vector<v1::RankAssignment> table;
@@ -38,8 +44,11 @@ std::vector<v1::RankAssignment> AssignRanks(std::vector<NodeOffer> nodes, int np
       a.set_group_rank(static_cast<int32_t>(node));
       a.set_worker(nodes[node].worker);
       a.set_address(nodes[node].address);
-      if (use_gpus && l < static_cast<int>(nodes[node].free_gpus.size())) {
-        a.set_gpu_uuid(nodes[node].free_gpus[static_cast<size_t>(l)]);
+      const std::vector<std::string>& free = nodes[node].free_gpus;
+      if (use_gpus && l < static_cast<int>(free.size())) {
+        a.set_gpu_uuid(free[static_cast<size_t>(l)]);
+      } else if (share_gpus && !free.empty()) {
+        a.set_gpu_uuid(free[static_cast<size_t>(l) % free.size()]);
       }
       table.push_back(std::move(a));
     }

@@ -31,6 +31,9 @@ struct NodeNeed {
       : nproc_per_node(nproc), gpus(gpus_needed), selector(node_selector) {}
   int nproc_per_node;
   bool gpus;
+  // A node with at least one GPU (free, to be offered now), which its ranks share
+  // (train.device cuda without backend nccl: Gloo's CUDA path; decision 181).
+  bool gpu_node = false;
   // The job's node_selector (null or empty: any node), owned by its JobSpec.
   const Labels* selector;
   bool selective() const { return selector != nullptr && !selector->empty(); }
@@ -38,7 +41,8 @@ struct NodeNeed {
   int MinRanks() const { return nproc_per_node > 0 ? nproc_per_node : 1; }
 };
 // The need of one node of `spec`: GPUs only for backend nccl (backend auto uses
-// GPUs when the nodes it lands on have them free: UseGpus).
+// GPUs when the nodes it lands on have them free: UseGpus); a node with a GPU for
+// train.device cuda.
 NodeNeed NeedOf(const JobSpec& spec);
 
 // What a worker can give a job right now.
@@ -61,9 +65,16 @@ bool UseGpus(const JobSpec& spec, const std::vector<NodeOffer>& nodes);
 int LocalRanksFor(int nproc_per_node, const NodeOffer& offer, bool use_gpus);
 
 // The rank table for `nodes` (already chosen), ordered as described above.
-// With `use_gpus`, local rank l of a node gets that node's free_gpus[l].
+// With `use_gpus`, local rank l of a node gets that node's free_gpus[l]; with
+// `share_gpus` (ShareGpus), free_gpus[l mod their number]: ranks share the node's free
+// GPUs, which no other job holds.
 std::vector<v1::RankAssignment> AssignRanks(std::vector<NodeOffer> nodes, int nproc_per_node,
-                                            bool use_gpus = false);
+                                            bool use_gpus = false, bool share_gpus = false);
+
+// Whether the ranks of an attempt that does not give each rank a GPU of its own
+// (`use_gpus` false) share their node's free GPUs: train.device cuda over Gloo's CUDA
+// path (the scheduler offered only nodes with a free GPU: NodeNeed::gpu_node).
+bool ShareGpus(const JobSpec& spec, bool use_gpus);
 
 // MASTER_PORT for a new attempt: the first of the ports its rank-0 node found free
 // in its last heartbeat that no live attempt on that address holds; 0 if none.

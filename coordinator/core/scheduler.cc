@@ -16,6 +16,9 @@ std::string SlotsPerNode(const NodeNeed& need) {
                ? absl::StrCat(need.nproc_per_node, " GPU(s) (backend nccl)")
                : "at least 1 GPU (backend nccl, nproc_per_node auto)";
   }
+  if (need.gpu_node) {
+    return absl::StrCat(need.MinRanks(), " slot(s) and a GPU to share (train.device cuda)");
+  }
   return need.nproc_per_node > 0 ? absl::StrCat(need.nproc_per_node, " slot(s)")
                                  : "auto slot(s) (one per free GPU, 1 on CPU)";
 }
@@ -258,7 +261,10 @@ std::vector<Decision> SchedulePass(const JobQueue& queue, const ClusterView& clu
         std::string reason = absl::StrCat(
             "waiting for ", range.min, " node(s)", Selected(need), " with ",
             need.nproc_per_node > 0 ? absl::StrCat(need.nproc_per_node) : std::string("auto"),
-            need.gpus ? " free GPU(s); " : " free slot(s); ", eligible, " available");
+            need.gpus       ? " free GPU(s); "
+            : need.gpu_node ? " free slot(s) on a node with a GPU (train.device cuda); "
+                            : " free slot(s); ",
+            eligible, " available");
         // Outranks a running job, or some are stopping: see whose nodes help. Not for
         // a job with auto ranks per node and a quota: what it would take is known only
         // once nodes are offered, and preempting for a job its quota then holds back

@@ -119,7 +119,7 @@ struct RunningJob {
   // Its attempt was preempted and has ended; its trainers are stopping. Its nodes
   // are coming free, for any job.
   bool ended = false;
-  std::map<std::string, int> gpus_by_worker;  // Of its ranks, those holding a GPU.
+  std::map<std::string, int> gpus_by_worker;  // The GPUs its ranks hold (each once).
 };
 
 // What the pass may ask of the facade beyond the queue and the cluster.

@@ -394,28 +394,35 @@ bool WorkerRegistry::Fits(const WorkerRecord& w, const NodeNeed& need, bool now)
     }
   }
   const WorkerRecord::Counted& c = w.counted;
+  if (need.gpu_node && (now ? c.free_gpus : c.gpus) < 1) return false;
   if (!now) return c.capable && (need.gpus ? c.gpus : c.slots) >= need.MinRanks();
   return c.eligible && (need.gpus ? c.free_gpus : c.free) >= need.MinRanks();
 }
 
-int WorkerRegistry::CapableNodes(const NodeNeed& need) const {
-  const std::set<std::string>* candidates = SelectorCandidates(need);
-  if (candidates == nullptr) {
-    return AtLeast(need.gpus ? capable_by_gpus_ : capable_by_slots_, need.MinRanks());
-  }
+int WorkerRegistry::CountFitting(const NodeNeed& need, bool now) const {
   int n = 0;
-  for (const std::string& name : *candidates) n += Fits(*Find(name), need, /*now=*/false);
+  if (const std::set<std::string>* candidates = SelectorCandidates(need)) {
+    for (const std::string& name : *candidates) n += Fits(*Find(name), need, now);
+  } else {
+    for (const auto& [name, w] : workers_) n += Fits(w, need, now);
+  }
   return n;
 }
 
+int WorkerRegistry::CapableNodes(const NodeNeed& need) const {
+  // The counts by size answer a need of slots or GPUs alone; a selector or a node that
+  // must have a GPU (shared by its ranks) looks at the workers themselves.
+  if (!need.selective() && !need.gpu_node) {
+    return AtLeast(need.gpus ? capable_by_gpus_ : capable_by_slots_, need.MinRanks());
+  }
+  return CountFitting(need, /*now=*/false);
+}
+
 int WorkerRegistry::EligibleNodes(const NodeNeed& need) const {
-  const std::set<std::string>* candidates = SelectorCandidates(need);
-  if (candidates == nullptr) {
+  if (!need.selective() && !need.gpu_node) {
     return AtLeast(need.gpus ? eligible_by_free_gpus_ : eligible_by_free_, need.MinRanks());
   }
-  int n = 0;
-  for (const std::string& name : *candidates) n += Fits(*Find(name), need, /*now=*/true);
-  return n;
+  return CountFitting(need, /*now=*/true);
 }
 
 std::optional<NodeRoom> WorkerRegistry::Room(const std::string& name, const NodeNeed& need) const {
@@ -460,6 +467,7 @@ void WorkerRegistry::ShowGpuHolders(const WorkerRecord& w, v1::Worker* view) con
         if (task.gpu_uuids[l] != g.uuid()) continue;
         g.set_job_id(key.first);
         g.set_rank(task.ranks[l]);
+        break;  // Ranks sharing it (Gloo's CUDA path): the first.
       }
     }
   }

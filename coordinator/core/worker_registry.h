@@ -239,6 +239,8 @@ class WorkerRegistry final : public ClusterView {
   // The workers that may match `need`'s selector (null: no selector, every worker).
   const std::set<std::string>* SelectorCandidates(const NodeNeed& need) const;
   bool Fits(const WorkerRecord& worker, const NodeNeed& need, bool now) const;
+  // The workers that Fit `need` (among its selector's candidates, if any).
+  int CountFitting(const NodeNeed& need, bool now) const;
 
   const absl::Duration timeout_;
   std::map<std::string, WorkerRecord> workers_;

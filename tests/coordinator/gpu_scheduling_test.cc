@@ -231,6 +231,44 @@ TEST_F(GpuSchedulingTest, CpuJobsGetNoGpuAndNcclJobsNeedGpus) {
   EXPECT_THAT(tg->gpu_uuids(), IsEmpty());
 }
 
+// train.device cuda over Gloo: ranks that share a node's GPU (Gloo's CUDA path), so
+// they need a node with a free GPU but not one each. A node without one would start
+// them only to see each exit 3 (no GPU here) and the job retried elsewhere; a rank
+// without a GPU of the job's is hidden from the node's GPUs (CUDA_VISIBLE_DEVICES="").
+TEST_F(GpuSchedulingTest, ACudaJobOverGlooWaitsForANodeWithAGpuAndItsRanksShareIt) {
+  Register("a1", 0, /*slots=*/2);  // First by name: the node a slot-only need would take.
+  const std::string shared_job =
+      "nodes: \"1\"\nnproc_per_node: 2\nbackend: gloo\nmodel: {mlp: {}}\n"
+      "data: {synthetic: {}}\ntrain: {batch_size: 4, device: cuda}\n";
+  const std::string job = Submit("name: shared\n" + shared_job);
+  EXPECT_EQ(TaskOf(job, Heartbeat("a1")), nullptr) << "a1 has no GPU";
+  const v1::Job waiting = Get(job);
+  EXPECT_EQ(waiting.state(), v1::PENDING);
+  EXPECT_TRUE(waiting.unschedulable()) << "no node of this cluster has a GPU";
+  EXPECT_THAT(waiting.reason(), HasSubstr("a GPU to share (train.device cuda)"));
+
+  Register("g1", 1, /*slots=*/4);  // One GPU for two ranks.
+  Heartbeat("a1");
+  const std::vector<v1::Task> tasks = Heartbeat("g1");
+  const v1::Task* t = TaskOf(job, tasks);
+  ASSERT_NE(t, nullptr) << Get(job).reason();
+  ASSERT_EQ(t->ranks_size(), 2);
+  ASSERT_EQ(t->gpu_uuids_size(), 2) << "each rank is given the GPU it shares";
+  EXPECT_EQ(t->gpu_uuids(0), t->gpu_uuids(1));
+  const v1::Task held = *t;
+  Heartbeat("g1", {Running(held)});
+  EXPECT_EQ(Holders("g1")[held.gpu_uuids(0)], job + "/0");
+
+  // A CPU job still goes to the node without a GPU; and the GPU is this job's: a second
+  // such job waits although g1 has free slots.
+  const std::string cpu = Submit(GpuJob("1", "gloo"));
+  EXPECT_NE(TaskOf(cpu, Heartbeat("a1")), nullptr);
+  const std::string second = Submit("name: second\n" + shared_job);
+  EXPECT_EQ(TaskOf(second, Heartbeat("g1", {Running(held)})), nullptr);
+  EXPECT_EQ(Get(second).state(), v1::PENDING);
+  EXPECT_THAT(Get(second).reason(), HasSubstr("on a node with a GPU"));
+}
+
 TEST_F(GpuSchedulingTest, GpuAssignmentsSurviveACoordinatorRestart) {
   Register("g1", 2);
   const std::string a = Submit(GpuJob("1"));
