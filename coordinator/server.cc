@@ -6,9 +6,13 @@
 
 #include <algorithm>
 #include <fstream>
+#include <limits>
+#include <string>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/metrics/metrics_server.h"
 #include "common/net.h"
@@ -200,8 +204,26 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
           return MlflowTracker::Target{*uri, spec->tracking.mlflow_experiment.empty()
                                                  ? spec->name
                                                  : spec->tracking.mlflow_experiment};
+        },
+        [coordinator](const std::string& id) -> absl::StatusOr<JobOutput> {
+          auto job = coordinator->GetJob(id, /*metric_history=*/true);
+          if (!job.ok()) return job.status();
+          JobOutput out;
+          out.job_id = id;
+          out.metrics.assign(job->history().begin(), job->history().end());
+          out.epochs.assign(job->epoch_history().begin(), job->epoch_history().end());
+          return out;
         });
     s->hub_->AddSink(s->mlflow_.get());
+    // What a coordinator before this one may have left unsent: the runs of the jobs that
+    // have not ended, or ended lately, are caught up from the store (mlflow_tracker.h).
+    const int64_t since =
+        absl::ToUnixMillis(absl::Now() - MlflowTracker::Options{}.catch_up_window);
+    std::vector<std::string> resume;
+    for (const v1::Job& job : coordinator->ListJobs(std::numeric_limits<int>::max())) {
+      if (job.end_ms() == 0 || job.end_ms() >= since) resume.push_back(job.id());
+    }
+    s->mlflow_->Resume(resume);
   }
   s->job_service_ =
       std::make_unique<JobServiceImpl>(s->coordinator_.get(), s->hub_.get(), s->auth_.get(),

@@ -107,14 +107,20 @@ absl::StatusOr<google::protobuf::Struct> Client::Call(const std::string& path,
   return absl::InvalidArgumentError(what);
 }
 
-absl::StatusOr<std::string> Client::ExperimentId(const std::string& name) {
+absl::StatusOr<std::string> Client::Escape(const std::string& text) {
   CURL* curl = static_cast<CURL*>(curl_);
-  char* escaped = curl ? curl_easy_escape(curl, name.c_str(), static_cast<int>(name.size()))
+  char* escaped = curl ? curl_easy_escape(curl, text.c_str(), static_cast<int>(text.size()))
                        : nullptr;
   if (escaped == nullptr) return absl::InternalError("libcurl could not escape a name");
-  const std::string query(escaped);
+  std::string out(escaped);
   curl_free(escaped);
-  auto got = Call("/api/2.0/mlflow/experiments/get-by-name?experiment_name=" + query, "");
+  return out;
+}
+
+absl::StatusOr<std::string> Client::ExperimentId(const std::string& name) {
+  auto query = Escape(name);
+  if (!query.ok()) return query.status();
+  auto got = Call("/api/2.0/mlflow/experiments/get-by-name?experiment_name=" + *query, "");
   if (got.ok()) {
     const google::protobuf::Struct* e = Object(*got, "experiment");
     if (e != nullptr && !Field(*e, "experiment_id").empty()) {
@@ -136,8 +142,9 @@ absl::StatusOr<std::string> Client::ExperimentId(const std::string& name) {
   return Field(*made, "experiment_id");
 }
 
-absl::StatusOr<std::string> Client::FindRun(const std::string& experiment_id,
-                                            const std::string& key, const std::string& value) {
+absl::StatusOr<Client::FoundRun> Client::FindRun(const std::string& experiment_id,
+                                                 const std::string& key,
+                                                 const std::string& value) {
   // MLflow's search filter: a backquoted key, a single-quoted value.
   std::string quoted;
   for (char c : value) {
@@ -154,10 +161,38 @@ absl::StatusOr<std::string> Client::FindRun(const std::string& experiment_id,
   auto found = Call("/api/2.0/mlflow/runs/search", body);
   if (!found.ok()) return found.status();
   auto runs = found->fields().find("runs");
-  if (runs == found->fields().end() || runs->second.list_value().values_size() == 0) return "";
+  if (runs == found->fields().end() || runs->second.list_value().values_size() == 0) {
+    return FoundRun{};
+  }
   const auto& run = runs->second.list_value().values(0).struct_value();
   const google::protobuf::Struct* info = Object(run, "info");
-  return info == nullptr ? "" : Field(*info, "run_id");
+  if (info == nullptr) return FoundRun{};
+  return FoundRun{Field(*info, "run_id"), Field(*info, "status")};
+}
+
+absl::StatusOr<int64_t> Client::MetricCount(const std::string& run_id, const std::string& key) {
+  auto run = Escape(run_id);
+  if (!run.ok()) return run.status();
+  auto metric = Escape(key);
+  if (!metric.ok()) return metric.status();
+  int64_t count = 0;
+  std::string token;
+  // At most 25,000 a page (the server refuses more).
+  do {
+    std::string path = absl::StrCat("/api/2.0/mlflow/metrics/get-history?run_id=", *run,
+                                    "&metric_key=", *metric, "&max_results=25000");
+    if (!token.empty()) {
+      auto t = Escape(token);
+      if (!t.ok()) return t.status();
+      absl::StrAppend(&path, "&page_token=", *t);
+    }
+    auto page = Call(path, "");
+    if (!page.ok()) return page.status();
+    auto metrics = page->fields().find("metrics");
+    if (metrics != page->fields().end()) count += metrics->second.list_value().values_size();
+    token = Field(*page, "next_page_token");
+  } while (!token.empty());
+  return count;
 }
 
 absl::StatusOr<std::string> Client::CreateRun(const std::string& experiment_id,

@@ -43,9 +43,15 @@ class Client {
 
   // The experiment's id, made if there is none by that name.
   absl::StatusOr<std::string> ExperimentId(const std::string& name);
-  // The id of the newest run of the experiment tagged `key` = `value`; "" when none.
-  absl::StatusOr<std::string> FindRun(const std::string& experiment_id, const std::string& key,
-                                      const std::string& value);
+  struct FoundRun {
+    std::string run_id;  // "" when there is none.
+    std::string status;  // RUNNING, FINISHED, FAILED, KILLED (SCHEDULED).
+  };
+  // The newest run of the experiment tagged `key` = `value`.
+  absl::StatusOr<FoundRun> FindRun(const std::string& experiment_id, const std::string& key,
+                                   const std::string& value);
+  // How many points the run holds under metric `key` (metrics/get-history, page by page).
+  absl::StatusOr<int64_t> MetricCount(const std::string& run_id, const std::string& key);
   absl::StatusOr<std::string> CreateRun(const std::string& experiment_id,
                                         const std::string& run_name, int64_t start_ms,
                                         const KeyValues& tags);
@@ -58,6 +64,8 @@ class Client {
   const std::string& uri() const { return base_; }
 
  private:
+  // `text` escaped for a URL's query (libcurl's).
+  absl::StatusOr<std::string> Escape(const std::string& text);
   // `body` empty: GET. The answer's JSON object.
   absl::StatusOr<google::protobuf::Struct> Call(const std::string& path, const std::string& body);
 

@@ -52,8 +52,12 @@ int64_t CountPoints(const JobOutput& o) {
 
 }  // namespace
 
-MlflowTracker::MlflowTracker(Options options, JobLookup lookup, Resolve resolve)
-    : options_(options), lookup_(std::move(lookup)), resolve_(std::move(resolve)) {
+MlflowTracker::MlflowTracker(Options options, JobLookup lookup, Resolve resolve,
+                             HistoryLookup history)
+    : options_(options),
+      lookup_(std::move(lookup)),
+      resolve_(std::move(resolve)),
+      history_(std::move(history)) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -97,6 +101,10 @@ void MlflowTracker::Changed(const std::string& job_id) {
   queue_.push_back(std::move(item));
 }
 
+void MlflowTracker::Resume(const std::vector<std::string>& job_ids) {
+  for (const std::string& id : job_ids) Changed(id);
+}
+
 MlflowTracker::Stats MlflowTracker::stats() {
   absl::MutexLock lock(&mu_);
   Stats s = stats_;
@@ -128,12 +136,113 @@ bool MlflowTracker::Take(absl::Time wake) {
       runs_[item.changed].look_again = true;
       continue;
     }
-    for (const JobOutput& o : item.outputs) {
-      Run& run = runs_[o.job_id];
-      AddPoints(o, &run.points);
+    int64_t left_out = 0;
+    for (const JobOutput& o : item.outputs) left_out += AddLive(o, runs_[o.job_id]);
+    if (left_out > 0) {
+      absl::MutexLock lock(&mu_);
+      points_ -= left_out;
     }
   }
   return !stopping;
+}
+
+int64_t MlflowTracker::AddLive(const JobOutput& o, Run& run) {
+  if (run.history_until.empty()) {
+    AddPoints(o, &run.points);
+    return 0;
+  }
+  std::deque<mlflow::Metric> points;
+  AddPoints(o, &points);
+  int64_t left_out = 0;
+  for (mlflow::Metric& m : points) {
+    auto until = run.history_until.find(m.key);
+    if (until != run.history_until.end() &&
+        std::make_pair(m.timestamp_ms, m.step) <= until->second) {
+      ++left_out;  // Sent from the history.
+      continue;
+    }
+    run.points.push_back(std::move(m));
+  }
+  return left_out;
+}
+
+bool MlflowTracker::CatchUp(const std::string& job_id, Run& run, Server& server) {
+  auto history = history_(job_id);
+  if (!history.ok()) {
+    // Deleted meanwhile, or a store that cannot answer: the live points go on alone.
+    if (history.status().code() != absl::StatusCode::kNotFound) {
+      DDP_LOG(WARNING) << "MLflow: job " << job_id << ": its stored history cannot be read ("
+                       << history.status() << "); its run gets the points stored from now on";
+    }
+    run.caught_up = true;
+    return true;
+  }
+  std::deque<mlflow::Metric> stored;
+  AddPoints(*history, &stored);
+  // What the run holds already: a prefix of each metric's history (points go out in the
+  // store's order), none in a run made here.
+  std::map<std::string, int64_t> held;
+  if (run.found) {
+    for (const mlflow::Metric& m : stored) held.emplace(m.key, -1);
+    for (auto& [key, count] : held) {
+      auto n = server.client->MetricCount(run.run_id, key);
+      if (!n.ok()) {
+        if (!Failed(server, n.status(), job_id)) return false;
+        run.caught_up = true;  // Refused: the live points go on alone.
+        return true;
+      }
+      count = *n;
+    }
+  }
+  std::deque<mlflow::Metric> missing;
+  std::map<std::string, std::pair<int64_t, int64_t>> until;
+  for (mlflow::Metric& m : stored) {
+    until[m.key] = {m.timestamp_ms, m.step};
+    auto h = held.find(m.key);
+    if (h != held.end() && h->second > 0) {
+      --h->second;
+      continue;
+    }
+    missing.push_back(std::move(m));
+  }
+  run.history_until = std::move(until);
+  // The live points so far: those the history had are among `missing` (or in the run).
+  std::deque<mlflow::Metric> live;
+  live.swap(run.points);
+  int64_t left_out = 0;
+  for (mlflow::Metric& m : live) {
+    auto u = run.history_until.find(m.key);
+    if (u != run.history_until.end() && std::make_pair(m.timestamp_ms, m.step) <= u->second) {
+      ++left_out;
+      continue;
+    }
+    missing.push_back(std::move(m));
+  }
+  run.points = std::move(missing);
+  run.caught_up = true;
+  // Points the live path never had (queued when a coordinator stopped, or dropped),
+  // first in the run's points; within max_points, the oldest left out past it.
+  int64_t added = static_cast<int64_t>(run.points.size()) -
+                  (static_cast<int64_t>(live.size()) - left_out);
+  absl::MutexLock lock(&mu_);
+  points_ -= left_out;
+  const int64_t room =
+      std::max<int64_t>(0, static_cast<int64_t>(options_.max_points) - points_);
+  if (added > room) {
+    DDP_LOG(WARNING) << "MLflow: job " << job_id << ": " << added - room << " of the "
+                     << added << " stored point(s) its run lacks are over max_points: "
+                     << "the oldest are left out (the store has them)";
+    run.points.erase(run.points.begin(), run.points.begin() + (added - room));
+    stats_.dropped += added - room;
+    added = room;
+  }
+  points_ += added;
+  if (added > 0) {
+    stats_.caught_up += added;
+    DDP_LOG(INFO) << "MLflow: job " << job_id << ": " << added << " stored point(s) its run "
+                  << "lacked are sent from the store's history";
+  }
+  return true;
 }
 
 void MlflowTracker::Look(const std::string& job_id, Run& run) {
@@ -228,12 +337,22 @@ bool MlflowTracker::Send(const std::string& job_id, Run& run, Server& server) {
     auto found = client.FindRun(experiment_id, "ddp.job_id", job_id);
     if (!found.ok()) {
       if (!Failed(server, found.status(), job_id)) return false;
-      found = std::string();  // A search it refuses: make the run.
+      found = mlflow::Client::FoundRun{};  // A search it refuses: make the run.
     } else {
       answered();
     }
-    if (!found->empty()) {
-      run.run_id = *found;
+    if (!found->run_id.empty() && found->status != "RUNNING" &&
+        found->status != "SCHEDULED") {
+      // Ended by a coordinator before, once every point was in: nothing left to send.
+      absl::MutexLock lock(&mu_);
+      points_ -= static_cast<int64_t>(run.points.size());
+      run.points.clear();
+      run.gone = true;
+      return true;
+    }
+    if (!found->run_id.empty()) {
+      run.run_id = found->run_id;
+      run.found = true;
     } else {
       auto made = client.CreateRun(experiment_id, run.run_name, run.submit_ms,
                                    {{"ddp.job_id", job_id},
@@ -249,6 +368,7 @@ bool MlflowTracker::Send(const std::string& job_id, Run& run, Server& server) {
       run.run_id = *made;
     }
   }
+  if (!run.caught_up && !CatchUp(job_id, run, server)) return false;
   // Parameters: logging the same value again is allowed, so a run found again gets
   // them again (its first coordinator may have stopped before sending them).
   while (!run.params_sent) {

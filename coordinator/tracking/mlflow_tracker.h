@@ -18,8 +18,16 @@
 // away (no connection, a timeout, 429, 5xx) is retried with back-off (0.5 s doubling
 // to 30 s) and its points are kept meanwhile, in order, up to `max_points` in all
 // (past that new points are dropped, counted and logged; the store still has them).
-// A refusal that no retry cures (a 4xx) drops that call's points, logged. Points
-// queued when the coordinator stops are lost to MLflow (logged with their count).
+// A refusal that no retry cures (a 4xx) drops that call's points, logged.
+//
+// Catching up: before it sends a run's first point, the tracker reads the job's stored
+// history and sends what the run lacks: per metric, the points past those the run
+// already holds (a run of a job whose first coordinator stopped with points queued, or
+// dropped them), in the store's order; live points the history already had are sent
+// once. A coordinator that starts (restarted, or taken over) looks at every job that
+// has not ended or ended within `catch_up_window` (Resume): their runs get what was
+// queued when the last one stopped, and their end. A run that is no longer RUNNING was
+// ended with all its points: it is left alone (decision 182).
 #ifndef DDP_COORDINATOR_TRACKING_MLFLOW_TRACKER_H_
 #define DDP_COORDINATOR_TRACKING_MLFLOW_TRACKER_H_
 
@@ -54,13 +62,18 @@ class MlflowTracker : public EventHub::Sink {
     absl::Duration timeout = absl::Seconds(10);   // Per request.
     absl::Duration min_backoff = absl::Milliseconds(500);
     absl::Duration max_backoff = absl::Seconds(30);
+    // Ended jobs a starting coordinator still looks at (Resume's caller).
+    absl::Duration catch_up_window = absl::Hours(24);
   };
   // A job as GetJob answers it (attempts, owner, spec_yaml), and its target. Both
   // are called on the tracker's thread.
   using JobLookup = std::function<absl::StatusOr<v1::Job>(const std::string& job_id)>;
   using Resolve = std::function<absl::StatusOr<Target>(const v1::Job& job)>;
+  // The job's stored step metrics and epochs (GetJob's metric history), in the store's
+  // order: attempt, then step. Called on the tracker's thread.
+  using HistoryLookup = std::function<absl::StatusOr<JobOutput>(const std::string& job_id)>;
 
-  MlflowTracker(Options options, JobLookup lookup, Resolve resolve);
+  MlflowTracker(Options options, JobLookup lookup, Resolve resolve, HistoryLookup history);
   // Tries once more to send what is kept (servers that answer), then joins.
   ~MlflowTracker() override;
   MlflowTracker(const MlflowTracker&) = delete;
@@ -69,6 +82,8 @@ class MlflowTracker : public EventHub::Sink {
   // EventHub::Sink
   void Stored(const std::vector<JobOutput>& outputs) override;
   void Changed(const std::string& job_id) override;
+  // A starting coordinator's jobs: each is looked at, and its run caught up.
+  void Resume(const std::vector<std::string>& job_ids);
 
   struct Stats {
     int64_t sent = 0;      // Metric points the servers took.
@@ -76,6 +91,7 @@ class MlflowTracker : public EventHub::Sink {
     int64_t kept = 0;      // Points waiting now.
     int64_t runs_ended = 0;
     int64_t errors = 0;    // Calls that failed (each retried or logged).
+    int64_t caught_up = 0;  // Points from the store's history that runs lacked.
   };
   Stats stats();
   // Waits until nothing is queued or kept and no run waits to end, or `timeout`
@@ -96,6 +112,11 @@ class MlflowTracker : public EventHub::Sink {
     int64_t submit_ms = 0;
     mlflow::KeyValues params;
     std::string run_id;
+    bool found = false;         // run_id is a run made before (another coordinator's).
+    bool caught_up = false;     // CatchUp done.
+    // Per metric, the (time, step) of the history's last point: live points up to it
+    // were in the history, and were sent from there.
+    std::map<std::string, std::pair<int64_t, int64_t>> history_until;
     bool params_sent = false;
     int attempt = 0, attempt_tagged = 0;
     std::deque<mlflow::Metric> points;
@@ -117,6 +138,11 @@ class MlflowTracker : public EventHub::Sink {
   void Look(const std::string& job_id, Run& run);
   // Sends what `run` has for its server; false when the server is away.
   bool Send(const std::string& job_id, Run& run, Server& server);
+  // Puts before `run`'s points what its history has and the run lacks (the class
+  // comment); false when the server is away (tried again).
+  bool CatchUp(const std::string& job_id, Run& run, Server& server);
+  // Appends `o`'s points to `run`'s, less those its history had; the number left out.
+  static int64_t AddLive(const JobOutput& o, Run& run);
   // After a failed call: back off (UNAVAILABLE) or drop what it carried.
   bool Failed(Server& server, const absl::Status& status, const std::string& job_id);
   Server& ServerFor(const std::string& uri);
@@ -124,6 +150,7 @@ class MlflowTracker : public EventHub::Sink {
   const Options options_;
   const JobLookup lookup_;
   const Resolve resolve_;
+  const HistoryLookup history_;
 
   absl::Mutex mu_;
   std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);

@@ -219,6 +219,31 @@ class MlflowTrackingTest(unittest.TestCase):
         self.assertIn("is away", self.cluster.log("coordinator"))
         self.assertIn("answers again", self.cluster.log("coordinator"))
 
+    def test_points_queued_when_the_coordinator_stops_reach_the_run_after_it_restarts(self):
+        spec = job_spec("mlflow-restart", 40, 2048, {"mlflow": True})
+        spec["metrics"] = {"every_steps": 2}
+        job_id = self.client.submit(spec)
+        run = self.run_of("mlflow-restart", job_id)
+        # Some points reach the run, then the server goes: the rest wait in the
+        # coordinator, which stops with them once the job has ended.
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while not self.mlflow.get_metric_history(run.info.run_id, "loss/rank0"):
+            self.assertLess(time.monotonic(), deadline, self.cluster.logs())
+            time.sleep(0.2)
+        self.server.stop()
+        self.assertEqual(self.client.get(job_id)["state"], "RUNNING",
+                         "the job ended before the server went: make it longer")
+        done = self.client.wait(job_id, timeout=JOB_TIMEOUT)
+        self.assertEqual(done["state"], "SUCCEEDED", self.cluster.logs())
+        self.cluster.restart_coordinator()
+        self.assertIn("points not sent", self.cluster.log("coordinator"))
+        self.server.start()
+        # The coordinator that starts sends what the run lacks, once, and ends it.
+        run = self.run_of("mlflow-restart", job_id, status="FINISHED", timeout=180)
+        # Once each: the points the run had before the stop are not sent again.
+        self.check_points(run, job_id)
+        self.assertIn("lacked are sent from the store's history", self.cluster.log("coordinator"))
+
     def test_jobs_opt_out_and_cannot_name_servers_the_coordinator_does_not_allow(self):
         job_id = self.client.submit(job_spec("mlflow-off", 1, 256, {"mlflow": False}))
         self.assertEqual(self.client.wait(job_id, timeout=JOB_TIMEOUT)["state"], "SUCCEEDED")
