@@ -26,22 +26,17 @@ sides, in one run.
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
+
+from benchkit import free_port  # noqa: E402  (bench/benchkit.py: the tests' ports)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "multihost"))
 BIN = os.path.join(ROOT, "build", "bin")
 WORLD = 2
 PARAMS = 64 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_ranks(argv, hosts=None):

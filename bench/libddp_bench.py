@@ -40,10 +40,11 @@ import json
 import os
 import platform
 import re
-import socket
 import statistics
 import subprocess
 import sys
+
+from benchkit import free_port  # noqa: E402  (bench/benchkit.py: the tests' ports)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "build", "bin")
@@ -57,12 +58,6 @@ WORLD = 2
 # As bench/trainer_vs_pytorch.py: keep glibc from returning memory every step (both sides).
 TUNED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "1000000000", "MALLOC_TRIM_THRESHOLD_": "1000000000",
                 "MALLOC_TOP_PAD_": "100000000"}
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_ranks(argv, cwd=ROOT):

@@ -23,11 +23,12 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+
+from benchkit import free_port  # noqa: E402  (bench/benchkit.py: the tests' ports)
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(HERE, "build", "bin")
@@ -41,12 +42,6 @@ train: {{epochs: 3, batch_size: 32, threads: 1}}
 metrics: {{every_steps: 10}}
 checkpoint: {{dir: "ckpt-{{node}}", every_steps: 50}}
 """
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Cluster:

@@ -23,13 +23,14 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 
 import yaml
+
+from benchkit import free_port  # noqa: E402  (bench/benchkit.py: the tests' ports)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "build", "bin")
@@ -41,12 +42,6 @@ REFERENCE = os.path.join(ROOT, "scripts", "pytorch_ddp_reference.py")
 CAPS = {"cancer_mlp": None, "mlp85k": None, "wide_mlp": 40, "fmnist_cnn": 300}
 QUICK_CAPS = {"cancer_mlp": 100, "mlp85k": 100, "wide_mlp": 10, "fmnist_cnn": 50}
 SCALING_JOBS = ("cancer_mlp", "mlp85k")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def job_copy(tmp, job, cap, **train):

@@ -57,13 +57,14 @@ import random
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+
+from benchkit import free_port  # noqa: E402  (bench/benchkit.py: the tests' ports)
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(HERE, "build", "bin")  # main() points it at a snapshot of --bin
@@ -112,27 +113,6 @@ def log_time_ms(line):
     t = datetime.datetime(datetime.date.today().year, int(month), int(day), int(hh), int(mm),
                           int(ss), int(frac.ljust(6, "0")[:6]))
     return t.timestamp() * 1000
-
-
-def port_is_free(port):
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
-def free_port(taken):
-    # Below the ephemeral range, as the C++ fixture does: a closed ephemeral port on
-    # loopback can "accept" by TCP self-connect while a coordinator restarts.
-    for _ in range(1000):
-        p = random.randint(20000, 32000)
-        if p not in taken and port_is_free(p):
-            taken.add(p)
-            return p
-    raise RuntimeError("no free port")
 
 
 def wait(pred, timeout, every=0.05, what="a condition"):

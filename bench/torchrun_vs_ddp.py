@@ -57,7 +57,6 @@ import platform
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -65,17 +64,13 @@ import tempfile
 import threading
 import time
 
+from benchkit import free_port  # noqa: E402  (bench/benchkit.py: the tests' ports)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "data", "breast_cancer.csv")
 PYTHON_DIR = os.path.join(ROOT, "python")  # ddp_report.py, the same file ddp's agent adds
 START_EPOCHS, RESTART_EPOCHS, STEP_SLEEP, KILL_EPOCH = 1, 6, 0.01, 2
 TIMEOUT = 180
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def script_args(ckpt, epochs):

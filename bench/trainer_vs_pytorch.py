@@ -18,21 +18,16 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 
+from benchkit import free_port  # noqa: E402  (bench/benchkit.py: the tests' ports)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAINER = os.path.join(ROOT, "build", "bin", "ddp-trainer")
 REFERENCE = os.path.join(ROOT, "scripts", "pytorch_ddp_reference.py")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # glibc's allocator returns freed memory to the kernel and faults it back in on every

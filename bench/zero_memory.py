@@ -16,18 +16,13 @@ parameters the rank owns, the peak RSS, and libddp's median step time.
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 
+from benchkit import free_port  # noqa: E402  (bench/benchkit.py: the tests' ports)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "build", "bin")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_ranks(world, argv):
