@@ -12,6 +12,8 @@
 #include <utility>
 
 #include "common/jobspec/job_spec.h"
+#include "ddp/comm_hooks.h"
+#include "ddp/distributed_data_parallel.h"
 #include "libddp/engine/checkpoint_keeper.h"
 #include "libddp/engine/comm.h"
 
@@ -45,6 +47,28 @@ inline CommOptions CommOptionsOf(const JobSpec& spec) {
     case IntraNodeComm::kGloo: co.intra_node = CommOptions::IntraNode::kGloo; break;
   }
   return co;
+}
+
+// `train.bucket_cap_mb` and `train.first_bucket_cap_mb`: the reducer's buckets.
+inline DdpOptions DdpOptionsOf(const JobSpec& spec) {
+  DdpOptions o;
+  o.bucket_cap_mb = spec.train.bucket_cap_mb;
+  o.first_bucket_cap_mb = spec.train.first_bucket_cap_mb;
+  return o;
+}
+
+// `train.powersgd`: PowerSGDState's arguments (comm_hook: powersgd).
+inline hooks::PowerSGDOptions PowerSgdOptionsOf(const PowerSgdSpec& p) {
+  hooks::PowerSGDOptions o;
+  o.matrix_approximation_rank = p.rank;
+  o.start_powerSGD_iter = p.start_iteration;
+  o.min_compression_rate = p.min_compression_rate;
+  o.use_error_feedback = p.error_feedback;
+  o.warm_start = p.warm_start;
+  o.orthogonalization_epsilon = p.orthogonalization_epsilon;
+  o.random_seed = static_cast<uint32_t>(p.random_seed);
+  o.batch_tensors_with_same_shape = p.batch_tensors_with_same_shape;
+  return o;
 }
 
 // `checkpoint`: `checkpoint.dir` with its placeholders replaced (the trainer's spec), and

@@ -102,12 +102,9 @@ absl::Status TrainerImpl::JoinGroup() {
   if (env_.generation > 0) DDP_RETURN_IF_ERROR(TakeLiveState());
   // libddp's DistributedDataParallel engine: every rank starts from rank 0's weights;
   // trainable parameters are reduced in buckets during backward, frozen ones left alone.
-  DdpOptions ddp_options;
-  ddp_options.bucket_cap_mb = spec_.train.bucket_cap_mb;
-  ddp_options.first_bucket_cap_mb = spec_.train.first_bucket_cap_mb;
   DDP_ASSIGN_OR_RETURN(
       ddp_, DataParallel::Impl::Create(model_->Parameters(), model_->Buffers(), group_,
-                                       ddp_options, trace_enabled() ? &trace_ : nullptr));
+                                       DdpOptionsOf(spec_), trace_enabled() ? &trace_ : nullptr));
   DDP_RETURN_IF_ERROR(RegisterCommHook());
   if (!spec_.checkpoint.dir.empty()) {
     keeper_ = std::make_unique<CheckpointKeeper>(
@@ -131,7 +128,6 @@ absl::Status TrainerImpl::RegisterCommHook() {
   // As a user's program registers them (docs/library.md, Communication hooks).
   if (spec_.train.comm_hook == CommHookKind::kNone) return absl::OkStatus();
   try {
-    const PowerSgdSpec& p = spec_.train.powersgd;
     switch (spec_.train.comm_hook) {
       case CommHookKind::kFp16:
         ddp_->register_comm_hook([g = group_](GradBucket& b) {
@@ -149,16 +145,8 @@ absl::Status TrainerImpl::RegisterCommHook() {
         });
         break;
       case CommHookKind::kPowerSgd: {
-        hooks::PowerSGDOptions o;
-        o.matrix_approximation_rank = p.rank;
-        o.start_powerSGD_iter = p.start_iteration;
-        o.min_compression_rate = p.min_compression_rate;
-        o.use_error_feedback = p.error_feedback;
-        o.warm_start = p.warm_start;
-        o.orthogonalization_epsilon = p.orthogonalization_epsilon;
-        o.random_seed = static_cast<uint32_t>(p.random_seed);
-        o.batch_tensors_with_same_shape = p.batch_tensors_with_same_shape;
-        auto state = std::make_shared<hooks::PowerSGDState>(group_, o);
+        auto state = std::make_shared<hooks::PowerSGDState>(
+            group_, PowerSgdOptionsOf(spec_.train.powersgd));
         ddp_->register_comm_hook(
             [state](GradBucket& b) { return hooks::powerSGD_hook(*state, b); });
         break;

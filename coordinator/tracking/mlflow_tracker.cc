@@ -153,6 +153,10 @@ int64_t MlflowTracker::AddLive(const JobOutput& o, Run& run) {
   }
   std::deque<mlflow::Metric> points;
   AddPoints(o, &points);
+  return KeepNewerThanHistory(std::move(points), run);
+}
+
+int64_t MlflowTracker::KeepNewerThanHistory(std::deque<mlflow::Metric> points, Run& run) {
   int64_t left_out = 0;
   for (mlflow::Metric& m : points) {
     auto until = run.history_until.find(m.key);
@@ -206,24 +210,16 @@ bool MlflowTracker::CatchUp(const std::string& job_id, Run& run, Server& server)
     missing.push_back(std::move(m));
   }
   run.history_until = std::move(until);
-  // The live points so far: those the history had are among `missing` (or in the run).
+  // The live points so far, after what the run lacks: those the history had are left out.
   std::deque<mlflow::Metric> live;
   live.swap(run.points);
-  int64_t left_out = 0;
-  for (mlflow::Metric& m : live) {
-    auto u = run.history_until.find(m.key);
-    if (u != run.history_until.end() && std::make_pair(m.timestamp_ms, m.step) <= u->second) {
-      ++left_out;
-      continue;
-    }
-    missing.push_back(std::move(m));
-  }
+  const int64_t live_count = static_cast<int64_t>(live.size());
   run.points = std::move(missing);
+  const int64_t left_out = KeepNewerThanHistory(std::move(live), run);
   run.caught_up = true;
   // Points the live path never had (queued when a coordinator stopped, or dropped),
   // first in the run's points; within max_points, the oldest left out past it.
-  int64_t added = static_cast<int64_t>(run.points.size()) -
-                  (static_cast<int64_t>(live.size()) - left_out);
+  int64_t added = static_cast<int64_t>(run.points.size()) - (live_count - left_out);
   absl::MutexLock lock(&mu_);
   points_ -= left_out;
   const int64_t room =

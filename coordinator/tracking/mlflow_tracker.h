@@ -143,6 +143,8 @@ class MlflowTracker : public EventHub::Sink {
   bool CatchUp(const std::string& job_id, Run& run, Server& server);
   // Appends `o`'s points to `run`'s, less those its history had; the number left out.
   static int64_t AddLive(const JobOutput& o, Run& run);
+  // Appends `points` to `run`'s but those up to its history_until; the number left out.
+  static int64_t KeepNewerThanHistory(std::deque<mlflow::Metric> points, Run& run);
   // After a failed call: back off (UNAVAILABLE) or drop what it carried.
   bool Failed(Server& server, const absl::Status& status, const std::string& job_id);
   Server& ServerFor(const std::string& uri);
