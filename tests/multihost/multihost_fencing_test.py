@@ -126,6 +126,16 @@ def run_case(case, tmp):
         # The spare joins once both jobs are placed on w1 and w2.
         ddp.start_worker(3, "w3")
         ddp.wait_workers(0, ["w1", "w2", "w3"])
+        # The cut once the built-in job trains: its first step event arms the stall watch
+        # (before it, start-up is the start timeout's and rdzv.timeout_s's to bound, see
+        # coordinator/core/stall_watchdog.h); on a loaded machine its ranks can take longer
+        # than the spare's start to get there.
+        deadline = time.time() + 60
+        while not any(m.get("attempt", 1) == 1 for m in ddp.job(0, jobs[0]).get("metrics", [])):
+            if time.time() > deadline:
+                raise RuntimeError("the built-in job reported no step in 60 s: %s"
+                                   % ddp.job(0, jobs[0]))
+            time.sleep(0.2)
         time.sleep(2)
 
         t_cut = time.time()
