@@ -22,7 +22,8 @@ for arg in "$@"; do
 done
 
 bash scripts/install_deps.sh
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+# shellcheck disable=SC2046
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo $(bash scripts/cmake_compiler.sh build) >/dev/null
 cmake --build build -j "$(nproc)" --target ddp-coordinator ddp-worker ddp-trainer ddpctl
 
 bin="$here/build/bin"

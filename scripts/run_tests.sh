@@ -58,7 +58,10 @@ bash scripts/install_deps.sh
 bash scripts/install_test_tools.sh
 # The venv first: the Debian flavour's command-job test runs a PyTorch 2.x script in it.
 [ "$torch2" != 1 ] || bash scripts/install_torch2.sh
-configure_debian() { cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDDP_FUZZ=ON; }
+# clang for a new build dir (scripts/cmake_compiler.sh, decision 183).
+# shellcheck disable=SC2046
+configure_debian() { cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDDP_FUZZ=ON \
+  $(bash scripts/cmake_compiler.sh build); }
 if [ $quick = 1 ]; then
   # The engine's parity: ddp-trainer's per-step losses and libddp's (plain DDP, the
   # autograd graph's options, hooks, ZeRO, Join, SyncBatchNorm, the data loader, the fused
@@ -88,8 +91,10 @@ grep -hE '^(chaos soak: |[a-z]+: lost declared after|outage: [0-9]|data: the sta
 [ "$torch2" = 1 ] || exit 0
 echo "== the PyPI flavour: torch 2.11 (docs/torch.md)"
 phase "PyPI flavour: configure and build what its tests and the GPU check need"
+# shellcheck disable=SC2046
 cmake -S . -B build-torch2 -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DDDP_TORCH_PYTHON="$here/.venv-torch2/bin/python" -DDDP_REQUIRE_CUDA=ON
+  -DDDP_TORCH_PYTHON="$here/.venv-torch2/bin/python" -DDDP_REQUIRE_CUDA=ON \
+  $(bash scripts/cmake_compiler.sh build-torch2)
 # The engine's tests (labels trainer and engine: scripts/ctest_targets.py reads what
 # they run), and the engine bench/gpu/pack.sh carries to a GPU machine.
 torch2_tests='^(trainer|engine)$'

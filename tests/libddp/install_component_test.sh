@@ -4,10 +4,12 @@
 # `--component libddp`, and the plain `cmake --install` of that same build too. Both
 # lay out the headers, the library, the CMake package and ddp.pc, and a program
 # compiled against the result through pkg-config runs.
-#   install_component_test.sh SOURCE_DIR BUILD_TYPE
+#   install_component_test.sh SOURCE_DIR BUILD_TYPE C_COMPILER CXX_COMPILER
 set -euo pipefail
 src=$(cd "$1" && pwd)
 type=$2
+# The build's own compilers: the same commands as its, for ccache.
+cc=$3 cxx=$4
 # A sibling of build/ (same depth under the source tree), so that its compiles hit
 # ccache (CMakeLists.txt: CCACHE_BASEDIR) instead of rebuilding the engine cold.
 fresh=$(mktemp -d "$src/.install-test-build.XXXXXX")
@@ -16,6 +18,7 @@ trap 'rm -rf "$fresh" "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 
 cmake -S "$src" -B "$fresh" -G Ninja -DCMAKE_BUILD_TYPE="$type" -DDDP_BUILD_TESTS=OFF \
+  -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" \
   > "$work/configure.log" 2>&1 || { cat "$work/configure.log"; fail "configure"; }
 cmake --build "$fresh" --target ddp > "$work/build.log" 2>&1 ||
   { tail -50 "$work/build.log"; fail "cmake --build --target ddp"; }

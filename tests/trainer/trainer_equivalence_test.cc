@@ -214,7 +214,7 @@ TEST_P(MatchesPyTorchDdpTest, PerStepLossesAndValidationMatchWithin1e5) {
   // PyTorch 1.13's DDP (Debian's) and 2.11's (PyPI's) on the job: both hold, whichever
   // LibTorch this trainer was built against.
   std::vector<std::pair<std::string, google::protobuf::Value>> references;
-  for (const std::string file : {job + ".losses.json", "torch2/" + job + ".losses.json"}) {
+  for (const std::string& file : {job + ".losses.json", "torch2/" + job + ".losses.json"}) {
     auto reference = testing::ParseJson(testing::ReadFile(fixtures + file));
     ASSERT_TRUE(reference.ok()) << file << ": " << reference.status();
     references.emplace_back(file, *std::move(reference));
