@@ -88,6 +88,9 @@ class SecureClusterTest : public ::testing::Test {
   void SetUp() override {
     LocalCluster::Options o;
     o.secure = true;
+    // Nothing here is about heartbeats: 5 s, as the other clusters that run beside a
+    // loaded machine's tests have (2 s lost both workers of a run at once, TLS and all).
+    o.heartbeat_timeout = absl::Seconds(5);
     auto cluster = LocalCluster::Start(o);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = std::move(*cluster);
