@@ -39,14 +39,12 @@ def clang_command(command):
     return out
 
 
-def checked_by_build(db):
-    """The sources a build (the main one under clang, the fuzz sub-build) compiled
-    with -Wthread-safety and -Werror (every warning an error) into an object newer
-    than the source."""
-    if not os.path.isfile(db):
-        return set()
+def checked_by_build(entries):
+    """The sources a build (the main one under clang, the fuzz sub-build) compiled,
+    by its compile_commands.json `entries`, with -Wthread-safety and -Werror (every
+    warning an error) into an object newer than the source."""
     out = set()
-    for entry in json.load(open(db)):
+    for entry in entries:
         args = shlex.split(entry["command"])
         if "-Werror" not in args or "-Wthread-safety" not in args or "-o" not in args:
             continue
@@ -67,10 +65,12 @@ def main():
     if shutil.which("clang++") is None:
         print("clang++ is missing (scripts/install_deps.sh installs it)", file=sys.stderr)
         return 2
-    fuzz_checked = checked_by_build(os.path.join(build, "fuzz", "compile_commands.json"))
-    built_checked = checked_by_build(db)
+    fuzz_db = os.path.join(build, "fuzz", "compile_commands.json")
+    fuzz_checked = checked_by_build(json.load(open(fuzz_db)) if os.path.isfile(fuzz_db) else [])
+    entries = json.load(open(db))
+    built_checked = checked_by_build(entries)
     units, skipped, built = [], 0, 0
-    for entry in json.load(open(db)):
+    for entry in entries:
         rel = os.path.relpath(entry["file"], root)
         if not rel.startswith(LAYERS):
             continue
