@@ -10,8 +10,12 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <fstream>
+#include <mutex>
 #include <optional>
+#include <sstream>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -19,11 +23,27 @@
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "libddp/engine/recovery.h"
 #include "libddp/engine/shm_comm.h"
 #include "libddp/engine/store_probe.h"
 
 namespace ddp {
+
+// How this rank's group waits for its collectives (shared by the Comm, its leaders'
+// CrossNode and its pending sums): up to the collective timeout, and, under ddp-worker
+// (a generation file), no longer than until a newer generation is announced there.
+struct WaitRules {
+  std::chrono::milliseconds timeout{0};
+  std::string generation_file;  // Empty: nobody announces generations.
+  int generation = 0;
+  // A wait gave up on a collective that still runs in the group's threads.
+  std::atomic<bool> abandoned{false};
+};
+
 namespace {
+
+// How often a wait under ddp-worker looks at the generation file.
+constexpr std::chrono::milliseconds kGenerationPoll{250};
 
 std::string FirstLine(const std::exception& e) {
   std::string what = e.what();
@@ -107,24 +127,73 @@ at::ScalarType TorchType(ShmDType dtype) {
   return dtype == ShmDType::kFloat32 ? at::kFloat : at::kDouble;
 }
 
-// A c10d work item, waited on with the collective timeout.
-absl::Status WaitWork(const c10::intrusive_ptr<c10d::Work>& work, std::chrono::milliseconds timeout,
+// The generation `rules` announce above their own, if any.
+std::optional<int> NewerGeneration(const WaitRules& rules) {
+  std::ifstream file(rules.generation_file);
+  std::stringstream text;
+  text << file.rdbuf();
+  absl::StatusOr<GenerationNews> news = ParseGenerationNews(text.str());
+  if (news.ok() && news->generation > rules.generation) return news->generation;
+  return std::nullopt;
+}
+
+// A c10d work item, waited on with the collective timeout. Under ddp-worker the wait
+// also ends (UNAVAILABLE, so a live recovery follows) once a newer generation is
+// announced: the coordinator is replacing a peer, and one that went silent (its host
+// cut off or powered off) would otherwise hold this rank until the timeout, since no
+// socket of it ever closes. The collective then still runs in the group's threads until
+// it fails by itself, so the group is never destroyed (Comm::~Comm).
+absl::Status WaitWork(const c10::intrusive_ptr<c10d::Work>& work, WaitRules& rules,
                       const char* what) {
   try {
-    work->wait(timeout);
+    if (rules.generation_file.empty()) {
+      work->wait(rules.timeout);
+      return absl::OkStatus();
+    }
+    const auto deadline = std::chrono::steady_clock::now() + rules.timeout;
+    while (true) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      try {
+        // Gloo's wait throws when the time is up and the work is not complete.
+        work->wait(std::clamp(left, std::chrono::milliseconds(1), kGenerationPoll));
+        return absl::OkStatus();
+      } catch (const std::exception&) {
+        if (work->isCompleted()) {
+          work->wait();  // Completed meanwhile, or failed: its own error, if any.
+          return absl::OkStatus();
+        }
+        if (left <= kGenerationPoll) throw;
+      }
+      if (std::optional<int> next = NewerGeneration(rules)) {
+        rules.abandoned = true;
+        return absl::UnavailableError(absl::StrCat(
+            what, " abandoned: generation ", *next, " was announced while this rank waited ",
+            "(the coordinator is replacing a lost peer)"));
+      }
+    }
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat(
         what, " failed (a peer died or hung past train.collective_timeout_s): ", FirstLine(e)));
   }
-  return absl::OkStatus();
+}
+
+// Groups whose collectives were abandoned (WaitWork): kept until the process ends, as
+// destroying one would wait for its threads, and they for the abandoned collective.
+void KeepUntilExit(CommBackendPtr group) {
+  if (!group) return;
+  static std::mutex mu;
+  static auto* kept = new std::vector<CommBackendPtr>();  // Never destroyed.
+  std::lock_guard<std::mutex> lock(mu);
+  kept->push_back(std::move(group));
 }
 
 // The node leaders' collectives, over their own process group, in place on the
 // node's shared memory.
 class LeadersCrossNode : public CrossNode {
  public:
-  LeadersCrossNode(CommBackendPtr leaders, std::chrono::milliseconds timeout)
-      : leaders_(std::move(leaders)), timeout_(timeout) {}
+  LeadersCrossNode(CommBackendPtr leaders, std::shared_ptr<WaitRules> rules)
+      : leaders_(std::move(leaders)), rules_(std::move(rules)) {}
 
   absl::StatusOr<std::unique_ptr<CrossNodeOp>> StartSum(void* data, size_t count,
                                                         ShmDType dtype) override {
@@ -132,7 +201,7 @@ class LeadersCrossNode : public CrossNode {
         at::from_blob(data, {static_cast<int64_t>(count)}, TorchType(dtype))};
     c10d::AllreduceOptions opts;
     opts.reduceOp = c10d::ReduceOp::SUM;
-    opts.timeout = timeout_;
+    opts.timeout = rules_->timeout;
     return Start([&] { return leaders_->allreduce(t, opts); }, "the node leaders' all-reduce");
   }
 
@@ -140,35 +209,35 @@ class LeadersCrossNode : public CrossNode {
     std::vector<at::Tensor> t = {at::from_blob(data, {static_cast<int64_t>(bytes)}, at::kByte)};
     c10d::BroadcastOptions opts;
     opts.rootRank = 0;
-    opts.timeout = timeout_;
+    opts.timeout = rules_->timeout;
     return Start([&] { return leaders_->broadcast(t, opts); }, "the node leaders' broadcast");
   }
 
  private:
   class Op : public CrossNodeOp {
    public:
-    Op(c10::intrusive_ptr<c10d::Work> work, std::chrono::milliseconds timeout, const char* what)
-        : work_(std::move(work)), timeout_(timeout), what_(what) {}
+    Op(c10::intrusive_ptr<c10d::Work> work, std::shared_ptr<WaitRules> rules, const char* what)
+        : work_(std::move(work)), rules_(std::move(rules)), what_(what) {}
     bool Done() override { return work_->isCompleted(); }
-    absl::Status Wait() override { return WaitWork(work_, timeout_, what_); }
+    absl::Status Wait() override { return WaitWork(work_, *rules_, what_); }
 
    private:
     c10::intrusive_ptr<c10d::Work> work_;
-    std::chrono::milliseconds timeout_;
+    std::shared_ptr<WaitRules> rules_;
     const char* what_;
   };
 
   absl::StatusOr<std::unique_ptr<CrossNodeOp>> Start(
       const std::function<c10::intrusive_ptr<c10d::Work>()>& op, const char* what) {
     try {
-      return std::make_unique<Op>(op(), timeout_, what);
+      return std::make_unique<Op>(op(), rules_, what);
     } catch (const std::exception& e) {
       return absl::UnavailableError(absl::StrCat(what, " failed: ", FirstLine(e)));
     }
   }
 
   CommBackendPtr leaders_;
-  std::chrono::milliseconds timeout_;
+  std::shared_ptr<WaitRules> rules_;
 };
 
 class DonePendingSum : public PendingSum {
@@ -189,11 +258,11 @@ class WorkPendingSum : public PendingSum {
   // a step captured in a CUDA graph no work is left for the watchdog, and the trainer's
   // next wait for the GPU (WaitForDevice, with the same timeout) reports the peer instead.
   // Otherwise (Gloo) the host waits, up to the collective timeout.
-  WorkPendingSum(c10::intrusive_ptr<c10d::Work> work, std::chrono::milliseconds timeout,
+  WorkPendingSum(c10::intrusive_ptr<c10d::Work> work, std::shared_ptr<WaitRules> rules,
                  bool stream_ordered)
-      : work_(std::move(work)), timeout_(timeout), stream_ordered_(stream_ordered) {}
+      : work_(std::move(work)), rules_(std::move(rules)), stream_ordered_(stream_ordered) {}
   absl::Status Wait() override {
-    if (!stream_ordered_) return WaitWork(work_, timeout_, "all-reduce");
+    if (!stream_ordered_) return WaitWork(work_, *rules_, "all-reduce");
     try {
       work_->wait();  // No timeout: in LibTorch 2.x a timeout makes wait() block the host.
     } catch (const std::exception& e) {
@@ -204,7 +273,7 @@ class WorkPendingSum : public PendingSum {
 
  private:
   c10::intrusive_ptr<c10d::Work> work_;
-  std::chrono::milliseconds timeout_;
+  std::shared_ptr<WaitRules> rules_;
   bool stream_ordered_;
 };
 
@@ -269,6 +338,10 @@ absl::StatusOr<Comm> Comm::Connect(const Environment& env, const DeviceChoice& d
   c.world_size_ = env.world_size;
   c.device_ = device.device;
   c.timeout_ = collective_timeout;
+  c.wait_ = std::make_shared<WaitRules>();
+  c.wait_->timeout = collective_timeout;
+  c.wait_->generation_file = env.generation_file;
+  c.wait_->generation = env.generation;
   c.backend_name_ = device.backend;
   // Rank 0 hosts the store, unless torchrun's agent already does (its static
   // rendezvous, TORCHELASTIC_USE_AGENT_STORE=True: what init_process_group does too).
@@ -342,7 +415,12 @@ absl::StatusOr<Comm> Comm::Connect(const Environment& env, const DeviceChoice& d
 
 Comm::Comm(Comm&&) = default;
 Comm& Comm::operator=(Comm&&) = default;
-Comm::~Comm() = default;
+Comm::~Comm() {
+  if (wait_ != nullptr && wait_->abandoned) {
+    KeepUntilExit(std::move(backend_));
+    KeepUntilExit(std::move(leaders_));
+  }
+}
 
 absl::Status Comm::SetUpNodeGroup(const Environment& env, CommOptions::IntraNode mode) {
   const int local_world = env.local_world_size;
@@ -420,7 +498,7 @@ absl::Status Comm::SetUpNodeGroup(const Environment& env, CommOptions::IntraNode
       return absl::UnavailableError(
           absl::StrCat("cannot form the node leaders' process group: ", FirstLine(e)));
     }
-    cross_ = std::make_unique<LeadersCrossNode>(leaders_, timeout_);
+    cross_ = std::make_unique<LeadersCrossNode>(leaders_, wait_);
     shm->SetCrossNode(cross_.get());
   }
   shm_ = std::move(shm);
@@ -441,7 +519,7 @@ std::unique_ptr<PendingSum> Comm::StartSum(const at::Tensor& flat) {
   opts.timeout = timeout_;
   try {
     const bool stream_ordered = flat.is_cuda() && backend_name_ == "nccl";
-    return std::make_unique<WorkPendingSum>(backend_->allreduce(tensors, opts), timeout_,
+    return std::make_unique<WorkPendingSum>(backend_->allreduce(tensors, opts), wait_,
                                             stream_ordered);
   } catch (const std::exception& e) {
     return std::make_unique<DonePendingSum>(
@@ -455,14 +533,17 @@ void Comm::Poll() {
 
 absl::Status Comm::Run(const char* what,
                        const std::function<c10::intrusive_ptr<c10d::Work>()>& op) {
+  c10::intrusive_ptr<c10d::Work> work;
   try {
-    op()->wait(timeout_);
+    work = op();
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat(what, " failed (a peer died or hung past "
-                                                     "train.collective_timeout_s): ",
-                                               FirstLine(e)));
+    return absl::UnavailableError(absl::StrCat(what, " failed to start: ", FirstLine(e)));
   }
-  return absl::OkStatus();
+  return Wait(work, what);
+}
+
+absl::Status Comm::Wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what) {
+  return WaitWork(work, *wait_, what);
 }
 
 absl::Status Comm::Broadcast(const std::vector<at::Tensor>& tensors) {
@@ -496,7 +577,7 @@ absl::Status Comm::Broadcast(const std::vector<at::Tensor>& tensors) {
         // wait on the GPU, the host goes on, and a CUDA graph can hold it (BatchNorm's
         // buffers before every training forward). NCCL's watchdog bounds it (outside a
         // graph; inside one, the trainer's WaitForDevice).
-        st = WorkPendingSum(backend_->broadcast(buf, opts), timeout_, /*stream_ordered=*/true)
+        st = WorkPendingSum(backend_->broadcast(buf, opts), wait_, /*stream_ordered=*/true)
                  .Wait();
       } else {
         st = Run("broadcast", [&] { return backend_->broadcast(buf, opts); });

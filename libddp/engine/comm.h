@@ -28,6 +28,7 @@ namespace ddp {
 
 class CrossNode;
 class ShmNodeComm;
+struct WaitRules;
 
 struct DeviceChoice {
   at::Device device = at::kCPU;
@@ -119,6 +120,15 @@ class Comm {
   absl::StatusOr<std::vector<double>> MaxOverRanks(const std::vector<double>& values);
   absl::Status Barrier();
 
+  // Waits for `work`, a collective started on backend(), as this group's own
+  // collectives are waited for: UNAVAILABLE naming `what` when a peer fails it, past
+  // the collective timeout, or (under ddp-worker) once the attempt's next generation is
+  // announced in DDP_GENERATION_FILE while it waits: the coordinator is replacing a
+  // lost peer, and a peer whose host went silent would otherwise hold the wait until
+  // the timeout. A group that abandoned a collective so is kept, not destroyed, when
+  // its Comm goes (its threads still run the collective until it fails by itself).
+  absl::Status Wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what);
+
  private:
   Comm() = default;
   absl::Status Run(const char* what, const std::function<c10::intrusive_ptr<c10d::Work>()>& op);
@@ -137,6 +147,7 @@ class Comm {
   int rank_ = 0;
   int world_size_ = 1;
   std::chrono::milliseconds timeout_{0};
+  std::shared_ptr<WaitRules> wait_;  // Shared with cross_ and the pending sums.
   int64_t all_reduce_sum_bytes_ = 0;
 };
 

@@ -78,12 +78,14 @@ absl::Status BroadcastFrom(Comm& comm, int root, const std::vector<at::Tensor>& 
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
     opts.timeout = comm.timeout();
+    const std::string what = absl::StrCat("Join: broadcasting the model's state from rank ", root);
+    c10::intrusive_ptr<c10d::Work> work;
     try {
-      comm.backend().broadcast(buf, opts)->wait(comm.timeout());
+      work = comm.backend().broadcast(buf, opts);
     } catch (const std::exception& e) {
-      return absl::UnavailableError(
-          absl::StrCat("Join: broadcasting the model's state from rank ", root, ": ", e.what()));
+      return absl::UnavailableError(absl::StrCat(what, ": ", e.what()));
     }
+    DDP_RETURN_IF_ERROR(comm.Wait(work, what.c_str()));
     int64_t offset = 0;
     for (const at::Tensor& t : group) {
       t.detach().copy_(buf[0].narrow(0, offset, t.numel()).view(t.sizes()));

@@ -323,13 +323,13 @@ void ZeroRedundancyOptimizer::BroadcastShards() {
       o.timeout = comm.timeout();
       f.work = comm.backend().broadcast(f.buffer, o);
     }
-    for (Flat& f : flats) f.work->wait(comm.timeout());
   } catch (const std::exception& e) {
     std::string first = e.what();
     first = first.substr(0, first.find('\n'));
-    ThrowIfError(absl::UnavailableError(absl::StrCat(
-        kWhat, ": ", op, " failed (a peer died or hung past the collective timeout): ", first)));
+    ThrowIfError(absl::UnavailableError(absl::StrCat(kWhat, ": ", op, " failed to start: ", first)));
   }
+  const std::string what = absl::StrCat(kWhat, ": ", op);
+  for (Flat& f : flats) ThrowIfError(comm.Wait(f.work, what.c_str()));
   for (Flat& f : flats) {
     if (f.root == group_->rank()) continue;
     int64_t offset = 0;
