@@ -6,7 +6,6 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <new>
 #include <string>
 #include <utility>
@@ -14,6 +13,7 @@
 #include "absl/status/status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "ddp/fingerprint.h"
 #include "libddp/engine/checkpoint_keeper.h"
 #include "libddp/engine/failure.h"
 #include "trainer/trainer_impl.h"
@@ -22,22 +22,6 @@ namespace ddp {
 namespace {
 
 std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
-
-// FNV-1a over every parameter's bytes: equal on all ranks iff they hold the same model.
-std::string Fingerprint(const std::vector<at::Tensor>& params) {
-  uint64_t h = 1469598103934665603ULL;
-  for (const at::Tensor& p : params) {
-    at::Tensor c = p.detach().cpu().contiguous();
-    const auto* b = static_cast<const unsigned char*>(c.data_ptr());
-    for (size_t i = 0; i < c.nbytes(); ++i) {
-      h ^= b[i];
-      h *= 1099511628211ULL;
-    }
-  }
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
-  return buf;
-}
 
 JobSpec WithPlaceholders(JobSpec spec, const Environment& env) {
   spec.checkpoint.dir = CheckpointDirFor(spec.checkpoint.dir, env);
@@ -117,7 +101,7 @@ void TrainerImpl::EmitTrace() {
     e.entries.push_back({ReducerTrace::KindName(t.kind), t.index, t.micros});
   }
   // The parameters after this step: equal on every rank, step by step.
-  e.params_fingerprint = Fingerprint(params_);
+  e.params_fingerprint = fingerprint(params_);
   events_.Emit(e);
 }
 
@@ -136,7 +120,7 @@ void TrainerImpl::EmitDone() {
   DoneEvent e;
   e.epochs = pos_.epoch;
   e.global_step = pos_.global_step;
-  e.params_fingerprint = Fingerprint(params_);
+  e.params_fingerprint = fingerprint(params_);
   e.samples = total_samples_;
   e.train_s = train_ms_ / 1000.0;
   if (last_val_accuracy_ >= 0) e.val_accuracy = last_val_accuracy_;

@@ -119,6 +119,26 @@ TEST(ClipGradNormTest, ScalesToTheMaxNormAndReturnsTheTotal) {
 }
 
 // The reporter's lines are what the worker's lenient parser takes from a program.
+TEST(FingerprintTest, IsFnv1aOverTheTensorsBytesInOrder) {
+  // FNV-1a 64's published values: the empty input, and "a".
+  EXPECT_EQ(ddp::fingerprint({}), "cbf29ce484222325");
+  EXPECT_EQ(ddp::fingerprint({torch::full({1}, 97, torch::kUInt8)}), "af63dc4c8601ec8c");
+  const torch::Tensor m = torch::arange(12, torch::kFloat).reshape({3, 4});
+  const torch::Tensor v = torch::randn({5}, torch::kDouble);
+  // Bytes in order: a transposed view hashes as its contiguous copy, two tensors as
+  // their bytes one after the other; any other byte or order differs.
+  EXPECT_EQ(ddp::fingerprint({m.t()}), ddp::fingerprint({m.t().contiguous()}));
+  EXPECT_NE(ddp::fingerprint({m.t()}), ddp::fingerprint({m}));
+  EXPECT_EQ(ddp::fingerprint({m, v}),
+            ddp::fingerprint({torch::cat({m.reshape({-1}).view(torch::kUInt8),
+                                          v.view(torch::kUInt8)})}));
+  EXPECT_NE(ddp::fingerprint({m, v}), ddp::fingerprint({v, m}));
+  torch::Tensor w = m.clone();
+  w[2][3] = std::nextafter(11.0f, 12.0f);
+  EXPECT_NE(ddp::fingerprint({w}), ddp::fingerprint({m}));
+  EXPECT_EQ(ddp::fingerprint({m}).size(), 16u);
+}
+
 TEST(ReporterTest, WritesLinesTheAgentAccepts) {
   int fds[2];
   ASSERT_EQ(::pipe(fds), 0);

@@ -22,25 +22,6 @@
 
 #include <ddp/ddp.h>
 
-namespace {
-
-std::string Fingerprint(const std::vector<torch::Tensor>& params) {
-  uint64_t h = 1469598103934665603ULL;
-  for (const torch::Tensor& p : params) {
-    torch::Tensor c = p.detach().cpu().contiguous();
-    const auto* b = static_cast<const unsigned char*>(c.data_ptr());
-    for (size_t i = 0; i < c.nbytes(); ++i) {
-      h ^= b[i];
-      h *= 1099511628211ULL;
-    }
-  }
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
-  return buf;
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   const int64_t total = argc > 1 ? std::atoll(argv[1]) : 3000;
   const std::string notice_dir = argc > 2 ? argv[2] : "";
@@ -97,7 +78,7 @@ int main(int argc, char** argv) {
       }
     }
     std::cout << "LIVE-RESULT rank " << rank << " steps " << step << " params "
-              << Fingerprint(model.module()->parameters()) << " recoveries "
+              << ddp::fingerprint(model.module()->parameters()) << " recoveries "
               << live.recoveries() << std::endl;
     group->barrier();
   } catch (const ddp::Error& e) {

@@ -14,6 +14,7 @@
 #include "ddp/distributed_data_parallel.h"
 #include "ddp/environment.h"
 #include "ddp/error.h"
+#include "ddp/fingerprint.h"
 #include "ddp/fused_optimizer.h"
 #include "ddp/gpt.h"
 #include "ddp/join.h"
