@@ -29,7 +29,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from start_latency import ROOT, Cluster, job_file, write_results  # noqa: E402
+from start_latency import ROOT, job_file, start_cluster, write_results  # noqa: E402
 
 
 def get(cluster, job_id):
@@ -112,7 +112,7 @@ def main():
     runs = {"script_start_s": [], "trainer_start_s": [], "script_restart_s": []}
     cluster = None
     try:
-        cluster = Cluster(tmp, "cmd", True)
+        cluster = start_cluster(tmp, "cmd", True)
         short = script_job(work, "short", "--epochs, '1'")
         long = script_job(work, "long", "--epochs, '50', --step-sleep, '0.01'")
         for i in range(args.repeats):

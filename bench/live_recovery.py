@@ -29,7 +29,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from recovery import HERE, Cluster, wait  # noqa: E402
+from benchkit import cluster  # noqa: E402
+from recovery import HERE, wait  # noqa: E402
 
 JOB = """name: {name}
 nodes: 3
@@ -45,9 +46,9 @@ KILL_AFTER = 260
 
 
 def run(mode):
-    c = Cluster(3)
+    c = cluster(3)
     try:
-        time.sleep(1)
+        c.wait_for_workers()
         spec = os.path.join(c.dir, "job.yaml")
         with open(spec, "w") as f:
             f.write(JOB.format(name=mode, restarts=1 if mode == "restart" else 0,
@@ -86,7 +87,7 @@ def run(mode):
                 "attempts": len(end["attempts"]),
                 "recoveries": int(end.get("recoveries", 0))}
     finally:
-        c.close()
+        c.stop()
 
 
 def main():

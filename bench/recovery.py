@@ -21,17 +21,13 @@ Usage: python3 bench/recovery.py [FAULT ...]   (results: bench/results/recovery.
 """
 import json
 import os
-import shutil
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 
-from benchkit import free_port  # noqa: E402  (bench/benchkit.py: the tests' ports)
+from benchkit import cluster  # noqa: E402  (bench/benchkit.py: the tests' cluster)
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(HERE, "build", "bin")
 
 JOB = """name: recovery
 nodes: "{nodes}"
@@ -42,51 +38,6 @@ train: {{epochs: 3, batch_size: 32, threads: 1}}
 metrics: {{every_steps: 10}}
 checkpoint: {{dir: "ckpt-{{node}}", every_steps: 50}}
 """
-
-
-class Cluster:
-    def __init__(self, workers):
-        self.dir = tempfile.mkdtemp(prefix="ddp-recovery-")
-        self.addr = f"127.0.0.1:{free_port()}"
-        self.procs = []
-        self.coordinator = self.spawn([f"{BIN}/ddp-coordinator", "--listen", self.addr,
-                                       "--state-dir", f"{self.dir}/state"], "coordinator")
-        self.workers = {}
-        for i in range(workers):
-            self.add_worker(f"w{i + 1}")
-
-    def spawn(self, argv, name):
-        log = open(f"{self.dir}/{name}.log", "w")
-        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        self.procs.append(p)
-        return p
-
-    def add_worker(self, name):
-        self.workers[name] = self.spawn(
-            [f"{BIN}/ddp-worker", "--coordinator", self.addr, "--name", name, "--slots", "1",
-             "--cpus", "1", "--work-dir", f"{self.dir}/{name}"], name)
-
-    def ctl(self, *args):
-        out = subprocess.run([f"{BIN}/ddpctl", *args, "--coordinator", self.addr],
-                             capture_output=True, text=True, timeout=60)
-        if out.returncode not in (0, 3):
-            raise RuntimeError(f"ddpctl {' '.join(args)}: {out.stderr}")
-        return out.stdout
-
-    def job(self, job_id, history=False):
-        return json.loads(self.ctl("get", job_id, "-o", "json", *(["--history"] if history else [])))
-
-    def close(self):
-        for p in reversed(self.procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in reversed(self.procs):
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def wait(pred, timeout=300, every=0.05):
@@ -100,12 +51,9 @@ def wait(pred, timeout=300, every=0.05):
 
 
 def run(fault):
-    c = Cluster(3 if fault == "agent_kill" else 2)
+    c = cluster(2)  # agent_kill: w3, the replacement, comes later.
     try:
-        if fault == "agent_kill":  # w3 is the replacement: not there at first.
-            c.workers["w3"].kill()
-            c.workers["w3"].wait()
-        time.sleep(1)
+        c.wait_for_workers()
         spec = os.path.join(c.dir, "job.yaml")
         with open(spec, "w") as f:
             f.write(JOB.format(nodes="1:2" if fault == "agent_elastic" else "2"))
@@ -124,7 +72,7 @@ def run(fault):
         elif fault == "trainer_stop":
             os.kill(int(rank1["pid"]), signal.SIGSTOP)
         else:
-            c.workers[rank1["worker"]].kill()
+            c.process(rank1["worker"]).kill()
         if fault == "agent_kill":
             time.sleep(2)
             c.add_worker("w3")
@@ -151,7 +99,7 @@ def run(fault):
         result["outcome"] = c.job(job_id)["state"]
         return result
     finally:
-        c.close()
+        c.stop()
 
 
 def main():

@@ -19,59 +19,26 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-from benchkit import free_port  # noqa: E402  (bench/benchkit.py: the tests' ports)
+from benchkit import cluster  # noqa: E402  (bench/benchkit.py: the tests' cluster)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(ROOT, "build", "bin")
 
 
-class Cluster:
-    def __init__(self, tmp, name, long_poll):
-        self.dir = os.path.join(tmp, name)
-        os.makedirs(self.dir)
-        self.addr = f"127.0.0.1:{free_port()}"
-        self.procs = []
-        log = open(os.path.join(self.dir, "coordinator.log"), "w")
-        self.procs.append(subprocess.Popen(
-            [os.path.join(BIN, "ddp-coordinator"), "--listen", self.addr, "--state-dir",
-             os.path.join(self.dir, "state")], stdout=log, stderr=subprocess.STDOUT))
-        for w in ("w1", "w2"):
-            log = open(os.path.join(self.dir, f"{w}.log"), "w")
-            self.procs.append(subprocess.Popen(
-                [os.path.join(BIN, "ddp-worker"), "--coordinator", self.addr, "--name",
-                 f"{name}-{w}", "--slots", "1", "--cpus", "1", "--work-dir",
-                 os.path.join(self.dir, w), f"--long-poll={'true' if long_poll else 'false'}"],
-                stdout=log, stderr=subprocess.STDOUT))
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            out = self.ctl("workers", "--summary", check=False)
-            if out is not None and "2 alive" in out:
-                return
-            time.sleep(0.2)
-        raise RuntimeError(f"cluster {name} did not come up")
-
-    def ctl(self, *args, check=True):
-        r = subprocess.run([os.path.join(BIN, "ddpctl"), *args, "--coordinator", self.addr],
-                           capture_output=True, text=True)
-        if r.returncode != 0:
-            if check:
-                raise RuntimeError(f"ddpctl {' '.join(args)}: {r.stderr}")
-            return None
-        return r.stdout
-
-    def stop(self):
-        for p in self.procs[1:] + self.procs[:1]:  # Workers first.
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+def start_cluster(tmp, name, long_poll):
+    """A coordinator and two workers (NAME-w1, NAME-w2) under tmp, their agents keeping a
+    WaitForTasks long poll open or not; once both are alive."""
+    c = cluster(2, names=name, dir=tmp,
+                worker_flags=[f"--long-poll={'true' if long_poll else 'false'}"])
+    try:
+        c.wait_for_workers(timeout=60)
+    except BaseException:
+        c.stop()
+        raise
+    return c
 
 
 def job_file(tmp):
@@ -115,8 +82,8 @@ def main():
     job = job_file(tmp)
     clusters = {}
     try:
-        clusters["long_poll"] = Cluster(tmp, "lp", True)
-        clusters["heartbeat_only"] = Cluster(tmp, "hb", False)
+        clusters["long_poll"] = start_cluster(tmp, "lp", True)
+        clusters["heartbeat_only"] = start_cluster(tmp, "hb", False)
         runs = {k: [] for k in clusters}
         for i in range(args.repeats):
             for name, c in clusters.items():

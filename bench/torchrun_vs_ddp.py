@@ -64,7 +64,7 @@ import tempfile
 import threading
 import time
 
-from benchkit import free_port  # noqa: E402  (bench/benchkit.py: the tests' ports)
+from benchkit import cluster  # noqa: E402  (bench/benchkit.py: the tests' cluster)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "data", "breast_cancer.csv")
@@ -279,40 +279,21 @@ def torchrun_restart(venv, work, ckpt, share_store=False, exhaust=False):
 # ---------------------------------------------------------------------------------- ddp
 
 class Cluster:
-    """A ddp-coordinator and one ddp-worker with 2 slots on loopback."""
+    """A ddp-coordinator and one ddp-worker with 2 slots on loopback (bench/benchkit.py's
+    cluster: the tests')."""
 
     def __init__(self, bindir, tmp):
-        self.bin, self.dir = bindir, os.path.join(tmp, "cluster")
-        os.makedirs(self.dir)
-        self.addr = f"127.0.0.1:{free_port()}"
-        self.procs = []
-        self._spawn("coordinator", ["ddp-coordinator", "--listen", self.addr, "--state-dir",
-                                    os.path.join(self.dir, "state")])
-        self._spawn("worker", ["ddp-worker", "--coordinator", self.addr, "--name", "node",
-                               "--slots", "2", "--cpus", str(os.cpu_count() or 2),
-                               "--work-dir", os.path.join(self.dir, "work"),
-                               "--python-path", PYTHON_DIR])
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            out = self.ctl("workers", "--summary", check=False)
-            if out is not None and "1 alive" in out:
-                return
-            time.sleep(0.2)
-        raise RuntimeError("the cluster did not come up")
-
-    def _spawn(self, name, argv):
-        with open(os.path.join(self.dir, f"{name}.log"), "w") as log:
-            self.procs.append(subprocess.Popen([os.path.join(self.bin, argv[0]), *argv[1:]],
-                                               stdout=log, stderr=subprocess.STDOUT))
+        self.kit = cluster(1, bin_dir=bindir, dir=tmp, slots=2, cpus=os.cpu_count() or 2,
+                           worker_flags=["--python-path", PYTHON_DIR])
+        try:
+            self.kit.wait_for_workers(timeout=60)
+        except BaseException:
+            self.kit.stop()
+            raise
+        self.dir = self.kit.dir
 
     def ctl(self, *args, check=True):
-        r = subprocess.run([os.path.join(self.bin, "ddpctl"), *args, "--coordinator", self.addr],
-                           capture_output=True, text=True)
-        if r.returncode != 0:
-            if check:
-                raise RuntimeError(f"ddpctl {' '.join(args)}: {r.stderr}")
-            return None
-        return r.stdout
+        return self.kit.ctl(*args, check=check)
 
     def get(self, job_id):
         return json.loads(self.ctl("get", job_id, "--history", "-o", "json"))
@@ -335,14 +316,7 @@ class Cluster:
         raise RuntimeError(f"job {job_id}: timed out waiting for {what}")
 
     def stop(self):
-        for p in reversed(self.procs):  # The worker first: it stops its trainers.
-            if p.poll() is None:
-                p.terminate()
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        self.kit.stop()
 
 
 def job_file(work, name, ckpt, epochs, venv):

@@ -3,7 +3,11 @@ on a free port with a temporary state directory and N build/bin/ddp-worker proce
 as tests/integration/local_cluster.cc starts them (fast heartbeats; optionally TLS,
 worker certificates and tokens from scripts/make_certs.sh). Everything it starts is
 stopped, and its directory removed, by stop() (also when start() fails half-way).
+The benchmarks (bench/recovery.py, bench/start_latency.py and those that import them)
+start theirs with it too: `heartbeats="default"` runs the coordinator with its own
+timings, as a user runs it, and `worker_flags` go to every worker.
 """
+import json
 import os
 import shutil
 import signal
@@ -39,13 +43,26 @@ def stage_example(source_dir, name, dir):
 
 
 class Cluster:
-    def __init__(self, bin_dir, source_dir, workers=2, secure=False, coordinator_flags=()):
+    """`workers` ddp-workers w1, w2, ... (or named `names`: NAME-w1, ...) of `slots`
+    slots and `cpus` CPUs each (one and one). `heartbeats`: "fast" (200-ms interval, 5-s timeout, 100-ms RPC
+    deadline, the workers' stop grace 3 s: the tests') or "default" (the coordinator's
+    and the workers' own). `dir`: the parent of its
+    temporary directory."""
+
+    def __init__(self, bin_dir, source_dir, workers=2, secure=False, coordinator_flags=(),
+                 worker_flags=(), heartbeats="fast", names="", dir=None, slots=1, cpus=1):
         self.bin_dir = os.path.abspath(bin_dir)
         self.coordinator_flags = list(coordinator_flags)  # Extra ddp-coordinator flags.
+        self.worker_flags = list(worker_flags)  # Extra flags for every ddp-worker.
+        if heartbeats not in ("fast", "default"):
+            raise ValueError("heartbeats: 'fast' or 'default', not %r" % (heartbeats,))
+        self.heartbeats = heartbeats
+        self.names = names
+        self.slots, self.cpus = slots, cpus
         self.source_dir = os.path.abspath(source_dir)
         self.n_workers = workers
         self.secure = secure
-        self.dir = tempfile.mkdtemp(prefix="ddp-pyclient-")
+        self.dir = tempfile.mkdtemp(prefix="ddp-pyclient-", dir=dir)
         self.procs = []  # (name, Popen, log path)
         self.ports = set()
         self.port = None
@@ -87,17 +104,20 @@ class Cluster:
             argv = ["bash", os.path.join(self.source_dir, "scripts", "make_certs.sh"),
                     self.certs]
             for i in range(self.n_workers):
-                argv += ["--worker", "w%d" % (i + 1)]
+                name = "w%d" % (i + 1)
+                argv += ["--worker", "%s-%s" % (self.names, name) if self.names else name]
             made = subprocess.run(argv, capture_output=True, text=True, timeout=60)
             if made.returncode != 0:
                 raise RuntimeError("make_certs.sh failed: " + made.stderr)
         self.port = free_port(self.ports)
         argv = [os.path.join(self.bin_dir, "ddp-coordinator"), "--listen", self.address,
-                "--state-dir", os.path.join(self.dir, "state"), "--rpc-deadline=100ms",
-                # 5 s, not local_cluster.cc's 2: a coordinator restarted mid-job (test_7)
-                # must be back before the workers ask each other and fence (fence.h),
-                # on a machine loaded with other tests too.
-                "--heartbeat-interval=200ms", "--heartbeat-timeout=5000ms"]
+                "--state-dir", os.path.join(self.dir, "state")]
+        if self.heartbeats == "fast":
+            # 5 s, not local_cluster.cc's 2: a coordinator restarted mid-job (test_7)
+            # must be back before the workers ask each other and fence (fence.h), on a
+            # machine loaded with other tests too.
+            argv += ["--rpc-deadline=100ms", "--heartbeat-interval=200ms",
+                     "--heartbeat-timeout=5000ms"]
         argv += self.coordinator_flags
         if self.secure:
             c = self.certs
@@ -106,19 +126,45 @@ class Cluster:
         self._coordinator_argv = argv
         self._start_coordinator()
         for i in range(self.n_workers):
-            name = "w%d" % (i + 1)
-            argv = [os.path.join(self.bin_dir, "ddp-worker"), "--coordinator", self.address,
-                    "--name", name, "--slots", "1", "--cpus", "1", "--stop-grace", "3s",
-                    "--work-dir", os.path.join(self.dir, name),
-                    "--health-listen", "127.0.0.1:%d" % free_port(self.ports)]
-            # Its jobs' store ports from a block of this test's own (local_cluster.cc).
-            first, count = claim_port_block()
-            argv.append("--store-ports=%d-%d" % (first, first + count - 1))
-            if self.secure:
-                c = self.certs
-                argv += ["--tls-ca", c + "/ca.pem", "--tls-cert", "%s/%s.pem" % (c, name),
-                         "--tls-key", "%s/%s.key" % (c, name)]
-            self._spawn(name, argv)
+            self.add_worker("w%d" % (i + 1))
+
+    def add_worker(self, name):
+        """Starts one more ddp-worker, `name` (with `names`: NAME-name); its Popen."""
+        full = "%s-%s" % (self.names, name) if self.names else name
+        argv = [os.path.join(self.bin_dir, "ddp-worker"), "--coordinator", self.address,
+                "--name", full, "--slots", str(self.slots), "--cpus", str(self.cpus),
+                *(["--stop-grace", "3s"] if self.heartbeats == "fast" else []),
+                "--work-dir", os.path.join(self.dir, name),
+                "--health-listen", "127.0.0.1:%d" % free_port(self.ports)]
+        # Its jobs' store ports from a block of this test's own (local_cluster.cc).
+        first, count = claim_port_block()
+        argv.append("--store-ports=%d-%d" % (first, first + count - 1))
+        if self.secure:
+            c = self.certs
+            argv += ["--tls-ca", c + "/ca.pem", "--tls-cert", "%s/%s.pem" % (c, full),
+                     "--tls-key", "%s/%s.key" % (c, full)]
+        return self._spawn(name, argv + self.worker_flags)
+
+    def process(self, name):
+        """The newest Popen of `name` ("coordinator", "w1", ...)."""
+        return [proc for n, proc, _ in self.procs if n == name][-1]
+
+    def ctl(self, *args, check=True, timeout=60):
+        """ddpctl ARGS against this cluster (plaintext only): its stdout; a failure
+        raises, or is None without `check`. Exit 3 (`get` of a job that FAILED) counts as
+        an answer."""
+        r = subprocess.run([os.path.join(self.bin_dir, "ddpctl"), *args, "--coordinator",
+                            self.address], capture_output=True, text=True, timeout=timeout)
+        if r.returncode not in (0, 3):
+            if check:
+                raise RuntimeError("ddpctl %s: %s" % (" ".join(args), r.stderr.strip()))
+            return None
+        return r.stdout
+
+    def job(self, job_id, history=False):
+        """`ddpctl get JOB -o json` (with `history`: --history) as a dict."""
+        return json.loads(self.ctl("get", job_id, "-o", "json",
+                                   *(["--history"] if history else [])))
 
     def _start_coordinator(self):
         coordinator = self._spawn("coordinator", self._coordinator_argv)
@@ -145,11 +191,17 @@ class Cluster:
                 proc.wait(timeout=30)
         self._start_coordinator()
 
-    def wait_for_workers(self, client, timeout=30):
-        """Until `client` sees every worker registered and alive."""
+    def wait_for_workers(self, client=None, timeout=30):
+        """Until `client` (a ddp.Client; None: ddpctl) sees every worker registered and
+        alive."""
         deadline = time.monotonic() + timeout
         while True:
-            alive = [w for w in client.workers() if w["alive"]]
+            if client is not None:
+                workers = client.workers()
+            else:
+                out = self.ctl("workers", "-o", "json", check=False, timeout=10)
+                workers = json.loads(out).get("workers", []) if out else []
+            alive = [w for w in workers if w.get("alive")]
             if len(alive) >= self.n_workers:
                 return alive
             if time.monotonic() > deadline:
