@@ -43,11 +43,11 @@ def stage_example(source_dir, name, dir):
 
 
 class Cluster:
-    """`workers` ddp-workers w1, w2, ... (or named `names`: NAME-w1, ...) of `slots`
-    slots and `cpus` CPUs each (one and one). `heartbeats`: "fast" (200-ms interval, 5-s timeout, 100-ms RPC
-    deadline, the workers' stop grace 3 s: the tests') or "default" (the coordinator's
-    and the workers' own). `dir`: the parent of its
-    temporary directory."""
+    """`workers` ddp-workers w1, w2, ... (with `names`: NAME-w1, ...) of `slots` slots
+    and `cpus` CPUs each (one and one). `heartbeats`: "fast" (200-ms interval, 5-s
+    timeout, 100-ms RPC deadline, the workers' stop grace 3 s: the tests') or "default"
+    (the coordinator's and the workers' own). `dir`: the parent of its temporary
+    directory."""
 
     def __init__(self, bin_dir, source_dir, workers=2, secure=False, coordinator_flags=(),
                  worker_flags=(), heartbeats="fast", names="", dir=None, slots=1, cpus=1):
