@@ -26,6 +26,9 @@ from contextlib import nullcontext
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 from ddp_test_ports import claim_port  # noqa: E402 (tests/common/ddp_test_ports.py)
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_model import N, seeded_net_and_data  # noqa: E402
+
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -35,24 +38,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 from torch.utils.data import DistributedSampler
 
-N, FEATURES, CLASSES = 46, 10, 3
 BATCH, ACCUM, EPOCHS = 6, 2, 8
 LR, MOMENTUM = 0.1, 0.9
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(FEATURES, 16)
-        self.bn = nn.BatchNorm1d(16)
-        self.fc2 = nn.Linear(16, 16)
-        self.head = nn.Linear(16, CLASSES)
-        self.fc1.bias.requires_grad_(False)  # The frozen parameter.
-
-    def forward(self, x):
-        h = F.relu(self.bn(self.fc1(x)))
-        h = F.relu(self.fc2(h))
-        return self.head(h)
 
 
 def run(rank, world, port, config, out):
@@ -67,11 +54,7 @@ def run(rank, world, port, config, out):
 
     dist.all_reduce = counting_all_reduce
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    net = Net()
-    torch.manual_seed(1)
-    x_all = torch.randn(N, FEATURES)
-    y_all = torch.randint(0, CLASSES, (N,))
+    net, x_all, y_all = seeded_net_and_data()
     model = nn.parallel.DistributedDataParallel(net)
     hook = config["hook"]
     saved = None

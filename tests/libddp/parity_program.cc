@@ -14,27 +14,12 @@
 #include <iostream>
 #include <string>
 
+#include "test_model.h"
+
 namespace {
 
-constexpr int64_t kN = 46, kFeatures = 10, kClasses = 3;
+using ddp_test::kN;  // The model and data: test_model.h.
 constexpr int64_t kBatch = 6, kAccum = 2, kEpochs = 3;
-
-struct NetImpl : torch::nn::Module {
-  NetImpl() {
-    fc1 = register_module("fc1", torch::nn::Linear(kFeatures, 16));
-    bn = register_module("bn", torch::nn::BatchNorm1d(16));
-    fc2 = register_module("fc2", torch::nn::Linear(16, 16));
-    head = register_module("head", torch::nn::Linear(16, kClasses));
-    fc1->bias.set_requires_grad(false);  // The frozen parameter.
-  }
-  torch::Tensor forward(const torch::Tensor& x) {
-    auto h = torch::relu(bn(fc1(x)));
-    return head(torch::relu(fc2(h)));
-  }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, head{nullptr};
-  torch::nn::BatchNorm1d bn{nullptr};
-};
-TORCH_MODULE(Net);
 
 int Run(int argc, char** argv) {
   std::string ckpt_dir;
@@ -48,11 +33,7 @@ int Run(int argc, char** argv) {
   }
   torch::set_num_threads(1);
   auto group = ddp::init_process_group(options);
-  torch::manual_seed(0);
-  Net net;
-  torch::manual_seed(1);
-  const torch::Tensor x_all = torch::randn({kN, kFeatures});
-  const torch::Tensor y_all = torch::randint(0, kClasses, {kN});
+  auto [net, x_all, y_all] = ddp_test::SeededNetAndData();
 
   ddp::DistributedDataParallel model(net, group);
   torch::optim::SGD opt(model.module()->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));

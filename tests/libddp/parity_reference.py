@@ -17,6 +17,9 @@ from contextlib import nullcontext
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 from ddp_test_ports import claim_port  # noqa: E402 (tests/common/ddp_test_ports.py)
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_model import N, seeded_net_and_data  # noqa: E402
+
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -24,36 +27,16 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DistributedSampler
 
-N, FEATURES, CLASSES = 46, 10, 3
 BATCH, ACCUM, EPOCHS = 6, 2, 3
 LR, MOMENTUM, CLIP = 0.1, 0.9, 1.0
 WARMUP, WARMUP_START, ETA_MIN = 2, 0.1, 0.001
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(FEATURES, 16)
-        self.bn = nn.BatchNorm1d(16)
-        self.fc2 = nn.Linear(16, 16)
-        self.head = nn.Linear(16, CLASSES)
-        self.fc1.bias.requires_grad_(False)  # The frozen parameter.
-
-    def forward(self, x):
-        h = F.relu(self.bn(self.fc1(x)))
-        h = F.relu(self.fc2(h))
-        return self.head(h)
 
 
 def run(rank, world, port, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    net = Net()
-    torch.manual_seed(1)
-    x_all = torch.randn(N, FEATURES)
-    y_all = torch.randint(0, CLASSES, (N,))
+    net, x_all, y_all = seeded_net_and_data()
     model = nn.parallel.DistributedDataParallel(net)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     sampler = DistributedSampler(range(N), num_replicas=world, rank=rank, shuffle=True, seed=0)
