@@ -12,10 +12,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <fstream>
 #include <mutex>
 #include <optional>
-#include <sstream>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -127,16 +125,6 @@ at::ScalarType TorchType(ShmDType dtype) {
   return dtype == ShmDType::kFloat32 ? at::kFloat : at::kDouble;
 }
 
-// The generation `rules` announce above their own, if any.
-std::optional<int> NewerGeneration(const WaitRules& rules) {
-  std::ifstream file(rules.generation_file);
-  std::stringstream text;
-  text << file.rdbuf();
-  absl::StatusOr<GenerationNews> news = ParseGenerationNews(text.str());
-  if (news.ok() && news->generation > rules.generation) return news->generation;
-  return std::nullopt;
-}
-
 // A c10d work item, waited on with the collective timeout. Under ddp-worker the wait
 // also ends (UNAVAILABLE, so a live recovery follows) once a newer generation is
 // announced: the coordinator is replacing a peer, and one that went silent (its host
@@ -165,10 +153,11 @@ absl::Status WaitWork(const c10::intrusive_ptr<c10d::Work>& work, WaitRules& rul
         }
         if (left <= kGenerationPoll) throw;
       }
-      if (std::optional<int> next = NewerGeneration(rules)) {
+      if (std::optional<GenerationNews> next =
+              NewerGeneration(rules.generation_file, rules.generation)) {
         rules.abandoned = true;
         return absl::UnavailableError(absl::StrCat(
-            what, " abandoned: generation ", *next, " was announced while this rank waited ",
+            what, " abandoned: generation ", next->generation, " was announced while this rank waited ",
             "(the coordinator is replacing a lost peer)"));
       }
     }

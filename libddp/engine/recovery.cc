@@ -29,6 +29,15 @@ absl::StatusOr<GenerationNews> ParseGenerationNews(const std::string& text) {
   return news;
 }
 
+std::optional<GenerationNews> NewerGeneration(const std::string& path, int current) {
+  std::ifstream file(path);
+  std::stringstream text;
+  text << file.rdbuf();
+  absl::StatusOr<GenerationNews> news = ParseGenerationNews(text.str());
+  if (news.ok() && news->generation > current) return *std::move(news);
+  return std::nullopt;
+}
+
 absl::StatusOr<GenerationNews> AwaitGeneration(const std::string& path, int current,
                                                absl::Duration timeout) {
   if (path.empty()) {
@@ -36,15 +45,8 @@ absl::StatusOr<GenerationNews> AwaitGeneration(const std::string& path, int curr
         "no generation file (DDP_GENERATION_FILE): live recovery needs ddp-worker");
   }
   const absl::Time deadline = absl::Now() + timeout;
-  std::string last;
   while (true) {
-    std::ifstream file(path);
-    std::stringstream text;
-    text << file.rdbuf();
-    last = text.str();
-    // The worker replaces the file atomically: a partial line is never seen.
-    absl::StatusOr<GenerationNews> news = ParseGenerationNews(last);
-    if (news.ok() && news->generation > current) return news;
+    if (std::optional<GenerationNews> news = NewerGeneration(path, current)) return *news;
     if (absl::Now() >= deadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

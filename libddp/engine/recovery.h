@@ -8,6 +8,7 @@
 #define DDP_LIBDDP_ENGINE_RECOVERY_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -28,6 +29,11 @@ struct GenerationNews {
 
 // The announcement in `text`; INVALID_ARGUMENT naming what is wrong.
 absl::StatusOr<GenerationNews> ParseGenerationNews(const std::string& text);
+
+// What `path` announces now, if it is a generation above `current` (an absent,
+// unreadable or malformed file announces nothing). The worker replaces the file
+// atomically: a partial line is never read.
+std::optional<GenerationNews> NewerGeneration(const std::string& path, int current);
 
 // Polls `path` (every 20 ms) until it announces a generation above `current`.
 // DEADLINE_EXCEEDED after `timeout`; FAILED_PRECONDITION when `path` is empty (not
