@@ -31,8 +31,9 @@ absl::Status TrainerImpl::Resume() {
     pos_.step = 0;
   }
   // The interrupted epoch's loss totals so far (summed over ranks): rank 0 carries
-  // them, so the epoch's train_loss covers all of its steps.
-  if (pos_.step > 0 && env_.rank == 0) {
+  // them (with fold_loss_ every rank does), so the epoch's train_loss covers all of its
+  // steps.
+  if (pos_.step > 0 && (fold_loss_ || env_.rank == 0)) {
     epoch_loss_sum_ = ckpt.epoch_loss_sum;
     epoch_steps_ = ckpt.epoch_steps;
   }
@@ -88,9 +89,8 @@ absl::Status TrainerImpl::Checkpoint(const Position& pos) {
   // Mid-epoch, the epoch's loss totals so far, summed over ranks, travel along.
   std::vector<double> loss_totals = {0, 0};
   if (pos.step > 0) {
-    DDP_ASSIGN_OR_RETURN(const double epoch_loss, EpochLossSum());
-    DDP_ASSIGN_OR_RETURN(loss_totals,
-                         SumOverRanks({epoch_loss, static_cast<double>(epoch_steps_)}));
+    DDP_ASSIGN_OR_RETURN(const std::vector<double> share, EpochLossShare());
+    DDP_ASSIGN_OR_RETURN(loss_totals, SumOverRanks(share));
   }
   // Every writer saves rank 0's generator state, as if rank 0 had written them all.
   DDP_ASSIGN_OR_RETURN(at::Tensor rng, RankZeroRngState(comm(), device_.device));

@@ -16,6 +16,7 @@
 #include <ATen/core/ivalue.h>
 #include <torch/optim/optimizer.h>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -27,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "common/contract/events.h"
 #include "common/jobspec/job_spec.h"
+#include "common/status_macros.h"
 #include "ddp/distributed_data_parallel.h"
 #include "ddp/process_group.h"
 #include "ddp/zero_redundancy_optimizer.h"
@@ -91,9 +93,11 @@ class TrainerImpl {
   absl::Status EndEpoch(int64_t epoch, bool complete, bool checkpoint_due);
   // One optimizer step at learning rate `lr`: forward and backward of each
   // micro-batch, the all-reduce, train.clip_grad_norm, the optimizer.
+  // `totals`: what the step adds to the epoch's train-loss totals (its loss and 1 step
+  // on this rank; with fold_loss_, both summed over ranks).
   absl::Status TakeStep(const std::vector<int64_t>& order, int64_t first_micro,
                         int64_t num_micro, double lr, double* loss, double* comm_ms,
-                        int64_t* samples);
+                        int64_t* samples, std::array<double, 2>* totals);
   // With device_step_: the same step, whole on the GPU (and in a CUDA graph once
   // captured); the loss is read only when an event needs it.
   absl::Status TakeDeviceStep(const std::vector<int64_t>& order, int64_t first_micro,
@@ -112,6 +116,17 @@ class TrainerImpl {
   void SetEpochLossSum(double v) {
     epoch_loss_sum_ = v;
     if (device_step_) device_step_->SetEpochLossSum(v);
+  }
+  // This rank's share of the epoch's train-loss totals [loss sum, steps], for a sum
+  // over ranks (the epoch event, a checkpoint): its own totals, or with fold_loss_ the
+  // world's on rank 0 and nothing elsewhere.
+  absl::StatusOr<std::vector<double>> EpochLossShare() {
+    if (fold_loss_) {
+      if (env_.rank != 0) return std::vector<double>{0, 0};
+      return std::vector<double>{epoch_loss_sum_, static_cast<double>(epoch_steps_)};
+    }
+    DDP_ASSIGN_OR_RETURN(const double sum, EpochLossSum());
+    return std::vector<double>{sum, static_cast<double>(epoch_steps_)};
   }
   bool IsLastStep() const {
     return spec_.train.max_steps > 0 && pos_.global_step >= spec_.train.max_steps;
@@ -196,9 +211,18 @@ class TrainerImpl {
   bool resumed_ = false;
   Position resumed_from_;
   // Per-epoch running totals for the epoch event's train_loss (reset by EndEpoch;
-  // restored by Resume, summed over ranks, on rank 0).
+  // restored by Resume, summed over ranks, on rank 0). With fold_loss_ they are the
+  // world's totals on every rank, restored on every rank, and a live recovery's
+  // state carries them (decision 186).
   double epoch_loss_sum_ = 0;
   int64_t epoch_steps_ = 0;
+  // Live recovery on a CPU: each step's loss is summed over ranks beside its gradients,
+  // so a rank that dies takes none of the epoch's losses with it. (On a GPU the loss
+  // stays on the device between events; folding it would sync every step.)
+  bool fold_loss_ = false;
+  // The last step's fold [loss, 1], kept past the step: a sum abandoned by a failed
+  // step may still be written until the group is dropped.
+  at::Tensor fold_;
   // Throughput window since the last step event.
   int64_t window_samples_ = 0;
   int64_t window_steps_ = 0;

@@ -3,6 +3,8 @@
 // optimizer at train.lr_schedule's rate, step events, validation reduced over ranks, and
 // when to checkpoint.
 #include <algorithm>
+#include <array>
+#include <memory>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -65,19 +67,20 @@ absl::Status TrainerImpl::TrainEpoch(int64_t epoch, int64_t first_step) {
     const int64_t num_micro = std::min(accum, micro_total - first_micro);
     double loss = 0, comm_ms = 0;
     int64_t samples = 0;
+    std::array<double, 2> totals = {0, 1};
     const double lr = LrAt(epoch, pos_.global_step);
     if (device_step_) {
       // Queued on the GPU; the loss is read below only when an event reports it.
       DDP_RETURN_IF_ERROR(TakeDeviceStep(order, first_micro, num_micro, epoch, step, lr, &samples));
     } else {
       DDP_RETURN_IF_ERROR(
-          TakeStep(order, first_micro, num_micro, lr, &loss, &comm_ms, &samples));
-      epoch_loss_sum_ += loss;
+          TakeStep(order, first_micro, num_micro, lr, &loss, &comm_ms, &samples, &totals));
+      epoch_loss_sum_ += totals[0];
     }
     double step_ms = MillisSince(t0);
     total_samples_ += samples;
     pos_ = {epoch, step + 1, pos_.global_step + 1};
-    ++epoch_steps_;
+    epoch_steps_ += static_cast<int64_t>(totals[1]);
     window_samples_ += samples;
     ++window_steps_;
     const bool last_in_epoch = step + 1 == steps || IsLastStep();
@@ -131,12 +134,13 @@ absl::Status TrainerImpl::TrainEpoch(int64_t epoch, int64_t first_step) {
 
 absl::Status TrainerImpl::TakeStep(const std::vector<int64_t>& order, int64_t first_micro,
                                    int64_t num_micro, double lr, double* loss, double* comm_ms,
-                                   int64_t* samples) {
+                                   int64_t* samples, std::array<double, 2>* totals) {
   const int64_t bs = spec_.train.batch_size;
   const int64_t total = static_cast<int64_t>(order.size());
   if (trace_enabled()) trace_.Reset();
   double loss_sum = 0;
   *samples = 0;
+  std::unique_ptr<PendingSum> fold;
   for (int64_t j = 0; j < num_micro; ++j) {
     const int64_t begin = (first_micro + j) * bs;
     const int64_t n = std::min(bs, total - begin);
@@ -155,6 +159,14 @@ absl::Status TrainerImpl::TakeStep(const std::vector<int64_t>& order, int64_t fi
       if (spec_.train.precision == Precision::kBf16) autocast.emplace(device_.device);
       at::Tensor out = model_->Forward(xd);
       l = Loss(spec_.train.loss, out, yd, /*sum=*/false);
+    }
+    if (fold_loss_ && j == num_micro - 1) {
+      // The step's loss summed over ranks, started before the gradients' all-reduce
+      // and waited for after the optimizer: it travels beside them, and counts only
+      // if the whole step did (decision 186).
+      fold_ = at::tensor({(loss_sum + l.item<double>()) / static_cast<double>(num_micro), 1.0},
+                         at::kDouble);
+      fold = comm().StartSum(fold_);
     }
     try {
       if (num_micro == 1) {
@@ -182,6 +194,11 @@ absl::Status TrainerImpl::TakeStep(const std::vector<int64_t>& order, int64_t fi
   for (at::Tensor& p : params_) p.mutable_grad().reset();  // zero_grad(set_to_none=True)
   *loss = loss_sum / static_cast<double>(num_micro);
   *comm_ms = ddp_->last_backward().comm_wait_ms;
+  *totals = {*loss, 1};
+  if (fold) {
+    DDP_RETURN_IF_ERROR(fold->Wait());
+    *totals = {fold_[0].item<double>(), fold_[1].item<double>()};
+  }
   return absl::OkStatus();
 }
 
@@ -248,11 +265,10 @@ absl::Status TrainerImpl::EndEpoch(int64_t epoch, bool complete, bool checkpoint
     }
     model_->SetTraining(true);
   }
-  DDP_ASSIGN_OR_RETURN(const double epoch_loss, EpochLossSum());
+  DDP_ASSIGN_OR_RETURN(const std::vector<double> share, EpochLossShare());
   DDP_ASSIGN_OR_RETURN(
       const std::vector<double> v,
-      SumOverRanks({epoch_loss, static_cast<double>(epoch_steps_), val_loss, correct, count,
-                    predictions}));
+      SumOverRanks({share[0], share[1], val_loss, correct, count, predictions}));
   SetEpochLossSum(0);
   epoch_steps_ = 0;
   if (env_.rank == 0) {

@@ -94,7 +94,11 @@ absl::Status TrainerImpl::TakeLiveState() {
   last_saved_ = {-1, -1, -1};
   std::vector<char> bytes;
   if (env_.rank == source.rank) {
-    bytes = EncodeCheckpoint(StateAt(pos_, CpuRngState(), {0, 0}));
+    // With fold_loss_ the epoch's train-loss totals are the world's: they go along.
+    bytes = EncodeCheckpoint(StateAt(
+        pos_, CpuRngState(),
+        fold_loss_ ? std::vector<double>{epoch_loss_sum_, static_cast<double>(epoch_steps_)}
+                   : std::vector<double>{0, 0}));
   }
   DDP_ASSIGN_OR_RETURN(bytes, comm().BroadcastBytesFrom(source.rank, bytes,
                                                         "live recovery: sending the state"));
@@ -102,6 +106,10 @@ absl::Status TrainerImpl::TakeLiveState() {
   const std::string what = absl::StrCat("rank ", source.rank, "'s live state");
   DDP_ASSIGN_OR_RETURN(const TrainingState state, DecodeCheckpoint(bytes, what));
   DDP_RETURN_IF_ERROR(LoadState(state, what));
+  if (fold_loss_) {
+    epoch_loss_sum_ = state.epoch_loss_sum;
+    epoch_steps_ = state.epoch_steps;
+  }
   if (state.rng_state.defined()) RestoreRngState(state.rng_state);
   return absl::OkStatus();
 }

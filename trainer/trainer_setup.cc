@@ -74,6 +74,8 @@ absl::Status TrainerImpl::Setup() {
   sampler_.shuffle = spec_.train.shuffle;
   sampler_.seed = spec_.train.seed;
   sampler_.drop_last = false;  // The sampler pads (as PyTorch's); train.drop_last drops batches.
+  fold_loss_ = spec_.max_recoveries > 0 && !env_.generation_file.empty() &&
+               !device_.device.is_cuda();
   DDP_RETURN_IF_ERROR(JoinGroup());
   // A replacement took a survivor's state; the attempt's first ranks resume from the
   // newest checkpoint, if any.

@@ -13,6 +13,7 @@
 #include <set>
 #include <regex>
 #include <string>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -59,7 +60,17 @@ std::string Submit(LocalCluster& c, const std::string& spec) {
 struct Done {
   int64_t steps = -1;
   std::string fingerprint;
+  std::vector<double> train_loss;  // Each epoch's, from the job's epoch history.
 };
+
+std::vector<double> TrainLosses(LocalCluster& c, const std::string& id) {
+  std::vector<double> out;
+  auto job = c.GetJob(id);
+  EXPECT_TRUE(job.ok()) << job.status();
+  if (!job.ok()) return out;
+  for (const v1::EpochSummary& e : job->epoch_history()) out.push_back(e.train_loss());
+  return out;
+}
 
 // Each rank's last `done` line in the job's output: "[rank R] * done after N steps
 // (parameters FP)".
@@ -106,7 +117,21 @@ Done Uninterrupted(LocalCluster& c) {
   EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->reason();
   std::map<int, Done> lines = DoneLines(c, id);
   EXPECT_EQ(lines.size(), 3u);
-  return lines[0];
+  Done reference = lines[0];
+  reference.train_loss = TrainLosses(c, id);
+  return reference;
+}
+
+// Each epoch's train_loss is the uninterrupted run's: the lost ranks' steps before
+// their deaths count (only the order of the sums differs).
+void ExpectReferenceTrainLosses(LocalCluster& c, const std::string& id, const Done& reference) {
+  const std::vector<double> train_loss = TrainLosses(c, id);
+  ASSERT_EQ(train_loss.size(), reference.train_loss.size());
+  ASSERT_FALSE(train_loss.empty());
+  for (size_t e = 0; e < train_loss.size(); ++e) {
+    EXPECT_NEAR(train_loss[e], reference.train_loss[e], 1e-12 * reference.train_loss[e])
+        << "epoch " << e;
+  }
 }
 
 // The job's end, which must be SUCCEEDED in its first attempt (a live recovery never
@@ -183,6 +208,7 @@ TEST(LiveRecoveryTest, KilledRanksAreReplacedLiveAndTheJobEndsBitIdenticalToAnUn
     EXPECT_EQ(d.steps, reference.steps) << "rank " << rank;
     EXPECT_EQ(d.fingerprint, reference.fingerprint) << "rank " << rank;
   }
+  ExpectReferenceTrainLosses(c, id, reference);
   CtlResult logs = c.Ctl({"logs", id});
   EXPECT_THAT(logs.out, HasSubstr("[rank 0] * recovered: generation 1 formed"));
   EXPECT_THAT(logs.out, HasSubstr("[rank 0] * recovered: generation 2 formed"));
@@ -322,6 +348,7 @@ TEST(LiveRecoveryTest, ALostNodesRanksMoveToASpareWorkerAndTheJobEndsBitIdentica
     EXPECT_EQ(d.steps, reference.steps) << "rank " << rank;
     EXPECT_EQ(d.fingerprint, reference.fingerprint) << "rank " << rank;
   }
+  ExpectReferenceTrainLosses(c, id, reference);
 }
 
 TEST(LiveRecoveryTest, ALostNodeWithNoSpareFallsBackToARestartNamedInTheReason) {
