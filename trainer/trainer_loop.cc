@@ -162,8 +162,9 @@ absl::Status TrainerImpl::TakeStep(const std::vector<int64_t>& order, int64_t fi
     }
     if (fold_loss_ && j == num_micro - 1) {
       // The step's loss summed over ranks, started before the gradients' all-reduce
-      // and waited for after the optimizer: it travels beside them, and counts only
-      // if the whole step did (decision 186).
+      // and waited for after it, before the optimizer: it travels beside them, and a
+      // step whose fold failed changed no parameter, so the next generation takes it
+      // again and it counts once (decision 186).
       fold_ = at::tensor({(loss_sum + l.item<double>()) / static_cast<double>(num_micro), 1.0},
                          at::kDouble);
       fold = comm().StartSum(fold_);
@@ -182,6 +183,7 @@ absl::Status TrainerImpl::TakeStep(const std::vector<int64_t>& order, int64_t fi
     loss_sum += l.item<double>();
     *samples += n;
   }
+  if (fold) DDP_RETURN_IF_ERROR(fold->Wait());
   // On the averaged gradients, as torch.nn.utils.clip_grad_norm_ after backward().
   if (spec_.train.clip_grad_norm > 0) ClipGradNorm(params_, spec_.train.clip_grad_norm);
   for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
@@ -194,11 +196,8 @@ absl::Status TrainerImpl::TakeStep(const std::vector<int64_t>& order, int64_t fi
   for (at::Tensor& p : params_) p.mutable_grad().reset();  // zero_grad(set_to_none=True)
   *loss = loss_sum / static_cast<double>(num_micro);
   *comm_ms = ddp_->last_backward().comm_wait_ms;
-  *totals = {*loss, 1};
-  if (fold) {
-    DDP_RETURN_IF_ERROR(fold->Wait());
-    *totals = {fold_[0].item<double>(), fold_[1].item<double>()};
-  }
+  *totals = fold ? std::array<double, 2>{fold_[0].item<double>(), fold_[1].item<double>()}
+                 : std::array<double, 2>{*loss, 1};
   return absl::OkStatus();
 }
 
