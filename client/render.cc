@@ -314,8 +314,22 @@ std::string RenderJob(const v1::Job& job, absl::Time now) {
       {"Preemption:", job.preemption() == v1::PREEMPT_KILL    ? "kill (at once)"
                       : job.preemption() == v1::PREEMPT_NEVER ? "never"
                                                               : "at its next checkpoint"},
-      {"Elapsed:", Elapsed(job, now)},
+      {"Checkpoint:", job.last_checkpoint_attempt() == 0
+                          ? "- (none reported)"
+                          : absl::StrCat("global step ", job.last_checkpoint_step(), " (attempt ",
+                                         job.last_checkpoint_attempt(), "), ",
+                                         Ago(job.last_checkpoint_ms(), now))},
   };
+  if (job.has_preemption_loss_ms()) {
+    info.push_back(
+        {"Preempted now:",
+         job.preemption_loss_ms() == 0 && job.preemption() != v1::PREEMPT_KILL
+             ? "would lose nothing (moves at its next checkpoint)"
+             : absl::StrCat("would lose ",
+                            HumanDuration(absl::Milliseconds(job.preemption_loss_ms())),
+                            " of training (since the state it would resume from)")});
+  }
+  info.push_back({"Elapsed:", Elapsed(job, now)});
   std::string out = FormatTable(info);
   for (const v1::Attempt& a : job.attempts()) {
     absl::StrAppend(&out, "\nAttempt ", a.number(), ": ", StateName(a.state()),

@@ -348,6 +348,8 @@ std::vector<RunningJob> Coordinator::RunningJobsLocked() {
       continue;
     }
     for (const auto& [worker, ranks] : r.ranks_by_worker) r.ranks += ranks;
+    // Not RUNNING yet (or stopping): it moves at once, and has nothing to lose.
+    r.loss = PreemptionLoss(*rec, clock_->Now()).value_or(absl::ZeroDuration());
     running.push_back(std::move(r));
     ++it;
   }
@@ -600,6 +602,9 @@ v1::Job Coordinator::SummaryLocked(const JobRecord& rec) {
     a.set_live_trainers(live);
   }
   view.set_queue_position(queue_.Position(rec));
+  if (std::optional<absl::Duration> loss = PreemptionLoss(rec, clock_->Now())) {
+    view.set_preemption_loss_ms(absl::ToInt64Milliseconds(*loss));
+  }
   return view;
 }
 

@@ -50,6 +50,14 @@ bool HostsRank(const JobRecord& job, int attempt, int rank, const std::string& w
   return false;
 }
 
+// Whether `worker` hosted `rank` earlier in `attempt`, before a live recovery moved the
+// rank to a spare: its output lines are still the rank's (decision 187).
+bool HostedRank(const JobRecord& job, int attempt, int rank, const std::string& worker) {
+  auto it = job.former_hosts.find({attempt, rank});
+  return it != job.former_hosts.end() &&
+         std::find(it->second.begin(), it->second.end(), worker) != it->second.end();
+}
+
 }  // namespace
 
 absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterRequest& req) {
@@ -451,6 +459,7 @@ bool Coordinator::ReplaceNodeLocked(JobRecord& rec, const std::string& lost,
   AssignedTask task;
   for (v1::RankAssignment& r : *a->mutable_ranks()) {
     if (r.worker() != lost) continue;
+    rec.former_hosts[{a->number(), r.rank()}].push_back(lost);
     r.set_worker(spare->worker);
     r.set_address(spare->address);
     task.ranks.push_back(r.rank());
@@ -506,6 +515,11 @@ void Coordinator::ApplyEventLocked(JobRecord& rec, const v1::ReportedEvent& ev,
       if (!current) return;
       rec.stall.Progress(ev.rank(), active->world_size(), e.has_step(), clock_->Now());
       if (rec.stall.armed()) stall_checks_.Watch(rec.job.id());
+      if (e.has_checkpoint()) {
+        ApplyLocked(rec, RecordCheckpoint(rec, ev.attempt(), e.checkpoint().global_step(),
+                                          clock_->Now()),
+                    touched);
+      }
       if (e.has_checkpoint() &&
           (!registry_.draining_at_checkpoint().empty() || !rec.preempt_for.empty() ||
            !rec.stopping_worker.empty())) {
@@ -554,8 +568,10 @@ void Coordinator::ReportEvents(const v1::ReportEventsRequest& req, ReportDone do
         continue;
       }
       // Only the ranks the rank table puts on this worker: nobody injects another
-      // node's output, metrics or errors.
-      if (!HostsRank(*rec, ev.attempt(), ev.rank(), req.worker())) {
+      // node's output, metrics or errors. A rank's former host (before a live recovery
+      // moved it) may still deliver the lines the rank printed there, nothing else.
+      if (!HostsRank(*rec, ev.attempt(), ev.rank(), req.worker()) &&
+          !(ev.has_log() && HostedRank(*rec, ev.attempt(), ev.rank(), req.worker()))) {
         if (foreign++ == 0) {
           first_foreign = absl::StrCat("events of job ", ev.job_id(), " attempt ",
                                        ev.attempt(), " rank ", ev.rank());

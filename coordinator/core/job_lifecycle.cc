@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "common/contract/exit_codes.h"
 #include "common/logging.h"
+#include "coordinator/core/drain_policy.h"
 
 namespace ddp {
 namespace {
@@ -579,6 +580,44 @@ JobDelta RecordRankError(JobRecord& rec, int attempt, int rank, const std::strin
   r->set_error(message);
   delta.rank_rows.emplace_back(attempt, rank);
   return delta;
+}
+
+JobDelta RecordCheckpoint(JobRecord& rec, int attempt, int64_t global_step, absl::Time now) {
+  JobDelta delta;
+  if (attempt < 1 || attempt > rec.job.attempts_size() ||
+      attempt < rec.job.last_checkpoint_attempt()) {
+    return delta;  // Not an attempt of this job, or older than the newest one's.
+  }
+  rec.job.set_last_checkpoint_attempt(attempt);
+  rec.job.set_last_checkpoint_step(global_step);
+  rec.job.set_last_checkpoint_ms(Millis(now));
+  delta.job_row = true;
+  return delta;
+}
+
+std::optional<absl::Duration> PreemptionLoss(const JobRecord& rec, absl::Time now) {
+  const v1::Attempt* a = ActiveAttempt(rec);
+  if (a == nullptr || a->state() != v1::RUNNING || rec.job.state() != v1::RUNNING) {
+    return std::nullopt;
+  }
+  switch (rec.spec.preemption) {
+    case PreemptionPolicy::kNever:
+      return std::nullopt;
+    case PreemptionPolicy::kAtCheckpoint:
+      if (!ResumesFromPeriodicCheckpoints(rec.spec)) return std::nullopt;
+      return absl::ZeroDuration();
+    case PreemptionPolicy::kKill:
+      break;
+  }
+  // A command job resumes from its own checkpoints, which it reports; a built-in job
+  // from its checkpoint directory unless it said `resume: false`.
+  const bool resumes = rec.spec.is_command() || (!rec.spec.checkpoint.dir.empty() &&
+                                                 rec.spec.checkpoint.resume != ResumePolicy::kNo);
+  int64_t since_ms = a->start_ms();
+  if (resumes && rec.job.last_checkpoint_attempt() == a->number()) {
+    since_ms = std::max(since_ms, rec.job.last_checkpoint_ms());
+  }
+  return std::max(absl::ZeroDuration(), now - absl::FromUnixMillis(since_ms));
 }
 
 JobDelta TimeOutRendezvous(JobRecord& rec, absl::Time now) {

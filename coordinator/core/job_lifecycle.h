@@ -30,6 +30,8 @@
 #define DDP_COORDINATOR_CORE_JOB_LIFECYCLE_H_
 
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -84,6 +86,12 @@ struct JobRecord {
   // A worker with ranks of the active attempt is stopping (SIGTERM): the attempt moves
   // after the checkpoint its notice asked for.
   std::string stopping_worker;
+  // (attempt, rank) -> the workers that hosted the rank earlier in that attempt, before
+  // a live recovery moved it to a spare (ReplaceNodeLocked). Their output lines, sent
+  // when such a worker comes back (what its ranks printed before the fence), are the
+  // rank's own and kept; nothing else of theirs is (decision 187). Not stored: a
+  // coordinator restart forgets it.
+  std::map<std::pair<int, int>, std::vector<std::string>> former_hosts;
 };
 
 // What a transition changed.
@@ -184,6 +192,16 @@ JobDelta FailRecovery(JobRecord& job, const std::string& why, absl::Time now);
 JobDelta TimeOutRendezvous(JobRecord& job, absl::Time now);
 // FAILED_PRECONDITION when already finished.
 absl::StatusOr<JobDelta> Cancel(JobRecord& job, absl::Time now);
+// A `checkpoint` event of `attempt` (rank 0's, once the checkpoint is durable): the
+// job's newest checkpoint (Job.last_checkpoint_*), heard of at `now`.
+JobDelta RecordCheckpoint(JobRecord& job, int attempt, int64_t global_step, absl::Time now);
+// The training a priority preemption of the job at `now` would throw away
+// (decision 188): none for `preemption: at_checkpoint` (it moves at its next
+// checkpoint); for `kill` the time since the state its next attempt would resume from,
+// the active attempt's newest checkpoint if it resumes from checkpoints, else the
+// attempt's start. nullopt when the job is not RUNNING or is never preempted
+// (`never`, or `at_checkpoint` without periodic checkpoints to resume from).
+std::optional<absl::Duration> PreemptionLoss(const JobRecord& job, absl::Time now);
 
 }  // namespace ddp
 

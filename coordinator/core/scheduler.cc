@@ -52,10 +52,10 @@ bool Preemptible(const JobSpec& spec) {
 // Chooses the running jobs whose nodes let `job` start (it has `eligible` nodes now,
 // needs range.min): jobs already stopping, and those already marked for a job it
 // outranks, count first; then as few new victims as needed, lowest priority first,
-// most recently started first. Marked or new victims that turn out not to be needed
-// are left out again (the higher priorities first). Returns the victims to mark (not
-// the stopping ones), or nothing when even every candidate would not make room
-// (nothing is preempted for nothing).
+// then the least training lost, then the most recently started. Marked or new
+// victims that turn out not to be needed are left out again (the higher priorities
+// first). Returns the victims to mark (not the stopping ones), or nothing when even
+// every candidate would not make room (nothing is preempted for nothing).
 class VictimChooser {
  public:
   VictimChooser(const JobRecord& job, const NodeNeed& need, int eligible,
@@ -79,6 +79,7 @@ class VictimChooser {
       if (a->job->spec.priority != b->job->spec.priority) {
         return a->job->spec.priority < b->job->spec.priority;
       }
+      if (a->loss != b->loss) return a->loss < b->loss;  // The least work lost.
       if (a->job->job.start_ms() != b->job->job.start_ms()) {
         return a->job->job.start_ms() > b->job->job.start_ms();
       }

@@ -14,9 +14,11 @@
 // owner is at its slot quota (--quota) waits with the quota as its reason.
 //
 // Preemption: a job that holds the queue and outranks running jobs takes their nodes
-// when that lets it start: the lowest priorities first, the most recently started
-// first within one, as few as needed. Each victim moves as its `preemption` says (at
-// its next checkpoint, or at once), back to the queue without spending a restart.
+// when that lets it start: the lowest priorities first; within one, the job that would
+// lose the least training (PreemptionLoss: the time since the checkpoint it would
+// resume from), then the most recently started; as few as needed. Each victim moves
+// as its `preemption` says (at its next checkpoint, or at once), back to the queue
+// without spending a restart.
 // Jobs that are never preempted, and jobs that would have to lose work (no periodic
 // checkpoints, not `preemption: kill`), are not candidates.
 //
@@ -120,6 +122,9 @@ struct RunningJob {
   // are coming free, for any job.
   bool ended = false;
   std::map<std::string, int> gpus_by_worker;  // The GPUs its ranks hold (each once).
+  // The training a preemption now would throw away (PreemptionLoss; zero for a job not
+  // RUNNING yet): among equal priorities, the least is taken first.
+  absl::Duration loss = absl::ZeroDuration();
 };
 
 // What the pass may ask of the facade beyond the queue and the cluster.

@@ -238,6 +238,9 @@ const Table<RowBatch::JobRow>& Jobs() {
           DDP_FIELD(preemptions, "INTEGER NOT NULL DEFAULT 0"),
           DDP_FIELD(max_recoveries, "INTEGER NOT NULL DEFAULT 0"),
           DDP_FIELD(recoveries, "INTEGER NOT NULL DEFAULT 0"),
+          DDP_FIELD(last_checkpoint_attempt, "INTEGER NOT NULL DEFAULT 0"),
+          DDP_FIELD(last_checkpoint_step, "INTEGER NOT NULL DEFAULT 0"),
+          DDP_FIELD(last_checkpoint_ms, "INTEGER NOT NULL DEFAULT 0"),
       });
   return *table;
 }

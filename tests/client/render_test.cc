@@ -227,6 +227,28 @@ TEST(RenderTest, WorkersShowTheirLabelsAndJobsTheirPriorityAndSelector) {
   EXPECT_THAT(detail, testing::ContainsRegex("Preemption: +at its next checkpoint"));
 }
 
+TEST(RenderTest, AJobShowsItsNewestCheckpointAndWhatAPreemptionNowWouldLose) {
+  const absl::Time now = absl::FromUnixSeconds(10000);
+  v1::Job job;
+  job.set_id("train-x1y2z");
+  job.set_state(v1::RUNNING);
+  job.set_preemption(v1::PREEMPT_KILL);
+  EXPECT_THAT(RenderJob(job, now), testing::ContainsRegex("Checkpoint: +- \\(none reported\\)"));
+  EXPECT_THAT(RenderJob(job, now), testing::Not(HasSubstr("Preempted now:")))
+      << "unset: the coordinator says it cannot be preempted";
+  job.set_last_checkpoint_attempt(2);
+  job.set_last_checkpoint_step(5000);
+  job.set_last_checkpoint_ms((10000 - 90) * 1000);
+  job.set_preemption_loss_ms(90 * 1000);
+  const std::string detail = RenderJob(job, now);
+  EXPECT_THAT(detail, testing::ContainsRegex("Checkpoint: +global step 5000 \\(attempt 2\\), 1m ?30s ago"));
+  EXPECT_THAT(detail, testing::ContainsRegex("Preempted now: +would lose 1m ?30s of training"));
+  job.set_preemption(v1::PREEMPT_AT_CHECKPOINT);
+  job.set_preemption_loss_ms(0);
+  EXPECT_THAT(RenderJob(job, now),
+              testing::ContainsRegex("Preempted now: +would lose nothing \\(moves at its next checkpoint\\)"));
+}
+
 TEST(RenderTest, WorkersWithoutGpusShowNoGpuTable) {
   v1::Worker cpu;
   cpu.set_name("cpu-b");

@@ -227,6 +227,70 @@ TEST_F(OwnershipTest, EventsForRanksAWorkerDoesNotHostAreDropped) {
   EXPECT_EQ(coordinator_->stats().foreign_reports, 3);
 }
 
+// A live recovery moves a lost worker's ranks to a spare within the same attempt. When
+// the lost worker comes back, it delivers what its ranks printed before it fenced them:
+// those lines are the rank's, and kept; its other reports for the moved rank (errors,
+// metrics) are not, since the rank is the spare's now.
+TEST_F(OwnershipTest, AFormerHostsLastLinesAreKeptAfterItsRankMovedToASpare) {
+  Register("w1");
+  Register("w2");
+  Register("w3");
+  auto job = Submit(
+      "name: moved\nnodes: 2\nmax_recoveries: 1\nmodel: {mlp: {}}\ndata: {synthetic: {}}\n"
+      "train: {batch_size: 4}\n",
+      Caller());
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto [t1, t2] = StartOnW1AndW2(job->id());
+  ASSERT_EQ(coordinator_->GetJob(job->id())->attempts(0).ranks(1).worker(), "w2");
+  // w2 goes silent past the heartbeat timeout (2.5 s); w1 and the spare w3 beat on.
+  for (int i = 0; i < 3; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    Heartbeat("w1", {Running(t1)});
+    Heartbeat("w3");
+  }
+  coordinator_->Tick();
+  const v1::Job moved = *coordinator_->GetJob(job->id());
+  ASSERT_EQ(moved.attempts_size(), 1) << moved.ShortDebugString();
+  ASSERT_EQ(moved.attempts(0).ranks(1).worker(), "w3") << moved.ShortDebugString();
+  ASSERT_EQ(moved.attempts(0).recoveries_size(), 1);
+
+  v1::ReportEventsRequest req;
+  req.set_worker("w2");  // Back, with what its rank 1 printed before the fence.
+  req.set_incarnation(Incarnation("w2"));
+  auto add = [&](int rank) {
+    v1::ReportedEvent* e = req.add_events();
+    e->set_job_id(job->id());
+    e->set_attempt(1);
+    e->set_rank(rank);
+    return e;
+  };
+  for (const char* text : {"rank 1 step 41", "rank 1: peer gone, exiting"}) {
+    v1::ReportedEvent* e = add(1);
+    e->mutable_log()->set_stream("stderr");
+    e->mutable_log()->set_text(text);
+  }
+  add(1)->mutable_event()->mutable_error()->set_message("w2 says rank 1 failed");
+  v1::ReportedEvent* step = add(1);
+  step->mutable_event()->mutable_step()->set_global_step(999);
+  step->mutable_event()->mutable_step()->set_loss(7.0);
+  v1::ReportedEvent* injected = add(0);  // Never w2's.
+  injected->mutable_log()->set_stream("stdout");
+  injected->mutable_log()->set_text("injected into rank 0");
+  ASSERT_TRUE(coordinator_->ReportEvents(req).ok());
+
+  std::vector<std::string> texts;
+  for (const auto& l : hub_->Logs(job->id(), 0, std::nullopt, 100)) {
+    texts.push_back(absl::StrCat(l.attempt(), " ", l.rank(), " ", l.text()));
+  }
+  EXPECT_THAT(texts, ::testing::Contains("1 1 rank 1 step 41"));
+  EXPECT_THAT(texts, ::testing::Contains("1 1 rank 1: peer gone, exiting"));
+  for (const std::string& t : texts) EXPECT_THAT(t, Not(HasSubstr("injected")));
+  const v1::Job now = *coordinator_->GetJob(job->id());
+  EXPECT_EQ(now.attempts(0).ranks(1).error(), "") << "the spare's rank 1 did not fail";
+  for (const auto& m : now.metrics()) EXPECT_NE(m.global_step(), 999) << "w2's metric taken";
+  EXPECT_EQ(coordinator_->stats().foreign_reports, 3);
+}
+
 TEST_F(OwnershipTest, TheQueueIsBoundedInTotalAndPerUser) {
   limits_.queued_jobs = 3;
   limits_.queued_jobs_per_user = 2;

@@ -371,6 +371,35 @@ TEST_F(SchedulerTest, AHigherPriorityJobPreemptsTheLowestPriorityRunningJobsItNe
   EXPECT_EQ(decisions[0].reason, "waiting for 2 node(s) with 1 free slot(s); 0 available");
 }
 
+// Within one priority the job that would lose the least training goes first, before
+// start order: a job that moves at its checkpoint (nothing lost), then a kill job
+// checkpointed 1 minute ago, then one checkpointed 10 minutes ago.
+TEST_F(SchedulerTest, AmongEqualPrioritiesTheLeastTrainingLostIsTakenFirst) {
+  FakeCluster cluster(Nodes(3, 1, 0));  // All busy.
+  JobRecord& ten = Queue(1, 1, Checkpointing(0, PreemptionPolicy::kKill));
+  JobRecord& one = Queue(1, 1, Checkpointing(0, PreemptionPolicy::kKill));
+  JobRecord& none = Queue(1, 1, Checkpointing(0));
+  for (JobRecord* r : {&ten, &one, &none}) queue_.Remove(*r);
+  // Start order alone would take `ten` first (the most recently started).
+  ten.job.set_start_ms(3000);
+  one.job.set_start_ms(2000);
+  none.job.set_start_ms(1000);
+  Queue(1, 1, Priority(5));
+  std::vector<RunningJob> running = {Running(ten, {"n1"}), Running(one, {"n2"}),
+                                     Running(none, {"n3"})};
+  running[0].loss = absl::Minutes(10);
+  running[1].loss = absl::Minutes(1);
+  running[2].loss = absl::ZeroDuration();
+  auto decisions = SchedulePass(queue_, cluster, kNow, {nullptr, [&] { return running; }});
+  EXPECT_THAT(Kinds(decisions), ElementsAre("job-4: wait", "job-3: preempt"));
+  running.pop_back();  // Without the one that loses nothing: the 1-minute loss.
+  decisions = SchedulePass(queue_, cluster, kNow, {nullptr, [&] { return running; }});
+  EXPECT_THAT(Kinds(decisions), ElementsAre("job-4: wait", "job-2: preempt"));
+  running[1].loss = absl::Minutes(20);  // Now the other one's is the smaller.
+  decisions = SchedulePass(queue_, cluster, kNow, {nullptr, [&] { return running; }});
+  EXPECT_THAT(Kinds(decisions), ElementsAre("job-4: wait", "job-1: preempt"));
+}
+
 TEST_F(SchedulerTest, AJobMarkedForAHigherPriorityIsNotTakenForALowerOne) {
   FakeCluster cluster(Nodes(2, 1, 0));
   JobRecord& marked = Queue(1, 1, Checkpointing(5));  // Marked for a priority-10 job.

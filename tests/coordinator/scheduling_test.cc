@@ -207,6 +207,64 @@ TEST_F(SchedulingTest, AJobThatMayBeKilledIsPreemptedAtOnceAndOneWithoutCheckpoi
   EXPECT_EQ(Host(one), host);
 }
 
+// Among equal priorities, a preemption takes the job that loses the least training:
+// the one checkpointed a minute ago, although it started first (the older rule, the
+// most recently started first, took the other); the loss is shown, and the newest
+// checkpoint survives a coordinator restart (decision 188).
+TEST_F(SchedulingTest, AmongEqualPrioritiesTheJobWhoseCheckpointIsNewestIsPreempted) {
+  Register("w1");
+  Register("w2");
+  Heartbeat("w1");  // With free ports for the rendezvous stores.
+  Heartbeat("w2");
+  auto beat = [&](absl::Duration d) {  // Time passes; both workers stay alive.
+    for (absl::Duration left = d; left > absl::ZeroDuration(); left -= absl::Seconds(1)) {
+      clock_.Advance(absl::Seconds(1));
+      Heartbeat("w1");
+      Heartbeat("w2");
+    }
+  };
+  const std::string recent = Submit(Job("recent", absl::StrCat("preemption: kill\n", kCheckpoints)));
+  Start(recent);
+  beat(absl::Seconds(2));
+  const std::string stale = Submit(Job("stale", absl::StrCat("preemption: kill\n", kCheckpoints)));
+  Start(stale);
+  EXPECT_EQ(Get(stale).last_checkpoint_attempt(), 0) << "none reported yet";
+  EXPECT_EQ(Get(stale).preemption_loss_ms(), 0) << "it has just started";
+  beat(absl::Seconds(2));
+  Checkpoint(stale, Host(stale), 40);  // Long ago.
+  beat(absl::Minutes(9));
+  Checkpoint(recent, Host(recent), 5000);  // A minute ago.
+  beat(absl::Minutes(1));
+
+  const v1::Job r = Get(recent), s = Get(stale);
+  EXPECT_EQ(r.last_checkpoint_attempt(), 1);
+  EXPECT_EQ(r.last_checkpoint_step(), 5000);
+  EXPECT_EQ(s.last_checkpoint_step(), 40);
+  ASSERT_TRUE(r.has_preemption_loss_ms());
+  ASSERT_TRUE(s.has_preemption_loss_ms());
+  EXPECT_EQ(r.preemption_loss_ms(), absl::ToInt64Milliseconds(absl::Minutes(1)));
+  EXPECT_EQ(s.preemption_loss_ms(), absl::ToInt64Milliseconds(absl::Minutes(10)));
+  EXPECT_LT(r.start_ms(), s.start_ms()) << "the recent one started first";
+
+  // Survives a restart (the job rows keep the newest checkpoint).
+  Open();
+  for (const std::string& id : {recent, stale}) Heartbeat(Host(id), {Running(tasks_.at(id))});
+  EXPECT_EQ(Get(recent).last_checkpoint_step(), 5000);
+  EXPECT_EQ(Get(recent).last_checkpoint_ms(), r.last_checkpoint_ms());
+
+  const std::string high = Submit(Job("high", "priority: 9\n"));
+  EXPECT_EQ(Get(recent).state(), v1::PENDING) << "preempted: it loses 1 minute, not 10";
+  EXPECT_EQ(Get(recent).preemptions(), 1);
+  EXPECT_EQ(Get(stale).state(), v1::RUNNING);
+  EXPECT_EQ(Get(stale).preemptions(), 0);
+  EXPECT_FALSE(Get(recent).has_preemption_loss_ms()) << "not running: nothing to lose";
+  EXPECT_TRUE(Get(recent).attempts(0).preempted());
+  const std::string freed = r.attempts(0).ranks(0).worker();
+  Exit(recent, freed, 143);
+  Heartbeat(freed);
+  EXPECT_EQ(Host(high), freed) << "on the node it freed";
+}
+
 TEST_F(SchedulingTest, AnOwnerPastItsQuotaWaitsWithTheReasonShown) {
   limits_.quotas = *ParseQuotas({"alice=1"});
   Open();

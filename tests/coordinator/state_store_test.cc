@@ -220,7 +220,7 @@ const std::set<std::string>& NotStored() {
   static const auto* fields = new std::set<std::string>{
       // The live coordinator's view, recomputed when a job is read or scheduled.
       "ddp.v1.Job.queue_position", "ddp.v1.Job.unschedulable", "ddp.v1.Attempt.live_trainers",
-      "ddp.v1.RankAssignment.lost",
+      "ddp.v1.RankAssignment.lost", "ddp.v1.Job.preemption_loss_ms",
       // The worker's last NVML sample of the rank's GPU, shown while the job is read.
       "ddp.v1.RankAssignment.gpu_utilization_pct", "ddp.v1.RankAssignment.gpu_memory_used_mib",
       // The spec's (spec_yaml is stored), shown again when the job is loaded; so is

@@ -253,6 +253,8 @@ TEST_F(StoreWriterTest, EveryColumnOfAJobAndAnAttemptComesBackAsStaged) {
   EXPECT_GE(ExpectColumnsEqual(store::Jobs(), job, got), 20);
   EXPECT_EQ(got.max_recoveries(), job.max_recoveries());
   EXPECT_NE(got.recoveries(), 0);
+  EXPECT_NE(got.last_checkpoint_ms(), 0);  // What preemption weighs (decision 188).
+  EXPECT_EQ(got.last_checkpoint_step(), job.last_checkpoint_step());
   ASSERT_EQ(got.attempts_size(), 1);
   const v1::Attempt& a = got.attempts(0);
   EXPECT_GE(ExpectColumnsEqual(store::Attempts(), attempt, a), 10);

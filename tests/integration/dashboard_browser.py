@@ -239,6 +239,13 @@ def main():
             ranks = wait(lambda: set(drawn()) >= {"0", "1"} or None, timeout=15)
             seen[chart] = sorted(set(drawn()))
             check(ranks is not None, "%s does not draw both ranks: %s" % (chart, seen[chart]))
+        # The job's newest checkpoint and what a preemption now would lose (it
+        # checkpoints every 5 steps and moves at its next one: nothing).
+        meta = wait(lambda: (lambda t: t if "checkpoint step" in t else None)(
+            js("return document.getElementById('job-meta').textContent")), timeout=20)
+        seen["job_meta"] = meta
+        check(meta is not None and "a preemption now loses nothing" in meta,
+              "the job's line does not show its checkpoint and preemption loss: %s" % meta)
         attempts = table("#attempts")
         seen["attempts"] = attempts
         check(len(attempts) >= 1 and attempts[0][1] == "RUNNING", "no RUNNING attempt shown")

@@ -312,7 +312,14 @@
             '  restarts ' + num(job.restarts) + '/' + num(job.max_restarts) +
             (num(job.max_recoveries) ? '  live recoveries ' + num(job.recoveries) + '/' +
                                        num(job.max_recoveries) : '') +
-            '  preemptions ' + num(job.preemptions) + '  submitted ' + stamp(num(job.submit_ms)) +
+            '  preemptions ' + num(job.preemptions) +
+            (num(job.last_checkpoint_attempt) ? '  checkpoint step ' + num(job.last_checkpoint_step) +
+                                                ' ' + ago(num(job.last_checkpoint_ms), now) : '') +
+            (job.preemption_loss_ms === undefined ? ''
+             : num(job.preemption_loss_ms) === 0 && job.preemption !== 'PREEMPT_KILL'
+                 ? '  a preemption now loses nothing (at its next checkpoint)'
+                 : '  a preemption now loses ' + duration(num(job.preemption_loss_ms))) +
+            '  submitted ' + stamp(num(job.submit_ms)) +
             (Object.keys(job.node_selector || {}).length ? '  node_selector ' + labels(job.node_selector) : ''));
     setText('job-reason', job.reason || '');
 
