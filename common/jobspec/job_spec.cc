@@ -125,6 +125,17 @@ void ParseScheduling(Reader& r, const YAML::Node& root, JobSpec* spec) {
               absl::StrCat("must be at_checkpoint, kill or never (got '", preemption, "')"));
     }
   }
+  if (r.Double(root, "preemption_notice_s", "", &spec->preemption_notice_s)) {
+    if (spec->preemption_notice_s < 0 || spec->preemption_notice_s > kMaxPreemptionNoticeS) {
+      r.Error(root["preemption_notice_s"], "preemption_notice_s",
+              absl::StrCat("must be 0 to ", kMaxPreemptionNoticeS, " seconds (got ",
+                           spec->preemption_notice_s, ")"));
+    } else if (spec->preemption_notice_s > 0 && spec->preemption != PreemptionPolicy::kKill) {
+      r.Error(root["preemption_notice_s"], "preemption_notice_s",
+              "only with `preemption: kill` (an at_checkpoint job is always asked for a "
+              "checkpoint and waited for; a `never` job is not preempted)");
+    }
+  }
 }
 
 void ParseTop(Reader& r, const YAML::Node& root, JobSpec* spec) {
@@ -988,7 +999,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::st
                "max_recoveries", "recovery_timeout_s", "stop_grace_s", "notice_signal",
                "workdir", "env", "command", "stall_timeout_s", "model", "data", "train", "rdzv",
                "checkpoint", "metrics", "priority", "node_selector", "preemption",
-               "tracking"})) {
+               "preemption_notice_s", "tracking"})) {
       ParseTop(r, root, &spec);
       ParseTracking(r, root, &spec);
       if (CheckKind(r, root)) {

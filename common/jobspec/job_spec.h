@@ -240,6 +240,10 @@ struct JobSpec {
   int priority = 0;
   Labels node_selector;
   PreemptionPolicy preemption = PreemptionPolicy::kAtCheckpoint;
+  // job.yaml `preemption_notice_s` (kKill only; 0: none): a `kill` job chosen for
+  // preemption is first asked for a checkpoint (the checkpoint-now notice) and moves
+  // after it, or once this many seconds have passed without one (decision 189).
+  double preemption_notice_s = 0;
   NodeRange nodes;
   int nproc_per_node = 1;  // 0 means "auto": one per GPU, 1 on CPU.
   Backend backend = Backend::kAuto;
@@ -285,6 +289,8 @@ inline constexpr int64_t kMaxNodes = 4096;
 inline constexpr int64_t kMaxProcPerNode = 1024;
 inline constexpr int64_t kMaxRestarts = 1000;
 inline constexpr double kMaxRecoveryTimeoutS = 3600;
+// The longest checkpoint-now notice a `kill` job may ask for before it is preempted.
+inline constexpr double kMaxPreemptionNoticeS = 3600;
 inline constexpr int64_t kMaxEpochs = 1000000;
 inline constexpr int64_t kMaxBatchSize = 1 << 20;
 inline constexpr int64_t kMaxGradAccumSteps = 65536;

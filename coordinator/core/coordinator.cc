@@ -260,6 +260,7 @@ void Coordinator::WakeLongPollsLocked(const std::string& worker) {
 
 void Coordinator::EndAttemptLocked(JobRecord& rec, int attempt) {
   rec.preempt_for.clear();  // The next attempt starts unmarked.
+  rec.preempt_deadline = absl::InfiniteFuture();
   rec.stopping_worker.clear();
   // Holds nothing once its trainers are gone; only a preempted attempt's are counted
   // as coming free (RunningJobsLocked), since only for them does a job wait.
@@ -373,17 +374,26 @@ void Coordinator::PreemptLocked(const std::vector<Decision>& decisions, TouchLis
     }
     rec.preempt_for = d.for_job->job.id();
     preempting_.insert(rec.job.id());
-    const bool at_once =
-        rec.spec.preemption == PreemptionPolicy::kKill || rec.job.state() != v1::RUNNING;
-    if (!at_once) {
-      RaiseNoticeLocked(rec, absl::StrCat("job ", rec.preempt_for, " (higher priority) needs its nodes"),
-                        absl::InfinitePast());
-    }
-    // Moves at once when it says it may be killed, or has not started training (nothing
-    // to lose); else after its next checkpoint (MoveAfterCheckpointLocked).
-    if (rec.spec.preemption == PreemptionPolicy::kKill || rec.job.state() != v1::RUNNING) {
+    const std::string why = absl::StrCat("job ", rec.preempt_for, " (higher priority) needs its nodes");
+    // Moves at once when it has not started training (nothing to lose), or says it may
+    // be killed and asks no notice; else after the checkpoint it is asked for
+    // (MoveAfterCheckpointLocked), for a `kill` job with preemption_notice_s at the
+    // latest when the notice runs out (Housekeep).
+    if (rec.job.state() != v1::RUNNING) {
       PreemptForPriorityLocked(rec, d.reason, touched);
+    } else if (rec.spec.preemption == PreemptionPolicy::kKill) {
+      const absl::Time deadline =
+          clock_->Now() + absl::Seconds(rec.spec.preemption_notice_s);
+      if (rec.spec.preemption_notice_s > 0 && RaiseNoticeLocked(rec, why, deadline)) {
+        rec.preempt_deadline = deadline;
+        preempt_deadlines_.Add(deadline, rec.job.id(), a->number());
+        DDP_LOG(INFO) << "job " << rec.job.id() << " is asked for a checkpoint within "
+                      << rec.spec.preemption_notice_s << " s, then preempted: " << d.reason;
+      } else {
+        PreemptForPriorityLocked(rec, d.reason, touched);
+      }
     } else {
+      RaiseNoticeLocked(rec, why, absl::InfinitePast());
       DDP_LOG(INFO) << "job " << rec.job.id() << " will be preempted at its next checkpoint: "
                     << d.reason;
     }
@@ -394,6 +404,7 @@ void Coordinator::PreemptLocked(const std::vector<Decision>& decisions, TouchLis
       DDP_LOG(INFO) << "job " << *it << " is no longer to be preempted (job " << rec->preempt_for
                     << " no longer needs its nodes)";
       rec->preempt_for.clear();
+      rec->preempt_deadline = absl::InfiniteFuture();
     }
     it = (rec == nullptr || rec->preempt_for.empty()) ? preempting_.erase(it) : std::next(it);
   }

@@ -441,6 +441,8 @@ class Coordinator {
   StartDeadlines start_deadlines_ ABSL_GUARDED_BY(mu_);
   // Live recoveries that fall back to a restart unless done by then (same records).
   StartDeadlines recovery_deadlines_ ABSL_GUARDED_BY(mu_);
+  // Marked `kill` jobs given a checkpoint-now notice: when each moves without one.
+  StartDeadlines preempt_deadlines_ ABSL_GUARDED_BY(mu_);
   // Per-owner slot quotas: limits_.quotas until SetQuotas.
   Quotas quotas_ ABSL_GUARDED_BY(mu_);
   // Jobs holding nodes: an active attempt with ranks, or a preempted one whose

@@ -55,6 +55,21 @@ std::optional<std::vector<std::string>> Coordinator::Housekeep() {
                              now),
                 touched);
   }
+  for (const auto& [id, attempt] : preempt_deadlines_.Due(now)) {
+    JobRecord* rec = FindLocked(id);
+    const v1::Attempt* a = rec == nullptr ? nullptr : ActiveAttempt(*rec);
+    // Moved already (after its checkpoint), or no longer needed.
+    if (a == nullptr || a->number() != attempt || rec->preempt_for.empty()) continue;
+    if (now < rec->preempt_deadline) continue;  // Unmarked and marked again: a later one.
+    rec->preempt_deadline = absl::InfiniteFuture();
+    PreemptForPriorityLocked(
+        *rec,
+        absl::StrFormat("job %s (higher priority) needs its nodes; no checkpoint within its "
+                        "preemption_notice_s (%gs), so from its last one",
+                        rec->preempt_for, rec->spec.preemption_notice_s),
+        touched);
+    schedule_dirty_ = true;
+  }
   CheckStallsLocked(now, touched);
   for (const auto& [seq, job] : queue_.jobs()) {
     if (job->gathering && now >= job->window_end) schedule_dirty_ = true;  // Last call over.

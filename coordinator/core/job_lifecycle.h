@@ -72,6 +72,9 @@ struct JobRecord {
   // Chosen by the scheduler to make room for a higher-priority job (its id), moving at
   // its next checkpoint; cleared when the attempt ends or the room is no longer needed.
   std::string preempt_for;
+  // A `kill` job with preemption_notice_s, marked and asked for a checkpoint: when it
+  // moves without one (InfiniteFuture: not waiting for one).
+  absl::Time preempt_deadline = absl::InfiniteFuture();
   // The attempt a priority preemption ended (0: none), until its trainers are gone:
   // the scheduler counts their nodes as coming free.
   int stopping_attempt = 0;

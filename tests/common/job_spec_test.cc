@@ -236,6 +236,16 @@ TEST(JobSpecTest, SchedulingFieldsParseAndNameBadValues) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("preemption: must be at_checkpoint, kill or never (got "
                                  "'sometimes')")));
+  EXPECT_EQ(spec.preemption_notice_s, 0);
+  DDP_ASSERT_OK_AND_ASSIGN(
+      spec, ParseJobSpec(std::string(kBase) + "preemption: kill\npreemption_notice_s: 45\n"));
+  EXPECT_EQ(spec.preemption_notice_s, 45);
+  EXPECT_THAT(ParseJobSpec(std::string(kBase) + "preemption_notice_s: 45\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("job.yaml:5: preemption_notice_s: only with `preemption: kill`")));
+  EXPECT_THAT(ParseJobSpec(std::string(kBase) + "preemption: kill\npreemption_notice_s: -1\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("preemption_notice_s: must be 0 to 3600 seconds (got -1)")));
 }
 
 TEST(JobSpecTest, LabelsFromFlagsAreCheckedOnce) {

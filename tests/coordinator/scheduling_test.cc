@@ -265,6 +265,56 @@ TEST_F(SchedulingTest, AmongEqualPrioritiesTheJobWhoseCheckpointIsNewestIsPreemp
   EXPECT_EQ(Host(high), freed) << "on the node it freed";
 }
 
+// A `kill` job with preemption_notice_s is asked for a checkpoint before it is taken:
+// it moves after the checkpoint it answers with, or, when none comes, once the notice
+// runs out (decision 189).
+TEST_F(SchedulingTest, AKillJobWithANoticeMovesAfterTheCheckpointItIsAskedFor) {
+  Register("w1");
+  Heartbeat("w1");
+  const std::string asked = Submit(Job(
+      "asked", absl::StrCat("preemption: kill\npreemption_notice_s: 30\n", kCheckpoints)));
+  Start(asked);
+  const std::string high = Submit(Job("high", "priority: 9\n"));
+  EXPECT_EQ(Get(asked).state(), v1::RUNNING) << "asked for a checkpoint first";
+  EXPECT_EQ(Get(asked).preemptions(), 0);
+  const std::vector<v1::Task> tasks = Heartbeat("w1", {Running(tasks_.at(asked))});
+  const v1::Task* task = TaskOf(asked, tasks);
+  ASSERT_NE(task, nullptr);
+  EXPECT_GT(task->notice_seq(), 0);
+  EXPECT_THAT(task->notice(), HasSubstr(absl::StrCat("job ", high, " (higher priority)")));
+  EXPECT_EQ(task->notice_deadline_ms(), absl::ToUnixMillis(clock_.Now() + absl::Seconds(30)));
+  clock_.Advance(absl::Seconds(2));
+  Heartbeat("w1", {Running(tasks_.at(asked))});
+  Checkpoint(asked, "w1", 321);
+  const v1::Job moved = Get(asked);
+  EXPECT_EQ(moved.state(), v1::PENDING);
+  EXPECT_EQ(moved.preemptions(), 1);
+  EXPECT_THAT(moved.attempts(0).reason(), HasSubstr("moved after the checkpoint at step 321"));
+}
+
+TEST_F(SchedulingTest, AKillJobThatDoesNotAnswerItsNoticeMovesWhenTheNoticeRunsOut) {
+  Register("w1");
+  Heartbeat("w1");
+  const std::string silent = Submit(Job(
+      "silent", absl::StrCat("preemption: kill\npreemption_notice_s: 10\n", kCheckpoints)));
+  Start(silent);
+  Submit(Job("high", "priority: 9\n"));
+  for (int s = 0; s < 9; ++s) {
+    clock_.Advance(absl::Seconds(1));
+    Heartbeat("w1", {Running(tasks_.at(silent))});
+    coordinator_->Tick();
+  }
+  EXPECT_EQ(Get(silent).state(), v1::RUNNING) << "9 s of its 10";
+  clock_.Advance(absl::Seconds(1));
+  Heartbeat("w1", {Running(tasks_.at(silent))});
+  coordinator_->Tick();
+  const v1::Job moved = Get(silent);
+  EXPECT_EQ(moved.state(), v1::PENDING);
+  EXPECT_EQ(moved.preemptions(), 1);
+  EXPECT_THAT(moved.attempts(0).reason(),
+              HasSubstr("no checkpoint within its preemption_notice_s (10s), so from its last one"));
+}
+
 TEST_F(SchedulingTest, AnOwnerPastItsQuotaWaitsWithTheReasonShown) {
   limits_.quotas = *ParseQuotas({"alice=1"});
   Open();
