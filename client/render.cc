@@ -264,6 +264,11 @@ std::vector<std::string> RenderWatchLines(const v1::Job& job, const v1::Job* pre
         m.rank(), m.epoch(), m.step() + 1, m.steps(), Metric(m.loss(), "%.4f"),
         WithThousands(m.samples_per_s()), Metric(m.step_ms(), "%.1f"),
         Metric(m.comm_ms(), "%.1f")));
+    if (m.has_data_ms() || m.has_compute_ms() || m.has_optimizer_ms()) {
+      absl::StrAppend(&lines.back(), " data_ms ", Metric(m.data_ms(), "%.1f"), " compute_ms ",
+                      Metric(m.compute_ms(), "%.1f"), " optimizer_ms ",
+                      Metric(m.optimizer_ms(), "%.1f"));
+    }
     if (m.has_gpu_memory_allocated_mib()) {
       absl::StrAppendFormat(&lines.back(), " gpu_mem_mib %.0f gpu_peak_mib %.0f",
                             m.gpu_memory_allocated_mib(), m.gpu_memory_peak_mib());
@@ -360,11 +365,22 @@ std::string RenderJob(const v1::Job& job, absl::Time now) {
     out += "\nLatest metrics:\n";
     std::vector<std::vector<std::string>> rows = {
         {"  RANK", "EPOCH", "STEP", "LOSS", "SAMPLES/S", "STEP MS", "COMM MS", "UPDATED"}};
+    // Where the steps went, when the ranks say (decision 190).
+    bool phases = false;
+    for (const v1::RankMetrics& m : job.metrics()) phases = phases || m.has_compute_ms();
+    if (phases) rows[0].insert(rows[0].end() - 1, {"DATA MS", "COMPUTE MS", "OPTIMIZER MS"});
     for (const v1::RankMetrics& m : job.metrics()) {
       rows.push_back({absl::StrCat("  ", m.rank()), absl::StrCat(m.epoch()),
                       absl::StrCat(m.step() + 1, "/", m.steps()), Metric(m.loss(), "%.4f"),
                       WithThousands(m.samples_per_s()), Metric(m.step_ms(), "%.1f"),
                       Metric(m.comm_ms(), "%.1f"), Ago(m.update_ms(), now)});
+      if (phases) {
+        auto shown = [&](bool has, double ms) { return has ? Metric(ms, "%.1f") : "-"; };
+        rows.back().insert(rows.back().end() - 1,
+                           {shown(m.has_data_ms(), m.data_ms()),
+                            shown(m.has_compute_ms(), m.compute_ms()),
+                            shown(m.has_optimizer_ms(), m.optimizer_ms())});
+      }
     }
     out += FormatTable(rows);
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -19,6 +20,39 @@ double Median(std::vector<double> v) {
 }
 
 double ComputeMs(const v1::RankMetrics& m) { return std::max(0.0, m.step_ms() - m.comm_ms()); }
+
+// The phases a straggler's excess is looked for in (decision 190): what the rank
+// measured of its step beside the communication wait.
+struct Phase {
+  const char* name;
+  bool (v1::RankMetrics::*has)() const;
+  double (v1::RankMetrics::*ms)() const;
+};
+constexpr Phase kPhases[] = {
+    {"data loading", &v1::RankMetrics::has_data_ms, &v1::RankMetrics::data_ms},
+    {"compute", &v1::RankMetrics::has_compute_ms, &v1::RankMetrics::compute_ms},
+    {"optimizer", &v1::RankMetrics::has_optimizer_ms, &v1::RankMetrics::optimizer_ms},
+};
+
+// The phase in which `m` is slowest against the others' median (by the excess in ms),
+// or "" when they do not all measure phases.
+std::string SlowPhase(const v1::RankMetrics* m, const std::vector<const v1::RankMetrics*>& all) {
+  const char* slowest = nullptr;
+  double excess = 0;
+  for (const Phase& p : kPhases) {
+    std::vector<double> others;
+    for (const v1::RankMetrics* n : all) {
+      if (!(n->*p.has)()) return "";
+      if (n != m) others.push_back((n->*p.ms)());
+    }
+    const double over = (m->*p.ms)() - Median(others);
+    if (slowest == nullptr || over > excess) {
+      slowest = p.name;
+      excess = over;
+    }
+  }
+  return slowest == nullptr || excess <= 0 ? "" : slowest;
+}
 
 }  // namespace
 
@@ -47,7 +81,9 @@ std::map<int, std::string> RankNotes(const v1::Job& job, absl::Time now,
       const double median = Median(others), mine = ComputeMs(*m);
       if (median > 0 && mine / median >= o.straggler_ratio &&
           mine - median >= o.straggler_min_excess_ms) {
-        notes[m->rank()] = absl::StrFormat("straggler %.1fx", mine / median);
+        const std::string phase = SlowPhase(m, current);
+        notes[m->rank()] = absl::StrFormat("straggler %.1fx%s", mine / median,
+                                           phase.empty() ? "" : " (" + phase + ")");
       }
     }
   }

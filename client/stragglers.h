@@ -4,7 +4,9 @@
 //
 // Why compute time and not step time: with synchronous all-reduce every rank's step
 // takes as long as the slowest one's; what differs is the time before a rank starts
-// waiting on its peers, step_ms - comm_ms (comm_ms is the wait after backward).
+// waiting on its peers, step_ms - comm_ms (comm_ms is the wait after backward). Where
+// every rank reports its step's phases (data_ms, compute_ms, optimizer_ms), the note
+// names the one the straggler loses most time in: "straggler 2.4x (data loading)".
 #ifndef DDP_CLIENT_STRAGGLERS_H_
 #define DDP_CLIENT_STRAGGLERS_H_
 
@@ -23,7 +25,7 @@ struct RankNoteOptions {
   absl::Duration stale_floor = absl::Seconds(10);  // Validation, checkpoints, batching.
 };
 
-// rank -> "straggler 2.4x" or "stale 23s" for ranks of the current attempt of a
+// rank -> "straggler 2.4x (compute)" or "stale 23s" for ranks of the current attempt of a
 // RUNNING job; ranks with nothing to say are absent.
 std::map<int, std::string> RankNotes(const v1::Job& job, absl::Time now,
                                      const RankNoteOptions& options = {});

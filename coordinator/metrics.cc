@@ -138,6 +138,13 @@ class ScrapeView final : public prometheus::Collectable {
                MetricType::Gauge);
     MetricFamily step = Family("ddp_rank_step_seconds",
                                "A running rank's time for its last step.", MetricType::Gauge);
+    MetricFamily phase = Family(
+        "ddp_rank_step_phase_seconds",
+        "Where a running rank's last step went: phase data (waiting for batches), compute "
+        "(forward and backward), communication (waiting for what computing did not hide), "
+        "optimizer. Ranks that measure no phases (a step on the GPU, a program that does not "
+        "say) have communication only.",
+        MetricType::Gauge);
     MetricFamily global = Family("ddp_rank_global_step",
                                  "A running rank's last step, counted over epochs.",
                                  MetricType::Gauge);
@@ -166,6 +173,15 @@ class ScrapeView final : public prometheus::Collectable {
       AddGauge(sps, labels, r.metrics.samples_per_s());
       AddGauge(loss, labels, r.metrics.loss());
       AddGauge(step, labels, r.metrics.step_ms() / 1000.0);
+      auto add_phase = [&](const char* name, double ms) {
+        std::vector<ClientMetric::Label> with = labels;
+        with.push_back({"phase", name});
+        AddGauge(phase, std::move(with), ms / 1000.0);
+      };
+      if (r.metrics.has_data_ms()) add_phase("data", r.metrics.data_ms());
+      if (r.metrics.has_compute_ms()) add_phase("compute", r.metrics.compute_ms());
+      add_phase("communication", r.metrics.comm_ms());
+      if (r.metrics.has_optimizer_ms()) add_phase("optimizer", r.metrics.optimizer_ms());
       AddGauge(global, labels, static_cast<double>(r.metrics.global_step()));
       constexpr double kMiB = 1024.0 * 1024.0;
       if (r.metrics.has_gpu_memory_allocated_mib()) {
@@ -200,6 +216,7 @@ class ScrapeView final : public prometheus::Collectable {
     out.push_back(std::move(labelled));
     out.push_back(std::move(loss));
     out.push_back(std::move(step));
+    out.push_back(std::move(phase));
     out.push_back(std::move(global));
     // The GPU families only where some rank has a GPU: a CPU cluster's scrape stays as
     // it was.

@@ -48,6 +48,14 @@ namespace ddp {
 
 using TrainerClock = std::chrono::steady_clock;
 
+// Where a step on the CPU spent its time (decision 190).
+struct StepTimes {
+  double data_ms = 0;     // Gathering the micro-batches and moving them to the device.
+  double compute_ms = 0;  // Forward and backward, the communication wait taken out.
+  double comm_ms = 0;     // Waiting for all-reduces (and the loss fold) not hidden.
+  double optimizer_ms = 0;  // Clipping, the optimizer (ZeRO's broadcasts too), zero_grad.
+};
+
 inline double MillisSince(TrainerClock::time_point t) {
   return std::chrono::duration<double, std::milli>(TrainerClock::now() - t).count();
 }
@@ -95,8 +103,9 @@ class TrainerImpl {
   // micro-batch, the all-reduce, train.clip_grad_norm, the optimizer.
   // `totals`: what the step adds to the epoch's train-loss totals (its loss and 1 step
   // on this rank; with fold_loss_, both summed over ranks).
+  // `times`: where the step's time went (the step event's phases).
   absl::Status TakeStep(const std::vector<int64_t>& order, int64_t first_micro,
-                        int64_t num_micro, double lr, double* loss, double* comm_ms,
+                        int64_t num_micro, double lr, double* loss, StepTimes* times,
                         int64_t* samples, std::array<double, 2>* totals);
   // With device_step_: the same step, whole on the GPU (and in a CUDA graph once
   // captured); the loss is read only when an event needs it.

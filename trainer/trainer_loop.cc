@@ -65,7 +65,8 @@ absl::Status TrainerImpl::TrainEpoch(int64_t epoch, int64_t first_step) {
     const auto t0 = TrainerClock::now();
     const int64_t first_micro = step * accum;
     const int64_t num_micro = std::min(accum, micro_total - first_micro);
-    double loss = 0, comm_ms = 0;
+    double loss = 0;
+    std::optional<StepTimes> times;  // Measured on the CPU path only.
     int64_t samples = 0;
     std::array<double, 2> totals = {0, 1};
     const double lr = LrAt(epoch, pos_.global_step);
@@ -73,8 +74,9 @@ absl::Status TrainerImpl::TrainEpoch(int64_t epoch, int64_t first_step) {
       // Queued on the GPU; the loss is read below only when an event reports it.
       DDP_RETURN_IF_ERROR(TakeDeviceStep(order, first_micro, num_micro, epoch, step, lr, &samples));
     } else {
+      times.emplace();
       DDP_RETURN_IF_ERROR(
-          TakeStep(order, first_micro, num_micro, lr, &loss, &comm_ms, &samples, &totals));
+          TakeStep(order, first_micro, num_micro, lr, &loss, &*times, &samples, &totals));
       epoch_loss_sum_ += totals[0];
     }
     double step_ms = MillisSince(t0);
@@ -100,7 +102,12 @@ absl::Status TrainerImpl::TrainEpoch(int64_t epoch, int64_t first_step) {
       e.loss = loss;
       e.samples_per_s = window_s > 0 ? window_samples_ / window_s : 0.0;
       e.step_ms = step_ms;
-      e.comm_ms = comm_ms;
+      if (times.has_value()) {
+        e.comm_ms = times->comm_ms;
+        e.data_ms = times->data_ms;
+        e.compute_ms = times->compute_ms;
+        e.optimizer_ms = times->optimizer_ms;
+      }
       e.lr = lr;
       if (device_.device.is_cuda()) {
         if (std::optional<GpuMemoryStats> m = GpuMemoryOf(device_.device.index())) {
@@ -133,7 +140,7 @@ absl::Status TrainerImpl::TrainEpoch(int64_t epoch, int64_t first_step) {
 }
 
 absl::Status TrainerImpl::TakeStep(const std::vector<int64_t>& order, int64_t first_micro,
-                                   int64_t num_micro, double lr, double* loss, double* comm_ms,
+                                   int64_t num_micro, double lr, double* loss, StepTimes* times,
                                    int64_t* samples, std::array<double, 2>* totals) {
   const int64_t bs = spec_.train.batch_size;
   const int64_t total = static_cast<int64_t>(order.size());
@@ -144,9 +151,12 @@ absl::Status TrainerImpl::TakeStep(const std::vector<int64_t>& order, int64_t fi
   for (int64_t j = 0; j < num_micro; ++j) {
     const int64_t begin = (first_micro + j) * bs;
     const int64_t n = std::min(bs, total - begin);
+    const auto data_start = TrainerClock::now();
     auto [x, y] = train_batches_->Gather(order.data() + begin, n);
     at::Tensor xd = x.to(device_.device, /*non_blocking=*/true);
     at::Tensor yd = y.to(device_.device, /*non_blocking=*/true);
+    times->data_ms += MillisSince(data_start);
+    const auto compute_start = TrainerClock::now();
     // Gradient accumulation: every micro-batch but the last runs under no_sync, and the
     // last one's backward all-reduces the accumulated sum (inside backward()).
     std::optional<DataParallel::NoSync> no_sync;
@@ -182,8 +192,14 @@ absl::Status TrainerImpl::TakeStep(const std::vector<int64_t>& order, int64_t fi
     }
     loss_sum += l.item<double>();
     *samples += n;
+    times->compute_ms += MillisSince(compute_start);
   }
+  const double backward_wait_ms = ddp_->last_backward().comm_wait_ms;
+  const auto fold_start = TrainerClock::now();
   if (fold) DDP_RETURN_IF_ERROR(fold->Wait());
+  times->comm_ms = backward_wait_ms + (fold ? MillisSince(fold_start) : 0.0);
+  times->compute_ms = std::max(0.0, times->compute_ms - backward_wait_ms);
+  const auto optimizer_start = TrainerClock::now();
   // On the averaged gradients, as torch.nn.utils.clip_grad_norm_ after backward().
   if (spec_.train.clip_grad_norm > 0) ClipGradNorm(params_, spec_.train.clip_grad_norm);
   for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
@@ -194,8 +210,8 @@ absl::Status TrainerImpl::TakeStep(const std::vector<int64_t>& order, int64_t fi
     return StatusFromError(e);
   }
   for (at::Tensor& p : params_) p.mutable_grad().reset();  // zero_grad(set_to_none=True)
+  times->optimizer_ms = MillisSince(optimizer_start);
   *loss = loss_sum / static_cast<double>(num_micro);
-  *comm_ms = ddp_->last_backward().comm_wait_ms;
   *totals = fold ? std::array<double, 2>{fold_[0].item<double>(), fold_[1].item<double>()}
                  : std::array<double, 2>{*loss, 1};
   return absl::OkStatus();

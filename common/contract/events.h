@@ -140,6 +140,10 @@ struct StepEvent {
   std::optional<double> gpu_memory_allocated_mib;
   std::optional<double> gpu_memory_reserved_mib;
   std::optional<double> gpu_memory_peak_mib;
+  // Where the step's time went (null where not measured: a step queued on the GPU).
+  std::optional<double> data_ms;
+  std::optional<double> compute_ms;
+  std::optional<double> optimizer_ms;
   template <typename S, typename V>
   static void Fields(S& s, V&& v) {
     v("epoch", s.epoch, "");
@@ -149,7 +153,7 @@ struct StepEvent {
     v("loss", s.loss, "this rank's, mean over its micro-batches");
     v("samples_per_s", s.samples_per_s, "this rank, since its previous step event");
     v("step_ms", s.step_ms, "");
-    v("comm_ms", s.comm_ms, "");
+    v("comm_ms", s.comm_ms, "waiting for communication that computing did not hide");
     v("lr", s.lr, "");
     v("gpu_memory_allocated_mib", s.gpu_memory_allocated_mib,
       "held by tensors now, as `torch.cuda.memory_allocated`; null on the CPU");
@@ -157,6 +161,10 @@ struct StepEvent {
       "held by the caching allocator, as `memory_reserved`; null on the CPU");
     v("gpu_memory_peak_mib", s.gpu_memory_peak_mib,
       "the most held by tensors so far, as `max_memory_allocated`; null on the CPU");
+    v("data_ms", s.data_ms, "of step_ms, gathering the step's batches; null on the GPU");
+    v("compute_ms", s.compute_ms,
+      "of step_ms, forward and backward less comm_ms; null on the GPU");
+    v("optimizer_ms", s.optimizer_ms, "of step_ms, clipping and the optimizer; null on the GPU");
   }
 };
 

@@ -162,6 +162,9 @@ absl::Status EventHub::Ingest(const std::vector<v1::ReportedEvent>& events,
           m.set_gpu_memory_reserved_mib(step.gpu_memory_reserved_mib());
         }
         if (step.has_gpu_memory_peak_mib()) m.set_gpu_memory_peak_mib(step.gpu_memory_peak_mib());
+        if (step.has_data_ms()) m.set_data_ms(step.data_ms());
+        if (step.has_compute_ms()) m.set_compute_ms(step.compute_ms());
+        if (step.has_optimizer_ms()) m.set_optimizer_ms(step.optimizer_ms());
         m.set_update_ms(now_ms);
         if (ev.attempt() > feed.metrics_attempt) {
           feed.metrics_attempt = ev.attempt();

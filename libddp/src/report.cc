@@ -105,6 +105,9 @@ void Reporter::step(const StepReport& r) {
   Optional(o, "gpu_memory_allocated_mib", r.gpu_memory_allocated_mib);
   Optional(o, "gpu_memory_reserved_mib", r.gpu_memory_reserved_mib);
   Optional(o, "gpu_memory_peak_mib", r.gpu_memory_peak_mib);
+  Optional(o, "data_ms", r.data_ms);
+  Optional(o, "compute_ms", r.compute_ms);
+  Optional(o, "optimizer_ms", r.optimizer_ms);
   o.Add("time", Now());
   Write(o.Line());
 }

@@ -59,6 +59,28 @@ TEST(RankNotesTest, MarksTheRankThatComputesLongestWithItsRatio) {
   EXPECT_EQ(notes[2], "straggler 3.0x");
 }
 
+TEST(RankNotesTest, AStragglersNoteNamesThePhaseItLosesItsTimeIn) {
+  // Rank 1 computes 90 ms against 30; where it goes is in its phases.
+  v1::Job job = RunningJob(3, 100, 70);
+  job.mutable_metrics(1)->set_comm_ms(10);
+  for (v1::RankMetrics& m : *job.mutable_metrics()) {
+    m.set_data_ms(5);
+    m.set_compute_ms(m.step_ms() - m.comm_ms() - 10);
+    m.set_optimizer_ms(5);
+  }
+  EXPECT_EQ(RankNotes(job, kNow)[1], "straggler 3.0x (compute)");
+  // The same excess in waiting for its batches instead.
+  for (v1::RankMetrics& m : *job.mutable_metrics()) m.set_compute_ms(20);
+  job.mutable_metrics(1)->set_data_ms(65);
+  EXPECT_EQ(RankNotes(job, kNow)[1], "straggler 3.0x (data loading)");
+  // A rank that does not say: the note without a phase.
+  job.mutable_metrics(0)->clear_optimizer_ms();
+  EXPECT_EQ(RankNotes(job, kNow)[1], "straggler 3.0x");
+  // And watch's lines carry the phases.
+  const std::string lines = absl::StrJoin(RenderWatchLines(job, nullptr, kNow), "\n");
+  EXPECT_THAT(lines, HasSubstr("data_ms 65.0 compute_ms 20.0 optimizer_ms 5.0"));
+}
+
 TEST(RankNotesTest, EvenRanksAndSubMillisecondNoiseAreNotStragglers) {
   EXPECT_THAT(RankNotes(RunningJob(4, 100, 50), kNow), IsEmpty());
   v1::Job tiny = RunningJob(2, 1.0, 0.6);  // 0.4 ms against 0.9 ms: 2x but noise.

@@ -243,6 +243,16 @@ TEST(RenderTest, AJobShowsItsNewestCheckpointAndWhatAPreemptionNowWouldLose) {
   const std::string detail = RenderJob(job, now);
   EXPECT_THAT(detail, testing::ContainsRegex("Checkpoint: +global step 5000 \\(attempt 2\\), 1m ?30s ago"));
   EXPECT_THAT(detail, testing::ContainsRegex("Preempted now: +would lose 1m ?30s of training"));
+  // The latest metrics show where the steps went, when the ranks say.
+  v1::RankMetrics* m = job.add_metrics();
+  m->set_step_ms(12.5);
+  m->set_comm_ms(2);
+  EXPECT_THAT(RenderJob(job, now), testing::Not(HasSubstr("COMPUTE MS")));
+  m->set_data_ms(1.5);
+  m->set_compute_ms(8.25);
+  m->set_optimizer_ms(0.75);
+  EXPECT_THAT(RenderJob(job, now), testing::ContainsRegex("COMM MS +DATA MS +COMPUTE MS +OPTIMIZER MS +UPDATED"));
+  EXPECT_THAT(RenderJob(job, now), testing::ContainsRegex("12.5 +2.0 +1.5 +8.2 +0.8 "));
   job.set_preemption(v1::PREEMPT_AT_CHECKPOINT);
   job.set_preemption_loss_ms(0);
   EXPECT_THAT(RenderJob(job, now),

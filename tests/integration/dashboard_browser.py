@@ -246,6 +246,14 @@ def main():
         seen["job_meta"] = meta
         check(meta is not None and "a preemption now loses nothing" in meta,
               "the job's line does not show its checkpoint and preemption loss: %s" % meta)
+        # Where each step went: the STEP MS cell's tooltip (the built-in trainer on
+        # the CPU measures its phases).
+        phases = wait(lambda: (lambda t: t if t and "compute" in t else None)(
+            js("const td = document.querySelector('#ranks tbody tr td:nth-child(8)');"
+               " return td ? td.title : null")), timeout=15)
+        seen["step_phases"] = phases
+        check(phases is not None and "data " in phases and "optimizer " in phases,
+              "the step's phases are not shown: %s" % phases)
         attempts = table("#attempts")
         seen["attempts"] = attempts
         check(len(attempts) >= 1 and attempts[0][1] == "RUNNING", "no RUNNING attempt shown")

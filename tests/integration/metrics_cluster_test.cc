@@ -206,6 +206,16 @@ metrics: {every_steps: 5}
   }
   EXPECT_EQ(seen, (std::set<std::string>{"0", "1"}));
   EXPECT_EQ(QueryUntil("ddp_rank_loss", [](const auto& s) { return s.size() == 2; }).size(), 2u);
+  // Where each rank's step went: data, compute, communication and optimizer, per rank.
+  EXPECT_EQ(QueryUntil(absl::StrCat("ddp_rank_step_phase_seconds{job_id=\"", id, "\"}"),
+                       [](const auto& s) { return s.size() == 8; })
+                .size(),
+            8u);
+  EXPECT_EQ(QueryUntil(absl::StrCat("ddp_rank_step_phase_seconds{job_id=\"", id,
+                                    "\",phase=\"compute\"}"),
+                       [](const auto& s) { return s.size() == 2; })
+                .size(),
+            2u);
 
   auto alive = QueryUntil("ddp_workers{state=\"alive\"}",
                           [](const auto& s) { return s.size() == 1 && s[0].second == 2; });

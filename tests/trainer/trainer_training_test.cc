@@ -81,6 +81,15 @@ TEST(TrainerTrainingTest, TwoRanksLearnBreastCancer) {
   for (const Event& e : results[1].OfType("step")) {
     EXPECT_GT(e.Number("samples_per_s"), 0);
     EXPECT_GE(e.Number("step_ms"), e.Number("comm_ms"));
+    // Where the step went: each phase measured, and together within the step.
+    const double phases = e.Number("data_ms") + e.Number("compute_ms") + e.Number("comm_ms") +
+                          e.Number("optimizer_ms");
+    for (const char* phase : {"data_ms", "compute_ms", "optimizer_ms"}) {
+      EXPECT_GE(e.Number(phase), 0) << phase;
+    }
+    EXPECT_GT(e.Number("compute_ms"), 0);
+    EXPECT_LE(phases, e.Number("step_ms") + 1e-3);
+    EXPECT_GE(phases, 0.5 * e.Number("step_ms")) << "most of the step is in its phases";
   }
 }
 

@@ -48,8 +48,21 @@ TEST(ProgramEventTest, OptionalFieldsAreReadAndUnknownOnesIgnored) {
   EXPECT_DOUBLE_EQ(e.step().samples_per_s(), 812.5);
   EXPECT_DOUBLE_EQ(e.step().step_ms(), 9.75);
   EXPECT_DOUBLE_EQ(e.step().comm_ms(), 1.25);
+  EXPECT_FALSE(e.step().has_compute_ms()) << "phases the program did not give stay unset";
   EXPECT_DOUBLE_EQ(e.time(), 99.0);
   EXPECT_EQ(e.rank(), 1) << "a program cannot report for another rank";
+}
+
+TEST(ProgramEventTest, AStepsPhasesAreRead) {
+  v1::TrainerEvent e;
+  ASSERT_EQ(Parse(R"({"type":"step","loss":1.5,"step_ms":10,"comm_ms":2,"data_ms":3.5,)"
+                  R"("compute_ms":4,"optimizer_ms":0.5})",
+                  &e),
+            ProgramLine::kEvent);
+  ASSERT_TRUE(e.step().has_data_ms());
+  EXPECT_DOUBLE_EQ(e.step().data_ms(), 3.5);
+  EXPECT_DOUBLE_EQ(e.step().compute_ms(), 4);
+  EXPECT_DOUBLE_EQ(e.step().optimizer_ms(), 0.5);
 }
 
 TEST(ProgramEventTest, EpochAndCheckpointLinesAreOptionalToo) {

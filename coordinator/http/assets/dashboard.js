@@ -41,6 +41,7 @@
       for (const c of row) {
         const cell = typeof c === 'object' && c !== null ? c : { text: c };
         const td = el('td', undefined, cell.cls);
+        if (cell.title) td.title = cell.title;
         if (cell.href) {
           const a = el('a', cell.text);
           a.href = cell.href;
@@ -361,7 +362,12 @@
         m ? (num(m.step) + 1) + '/' + num(m.steps) : '-',
         m ? fixed(m.loss, 4) : '-',
         m ? thousands(m.samples_per_s) : '-',
-        m ? fixed(m.step_ms, 1) : '-',
+        // Where the step went, when the rank says (the cell's tooltip).
+        m ? { text: fixed(m.step_ms, 1),
+              title: m.compute_ms === undefined ? undefined
+                  : 'data ' + fixed(m.data_ms, 1) + '  compute ' + fixed(m.compute_ms, 1) +
+                    '  communication ' + fixed(m.comm_ms, 1) + '  optimizer ' +
+                    fixed(m.optimizer_ms, 1) + ' ms' } : '-',
         m ? fixed(m.comm_ms, 1) : '-',
         // The trainer's CUDA allocator (now/peak) and the worker's NVML; '-' on the CPU.
         m && m.gpu_memory_allocated_mib !== undefined

@@ -32,6 +32,12 @@ struct StepReport {
   double gpu_memory_allocated_mib = kUnset;
   double gpu_memory_reserved_mib = kUnset;
   double gpu_memory_peak_mib = kUnset;
+  // Where step_ms went, as far as the program measures it (ddpctl watch, the straggler
+  // note and ddp_rank_step_phase_seconds show it): waiting for its batches, forward and
+  // backward less comm_ms, the optimizer.
+  double data_ms = kUnset;
+  double compute_ms = kUnset;
+  double optimizer_ms = kUnset;
 };
 
 // GPU `device` of this process (-1: the current one) as its CUDA caching allocator
