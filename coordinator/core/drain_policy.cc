@@ -4,11 +4,15 @@
 
 namespace ddp {
 
+bool ResumesFromCheckpoints(const JobSpec& spec) {
+  return spec.is_command() ||
+         (!spec.checkpoint.dir.empty() && spec.checkpoint.resume != ResumePolicy::kNo);
+}
+
 bool ResumesFromPeriodicCheckpoints(const JobSpec& spec) {
   if (spec.is_command()) return true;
   const CheckpointSpec& c = spec.checkpoint;
-  return !c.dir.empty() && (c.every_steps > 0 || c.every_epochs > 0) &&
-         c.resume != ResumePolicy::kNo;
+  return ResumesFromCheckpoints(spec) && (c.every_steps > 0 || c.every_epochs > 0);
 }
 
 std::optional<std::string> MoveNowReason(const std::string& worker, v1::DrainPolicy policy,
@@ -20,8 +24,7 @@ std::optional<std::string> MoveNowReason(const std::string& worker, v1::DrainPol
       return absl::StrCat("worker ", worker, " is draining now: restarting elsewhere",
                           spec.is_command() ? " (the program resumes from its own "
                                               "checkpoints, if it keeps any)"
-                          : spec.checkpoint.dir.empty() ||
-                                  spec.checkpoint.resume == ResumePolicy::kNo
+                          : !ResumesFromCheckpoints(spec)
                               ? " from the start (it resumes from no checkpoint)"
                               : " from the last checkpoint");
     default:  // DRAIN_AT_CHECKPOINT

@@ -21,6 +21,11 @@
 
 namespace ddp {
 
+// Whether a restart of `spec` resumes from a checkpoint it took: a command job from
+// its own (it reports them), a built-in one from its checkpoint directory unless it
+// said `resume: false`.
+bool ResumesFromCheckpoints(const JobSpec& spec);
+
 // Whether `spec` takes checkpoints before its end that a restart resumes from: only
 // then is there a "next checkpoint" to move the job at. A user's program keeps its
 // own checkpoints and says when it wrote one, so a command job always may.

@@ -609,12 +609,8 @@ std::optional<absl::Duration> PreemptionLoss(const JobRecord& rec, absl::Time no
     case PreemptionPolicy::kKill:
       break;
   }
-  // A command job resumes from its own checkpoints, which it reports; a built-in job
-  // from its checkpoint directory unless it said `resume: false`.
-  const bool resumes = rec.spec.is_command() || (!rec.spec.checkpoint.dir.empty() &&
-                                                 rec.spec.checkpoint.resume != ResumePolicy::kNo);
   int64_t since_ms = a->start_ms();
-  if (resumes && rec.job.last_checkpoint_attempt() == a->number()) {
+  if (ResumesFromCheckpoints(rec.spec) && rec.job.last_checkpoint_attempt() == a->number()) {
     since_ms = std::max(since_ms, rec.job.last_checkpoint_ms());
   }
   return std::max(absl::ZeroDuration(), now - absl::FromUnixMillis(since_ms));
