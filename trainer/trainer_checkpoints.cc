@@ -24,11 +24,25 @@ absl::Status TrainerImpl::Resume() {
   const TrainingState& ckpt = restored->state;
   const std::string& path = restored->path;
   DDP_RETURN_IF_ERROR(LoadState(ckpt, path));
-  if (!SameDataOrder(ckpt.sampler, CurrentSampler()) && pos_.step != 0) {
-    DDP_LOG(WARNING) << "checkpoint was taken with another world size, batch size, sampler "
-                        "seed or training set: epoch "
-                     << pos_.epoch << " restarts from its first batch";
-    pos_.step = 0;
+  const SamplerState now = CurrentSampler();
+  if (pos_.step != 0 && !SameDataOrder(ckpt.sampler, now)) {
+    if (SamePermutation(ckpt.sampler, now)) {
+      // Another world size, batch size or accumulation over the same order (decision
+      // 191): the rest of the epoch, from the samples the job has trained on, is
+      // sharded over this world, and the epoch's steps go on counting.
+      order_ = {ckpt.epoch_samples_done, pos_.step};
+      DDP_LOG(INFO) << "checkpoint was taken at world size " << ckpt.sampler.world_size
+                    << ", batch size " << ckpt.sampler.batch_size << " x "
+                    << ckpt.sampler.grad_accum_steps << ": the " << now.train_samples - order_.offset
+                    << " samples left of epoch " << pos_.epoch << " (of " << now.train_samples
+                    << ") are sharded over world size " << now.world_size;
+    } else {
+      DDP_LOG(WARNING) << "checkpoint was taken with another sampler seed, shuffle or "
+                          "training set: epoch "
+                       << pos_.epoch << " restarts from its first batch";
+      pos_.step = 0;
+      order_ = {};
+    }
   }
   // The interrupted epoch's loss totals so far (summed over ranks): rank 0 carries
   // them (with fold_loss_ every rank does), so the epoch's train_loss covers all of its
@@ -54,6 +68,7 @@ absl::Status TrainerImpl::LoadState(const TrainingState& state, const std::strin
     DDP_RETURN_IF_ERROR(LoadOptimizerStateDict(optimizer_spec_, *optimizer_, state.optimizer));
   }
   pos_ = state.position;
+  order_ = state.order;
   return absl::OkStatus();
 }
 
@@ -135,6 +150,8 @@ TrainingState TrainerImpl::StateAt(const Position& pos, const at::Tensor& rng,
   state.identity.job = spec_.name;
   state.position = pos;
   state.sampler = CurrentSampler();
+  // order_ belongs to pos_'s epoch; a position at an epoch's start has none.
+  if (pos.epoch == pos_.epoch && pos.step > 0) state.order = order_;
   state.epoch_loss_sum = loss_totals[0];
   state.epoch_steps = static_cast<int64_t>(loss_totals[1]);
   state.model = model_->StateDict();

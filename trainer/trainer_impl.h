@@ -19,6 +19,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -112,6 +113,10 @@ class TrainerImpl {
   absl::Status TakeDeviceStep(const std::vector<int64_t>& order, int64_t first_micro,
                               int64_t num_micro, int64_t epoch, int64_t step, double lr,
                               int64_t* samples);
+  // DDP_SAMPLE_LOG: one line per step taken, "attempt rank epoch step global_step
+  // id...", the training samples of the step's micro-batches in order.
+  void LogSamples(const std::vector<int64_t>& order, int64_t first_micro, int64_t num_micro,
+                  int64_t epoch, int64_t step);
   // train.lr_schedule's lr for the step after `global_step` steps, in `epoch`.
   double LrAt(int64_t epoch, int64_t global_step) const;
   int64_t StepsPerEpoch() const;
@@ -217,6 +222,10 @@ class TrainerImpl {
   double last_lr_ = 0;              // Of the last optimizer step.
 
   Position pos_;
+  // How pos_'s epoch is sharded: from an offset of its order, when an earlier world of
+  // another size trained its first samples (decision 191); {} from the next epoch on.
+  EpochOrder order_;
+  std::ofstream sample_log_;  // DDP_SAMPLE_LOG's file, when set.
   bool resumed_ = false;
   Position resumed_from_;
   // Per-epoch running totals for the epoch event's train_loss (reset by EndEpoch;

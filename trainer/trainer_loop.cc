@@ -6,10 +6,12 @@
 #include <array>
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "ddp/autocast.h"
 #include "ddp/lr_schedule.h"
@@ -49,12 +51,14 @@ double TrainerImpl::LrAt(int64_t epoch, int64_t global_step) const {
 }
 
 absl::Status TrainerImpl::TrainEpoch(int64_t epoch, int64_t first_step) {
+  // The epoch's order from where its present sharding began (decision 191): the whole
+  // epoch, unless a world of another size trained its first samples.
   const std::vector<int64_t> order =
-      DistributedSamplerIndices(data_.train.size(), sampler_, epoch);
+      DistributedSamplerIndices(data_.train.size(), sampler_, epoch, order_.offset);
   const int64_t accum = spec_.train.grad_accum_steps;
   const int64_t micro_total =
       NumBatches(static_cast<int64_t>(order.size()), spec_.train.batch_size, spec_.train.drop_last);
-  const int64_t steps = (micro_total + accum - 1) / accum;
+  const int64_t steps = order_.first_step + (micro_total + accum - 1) / accum;
   window_samples_ = 0;
   window_steps_ = 0;
   window_start_ = TrainerClock::now();
@@ -63,7 +67,7 @@ absl::Status TrainerImpl::TrainEpoch(int64_t epoch, int64_t first_step) {
   bool complete = true;
   for (int64_t step = first_step; step < steps; ++step) {
     const auto t0 = TrainerClock::now();
-    const int64_t first_micro = step * accum;
+    const int64_t first_micro = (step - order_.first_step) * accum;
     const int64_t num_micro = std::min(accum, micro_total - first_micro);
     double loss = 0;
     std::optional<StepTimes> times;  // Measured on the CPU path only.
@@ -80,6 +84,7 @@ absl::Status TrainerImpl::TrainEpoch(int64_t epoch, int64_t first_step) {
       epoch_loss_sum_ += totals[0];
     }
     double step_ms = MillisSince(t0);
+    if (sample_log_.is_open()) LogSamples(order, first_micro, num_micro, epoch, step);
     total_samples_ += samples;
     pos_ = {epoch, step + 1, pos_.global_step + 1};
     epoch_steps_ += static_cast<int64_t>(totals[1]);
@@ -239,6 +244,23 @@ absl::Status TrainerImpl::TakeDeviceStep(const std::vector<int64_t>& order, int6
   return device_step_->Take(epoch, step, pos_.global_step, micro);
 }
 
+void TrainerImpl::LogSamples(const std::vector<int64_t>& order, int64_t first_micro,
+                             int64_t num_micro, int64_t epoch, int64_t step) {
+  const int64_t total = static_cast<int64_t>(order.size());
+  const int64_t bs = spec_.train.batch_size;
+  std::string line = absl::StrCat(env_.attempt, " ", env_.rank, " ", epoch, " ", step, " ",
+                                  pos_.global_step);
+  for (int64_t j = 0; j < num_micro; ++j) {
+    const int64_t begin = (first_micro + j) * bs;
+    for (int64_t i = begin; i < std::min(total, begin + bs); ++i) {
+      absl::StrAppend(&line, " ", order[static_cast<size_t>(i)]);
+    }
+  }
+  line += '\n';
+  sample_log_.write(line.data(), static_cast<std::streamsize>(line.size()));
+  sample_log_.flush();
+}
+
 absl::Status TrainerImpl::EndEpoch(int64_t epoch, bool complete, bool checkpoint_due) {
   const auto t0 = TrainerClock::now();
   // [train loss sum, train steps, val loss sum, val correct, val samples, val
@@ -299,7 +321,10 @@ absl::Status TrainerImpl::EndEpoch(int64_t epoch, bool complete, bool checkpoint
     events_.Emit(e);
   }
   last_val_accuracy_ = v[4] > 0 && spec_.train.loss != LossKind::kMse ? v[3] / v[5] : -1;
-  if (complete) pos_ = {epoch + 1, 0, pos_.global_step};
+  if (complete) {
+    pos_ = {epoch + 1, 0, pos_.global_step};
+    order_ = {};
+  }
   if (spec_.checkpoint.dir.empty()) return absl::OkStatus();
   const bool final_epoch = epoch + 1 == spec_.train.epochs || IsLastStep();
   const bool epoch_ckpt = spec_.checkpoint.every_epochs > 0 &&

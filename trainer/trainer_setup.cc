@@ -5,6 +5,9 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <thread>
@@ -74,6 +77,15 @@ absl::Status TrainerImpl::Setup() {
   sampler_.shuffle = spec_.train.shuffle;
   sampler_.seed = spec_.train.seed;
   sampler_.drop_last = false;  // The sampler pads (as PyTorch's); train.drop_last drops batches.
+  if (const char* dir = std::getenv("DDP_SAMPLE_LOG"); dir != nullptr && *dir != '\0') {
+    // Appended to across attempts: each line names its attempt.
+    const std::string path = absl::StrCat(dir, "/samples.rank", env_.rank, ".txt");
+    sample_log_.open(path, std::ios::app);
+    if (!sample_log_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("DDP_SAMPLE_LOG: cannot append to ", path, ": ", std::strerror(errno)));
+    }
+  }
   fold_loss_ = spec_.max_recoveries > 0 && !env_.generation_file.empty() &&
                !device_.device.is_cuda();
   DDP_RETURN_IF_ERROR(JoinGroup());

@@ -2,11 +2,14 @@
 
 #include <torch/serialize.h>
 
+#include <cstdint>
+#include <limits>
 #include <map>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "libddp/engine/sampler.h"
 
 namespace ddp {
 namespace {
@@ -77,6 +80,20 @@ bool SameDataOrder(const SamplerState& saved, const SamplerState& now) {
          (saved.data_seed < 0 || saved.data_seed == now.data_seed);
 }
 
+bool SamePermutation(const SamplerState& saved, const SamplerState& now) {
+  return saved.seed == now.seed && saved.shuffle == now.shuffle &&
+         (saved.train_samples < 0 || saved.train_samples == now.train_samples) &&
+         (saved.data_seed < 0 || saved.data_seed == now.data_seed);
+}
+
+int64_t SamplesDone(const TrainingState& s) {
+  if (s.position.step == 0) return 0;
+  const int64_t size = s.sampler.train_samples < 0 ? std::numeric_limits<int64_t>::max() : s.sampler.train_samples;
+  return EpochSamplesConsumed(size, s.order.offset, s.position.step - s.order.first_step,
+                              s.sampler.grad_accum_steps, s.sampler.batch_size,
+                              s.sampler.world_size);
+}
+
 std::vector<char> EncodeCheckpoint(const TrainingState& s) {
   Dict model(c10::StringType::get(), c10::TensorType::get());
   for (const auto& [name, t] : s.model) model.insert(name, t.detach().cpu());
@@ -100,6 +117,9 @@ std::vector<char> EncodeCheckpoint(const TrainingState& s) {
   d.insert("data_seed", s.sampler.data_seed);
   d.insert("epoch_loss_sum", s.epoch_loss_sum);
   d.insert("epoch_steps", s.epoch_steps);
+  d.insert("epoch_samples_done", SamplesDone(s));
+  d.insert("epoch_order_offset", s.order.offset);
+  d.insert("epoch_order_step", s.order.first_step);
   if (s.rng_state.defined()) d.insert("rng_state", s.rng_state);
   if (!s.lr_scheduler.isNone()) d.insert("lr_scheduler", s.lr_scheduler);
   return torch::pickle_save(d);
@@ -158,6 +178,13 @@ absl::StatusOr<TrainingState> DecodeCheckpoint(const std::vector<char>& bytes,
     s.epoch_loss_sum = 0;
     s.epoch_steps = 0;
   }
+  // Files before decision 191 lack them: their epochs were sharded whole.
+  r.OptionalInt("epoch_order_offset", &s.order.offset);
+  r.OptionalInt("epoch_order_step", &s.order.first_step);
+  if (s.order.offset < 0 || s.order.first_step < 0 || s.order.first_step > s.position.step) {
+    return r.Malformed("epoch_order_offset");
+  }
+  s.epoch_samples_done = SamplesDone(s);
   if (c10::IValue rng = r.Get("rng_state"); rng.isTensor()) s.rng_state = rng.toTensor();
   return s;
 }

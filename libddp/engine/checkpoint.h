@@ -19,6 +19,13 @@
 //                 the training set the order was drawn over
 //   epoch_loss_sum, epoch_steps
 //                 mid-epoch: the epoch's step losses so far, summed over ranks
+//   epoch_samples_done
+//                 mid-epoch: how many positions of the epoch's order (the sampler's
+//                 shuffled indices) the whole job has trained on
+//   epoch_order_offset, epoch_order_step
+//                 where the epoch's present sharding began: at position offset of the
+//                 order and at that step of the epoch (0, 0 unless an earlier world of
+//                 another size trained the epoch's first samples: decision 191)
 //   rng_state     rank 0's CPU generator state
 //
 // trainer.cc fills a TrainingState and uses the one it gets back; only this file
@@ -54,6 +61,12 @@ struct SamplerState {
 // `saved` (unknown values in `saved` are taken to match).
 bool SameDataOrder(const SamplerState& saved, const SamplerState& now);
 
+// Whether the epochs' orders are the same permutations (seed, shuffle, training set):
+// then a run of another world size, batch size or accumulation can go on from the
+// samples a checkpoint's epoch has consumed (decision 191).
+bool SamePermutation(const SamplerState& saved, const SamplerState& now);
+
+
 // Who wrote a checkpoint.
 struct CheckpointIdentity {
   std::string job;     // The job's name.
@@ -62,10 +75,22 @@ struct CheckpointIdentity {
   std::string node;
 };
 
+// How an epoch's order is sharded (decision 191): from position `offset` of the epoch's
+// order on, over the present world, starting at step `first_step` of the epoch.
+// {0, 0}: the whole epoch, as DistributedSampler shards it.
+struct EpochOrder {
+  int64_t offset = 0;
+  int64_t first_step = 0;
+};
+
 struct TrainingState {
   CheckpointIdentity identity;
   Position position;
   SamplerState sampler;
+  EpochOrder order;
+  // Positions of the epoch's order trained on at `position` (informative: a resume
+  // computes it from `order`, `position` and `sampler`; files before it lack it).
+  int64_t epoch_samples_done = 0;
   // Mid-epoch: the epoch's step losses so far and their count, summed over ranks.
   double epoch_loss_sum = 0;
   int64_t epoch_steps = 0;
@@ -77,6 +102,9 @@ struct TrainingState {
   c10::IValue lr_scheduler;
   at::Tensor rng_state;            // Undefined when the file has none.
 };
+
+// Positions of `state`'s epoch order that the job had trained on at its position.
+int64_t SamplesDone(const TrainingState& state);
 
 std::vector<char> EncodeCheckpoint(const TrainingState& state);
 // INVALID_ARGUMENT for a file that is not a ddp checkpoint or lacks a key, naming

@@ -28,8 +28,25 @@ struct SamplerOptions {
 int64_t DistributedSamplerLength(int64_t dataset_size, const SamplerOptions& options);
 
 // The indices rank `options.rank` visits in `epoch` (after set_epoch(epoch)).
+//
+// `consumed` > 0 (decision 191): the first `consumed` positions of the epoch's order
+// were trained on already, by a world of another size, batch size or accumulation
+// (an elastic restart). The rest, order[consumed:], is padded or cut for this world
+// as above (padding repeats the rest from its own start) and sharded rest[rank::world],
+// so every sample of the epoch is still visited once (padding aside). 0: the sampler.
 std::vector<int64_t> DistributedSamplerIndices(int64_t dataset_size, const SamplerOptions& options,
-                                               int64_t epoch);
+                                               int64_t epoch, int64_t consumed = 0);
+
+// How many positions of an epoch's order (the shuffled indices before padding) the
+// whole job has trained on after `steps` optimizer steps of `accum` micro-batches of
+// `batch_size` per rank, at `world` ranks, counted from position `first`: rank r's j-th
+// sample is position first + r + world * j, so the steps consume a prefix. At most
+// `dataset_size`.
+inline int64_t EpochSamplesConsumed(int64_t dataset_size, int64_t first, int64_t steps,
+                                    int64_t accum, int64_t batch_size, int64_t world) {
+  const int64_t consumed = first + steps * accum * batch_size * world;
+  return consumed < dataset_size ? consumed : dataset_size;
+}
 
 // Number of batches a DataLoader makes from `samples` indices.
 inline int64_t NumBatches(int64_t samples, int64_t batch_size, bool drop_last) {

@@ -2,6 +2,8 @@
 
 #include <torch/serialize/archive.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "ddp/process_group.h"
 #include "libddp/engine/sampler.h"
@@ -33,16 +35,34 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, const ProcessGroup&
     : DistributedSampler(dataset_size, group.world_size(), group.rank(), shuffle, seed,
                          drop_last) {}
 
-void DistributedSampler::set_epoch(int64_t epoch) { *epoch_ = epoch; }
+void DistributedSampler::set_epoch(int64_t epoch) {
+  *epoch_ = epoch;
+  *done_ = 0;
+}
+
+void DistributedSampler::set_epoch(int64_t epoch, int64_t samples_done) {
+  if (samples_done < 0 || samples_done > dataset_size_) {
+    ThrowIfError(absl::InvalidArgumentError(
+        absl::StrCat("DistributedSampler: samples_done ", samples_done, " is not in [0, ",
+                     dataset_size_, "] (the dataset's size)")));
+  }
+  *epoch_ = epoch;
+  *done_ = samples_done;
+}
+
+int64_t DistributedSampler::samples_done_after(int64_t batches, int64_t batch_size) const {
+  return EpochSamplesConsumed(dataset_size_, *done_, batches, /*accum=*/1, batch_size,
+                              num_replicas_);
+}
 
 std::vector<int64_t> DistributedSampler::indices() const {
   SamplerOptions o{num_replicas_, rank_, shuffle_, seed_, drop_last_};
-  return DistributedSamplerIndices(dataset_size_, o, *epoch_);
+  return DistributedSamplerIndices(dataset_size_, o, *epoch_, *done_);
 }
 
 int64_t DistributedSampler::size() const {
   SamplerOptions o{num_replicas_, rank_, shuffle_, seed_, drop_last_};
-  return DistributedSamplerLength(dataset_size_, o);
+  return DistributedSamplerLength(dataset_size_ - std::min(*done_, dataset_size_), o);
 }
 
 void DistributedSampler::reset(torch::optional<size_t> new_size) {
@@ -63,6 +83,7 @@ torch::optional<std::vector<size_t>> DistributedSampler::next(size_t batch_size)
 void DistributedSampler::save(torch::serialize::OutputArchive& archive) const {
   archive.write("epoch", at::tensor(*epoch_), /*is_buffer=*/true);
   archive.write("cursor", at::tensor(static_cast<int64_t>(cursor_)), /*is_buffer=*/true);
+  archive.write("samples_done", at::tensor(*done_), /*is_buffer=*/true);
 }
 
 void DistributedSampler::load(torch::serialize::InputArchive& archive) {
@@ -71,6 +92,10 @@ void DistributedSampler::load(torch::serialize::InputArchive& archive) {
   archive.read("epoch", epoch, /*is_buffer=*/true);
   archive.read("cursor", cursor, /*is_buffer=*/true);
   *epoch_ = epoch.item<int64_t>();
+  // Archives before samples_done lack it: the epoch from its start.
+  at::Tensor done = at::zeros({}, at::kLong);
+  archive.try_read("samples_done", done, /*is_buffer=*/true);
+  *done_ = std::clamp<int64_t>(done.item<int64_t>(), 0, dataset_size_);
   reset();
   cursor_ = std::min(static_cast<size_t>(cursor.item<int64_t>()), current_.size());
 }

@@ -319,6 +319,12 @@ TEST(ElasticTest, AnElasticJobLosingANodeWithNoReplacementFinishesOnTheOneLeft) 
   EXPECT_EQ(done->attempts(0).state(), v1::FAILED);
   EXPECT_EQ(done->attempts(1).world_size(), 1);
   EXPECT_EQ(done->attempts(1).ranks(0).worker(), "w1");
+  // Resumed mid-epoch at the smaller world (a checkpoint every 50 of the epoch's 313
+  // steps): the rest of the epoch is sharded over it, not started again (decision 191).
+  CtlResult logs = c.Ctl({"logs", id, "--rank", "0"});
+  EXPECT_THAT(logs.out, HasSubstr("checkpoint was taken at world size 2, batch size 32 x 1"));
+  EXPECT_THAT(logs.out, HasSubstr("samples left of epoch 0 (of 20000) are sharded over world "
+                                  "size 1"));
 }
 
 TEST(ElasticTest, AFixedJobLosingANodeRunsAgainOnceAReplacementJoins) {

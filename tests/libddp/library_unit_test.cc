@@ -6,9 +6,11 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <numeric>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -79,6 +81,46 @@ TEST(DistributedSamplerTest, NextHandsOutBatchesUntilTheEpochEnds) {
   EXPECT_EQ(all, (std::vector<size_t>{0, 2, 4, 6, 8}));
   sampler.reset();
   EXPECT_EQ(sampler.next(2)->size(), 2u);
+}
+
+// Decision 191: 3 ranks trained 4 batches of 8 (96 of 200 samples); 2 ranks go on with
+// the rest of the epoch, and the epoch sees each sample once.
+TEST(DistributedSamplerTest, AnotherWorldGoesOnWithTheRestOfTheEpoch) {
+  const int64_t n = 200;
+  std::vector<int64_t> seen;
+  int64_t done = 0;
+  for (int64_t rank = 0; rank < 3; ++rank) {
+    DistributedSampler s(n, 3, rank, /*shuffle=*/true, /*seed=*/3);
+    s.set_epoch(4);
+    std::vector<int64_t> mine = s.indices();
+    seen.insert(seen.end(), mine.begin(), mine.begin() + 4 * 8);
+    done = s.samples_done_after(4, 8);
+  }
+  EXPECT_EQ(done, 96);
+  for (int64_t rank = 0; rank < 2; ++rank) {
+    DistributedSampler s(n, 2, rank, /*shuffle=*/true, /*seed=*/3);
+    s.set_epoch(4, done);
+    EXPECT_EQ(s.size(), 52);
+    DistributedSampler copy = s;  // A loader's copy goes on from there too.
+    copy.reset();
+    while (auto batch = copy.next(8)) seen.insert(seen.end(), batch->begin(), batch->end());
+    EXPECT_EQ(s.samples_done_after(52 / 8, 8), 96 + 6 * 8 * 2);
+    s.set_epoch(5);
+    EXPECT_EQ(s.samples_done(), 0) << "a new epoch starts at its first sample";
+    EXPECT_EQ(s.size(), 100);
+  }
+  std::sort(seen.begin(), seen.end());
+  std::vector<int64_t> every(n);
+  std::iota(every.begin(), every.end(), 0);
+  EXPECT_EQ(seen, every);
+  DistributedSampler s(n, 2, 0);
+  try {
+    s.set_epoch(1, n + 1);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_THAT(e.what(), HasSubstr("samples_done 201 is not in [0, 200]"));
+  }
 }
 
 TEST(DistributedSamplerTest, RankOutsideTheWorldIsAnError) {

@@ -3,7 +3,9 @@
 // checkpoint.dir (each node its own directory, as without shared storage).
 #include <filesystem>
 #include <map>
+#include <numeric>
 #include <set>
+#include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -257,6 +259,97 @@ TEST(TrainerCheckpointTest, AnAttemptGivenUpOnWritesNoCheckpointOverANewerOnes) 
   }
   EXPECT_TRUE(told) << refused[0].stderr_text;
   EXPECT_EQ(Held(dir + "/ckpt/a"), held);
+}
+
+// Decision 191: 480 synthetic samples, batch 8, two epochs, a checkpoint every step.
+constexpr char kElasticJob[] = R"(name: elastic-order
+model: {mlp: {hidden: [16]}}
+data: {synthetic: {samples: 480, features: 8, classes: 3}}
+train: {epochs: 2, batch_size: 8, threads: 1, max_steps: $MAX}
+metrics: {every_steps: 1}
+checkpoint: {dir: "ckpt/{node}", every_steps: 1}
+)";
+
+// Each rank's DDP_SAMPLE_LOG lines, "attempt rank epoch step global_step id...":
+// the ids trained on per epoch over every rank, and the (global step, rank) pairs.
+struct SampleLog {
+  std::map<int, std::vector<int64_t>> ids_by_epoch;
+  std::map<int, std::set<int>> ranks_by_step;
+  std::map<int, int> epoch_of_step;
+};
+
+SampleLog ReadSampleLog(const std::string& dir) {
+  SampleLog log;
+  for (int rank = 0; rank < 3; ++rank) {
+    std::istringstream in(testing::ReadFile(absl::StrCat(dir, "/samples.rank", rank, ".txt")));
+    std::string line;
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      int attempt, r, epoch, step, global_step;
+      fields >> attempt >> r >> epoch >> step >> global_step;
+      EXPECT_EQ(r, rank) << line;
+      EXPECT_TRUE(log.ranks_by_step[global_step].insert(r).second)
+          << "rank " << r << " took global step " << global_step << " twice";
+      log.epoch_of_step[global_step] = epoch;
+      for (int64_t id; fields >> id;) log.ids_by_epoch[epoch].push_back(id);
+    }
+  }
+  return log;
+}
+
+TEST(TrainerCheckpointTest, AnElasticRestartAtAnotherWorldSizeSeesEachSampleOfTheEpochOnce) {
+  const std::string dir = testing::MakeTempDir("ckpt-elastic-order");
+  const std::string samples = dir + "/samples";
+  std::filesystem::create_directories(samples);
+  auto launch = [&](int max_steps, std::vector<std::string> nodes) {
+    testing::WriteFile(dir + "/job.yaml",
+                       absl::StrReplaceAll(kElasticJob, {{"$MAX", absl::StrCat(max_steps)}}));
+    testing::TrainerLaunch l = testing::LaunchOf(dir + "/job.yaml", static_cast<int>(nodes.size()));
+    l.nproc_per_node = 1;
+    l.nodes = std::move(nodes);
+    l.env["DDP_SAMPLE_LOG"] = samples;
+    return l;
+  };
+  // 3 nodes: 160 samples a rank, 20 steps an epoch; stopped after 5 steps (120 samples).
+  DDP_ASSERT_OK_AND_ASSIGN(auto first, testing::RunTrainers(launch(5, {"a", "b", "c"})));
+  ExpectAllSucceeded(first);
+  // Node c is gone: 2 nodes take the other 360 (180 a rank) from global step 5, and
+  // stop after 6 of those steps (96 samples; 216 of the epoch done).
+  DDP_ASSERT_OK_AND_ASSIGN(auto second, testing::RunTrainers(launch(11, {"a", "b"})));
+  ExpectAllSucceeded(second);
+  EXPECT_EQ(second[0].OfType("start")[0].fields.fields().at("resumed_from").struct_value()
+                .fields().at("global_step").number_value(), 5);
+  EXPECT_THAT(second[0].stderr_text,
+              HasSubstr("checkpoint was taken at world size 3, batch size 8 x 1: the 360 "
+                        "samples left of epoch 0 (of 480) are sharded over world size 2"));
+  // c is back: 3 nodes take the last 264 (88 a rank, 11 steps), then a whole epoch.
+  DDP_ASSERT_OK_AND_ASSIGN(auto third, testing::RunTrainers(launch(1000, {"a", "b", "c"})));
+  ExpectAllSucceeded(third);
+  EXPECT_THAT(third[0].stderr_text,
+              HasSubstr("checkpoint was taken at world size 2, batch size 8 x 1: the 264 "
+                        "samples left of epoch 0 (of 480) are sharded over world size 3"));
+  const std::vector<Event> steps = third[0].OfType("step");
+  ASSERT_FALSE(steps.empty());
+  EXPECT_EQ(steps.front().Number("epoch"), 0);
+  EXPECT_EQ(steps.front().Number("step"), 11);
+  EXPECT_EQ(steps.front().Number("steps"), 22) << "5 + 6 + 11 steps in the interrupted epoch";
+  EXPECT_EQ(third[0].OfType("done")[0].Number("global_step"), 42);
+
+  const SampleLog log = ReadSampleLog(samples);
+  std::vector<int64_t> every(480);
+  std::iota(every.begin(), every.end(), 0);
+  for (int epoch : {0, 1}) {
+    std::vector<int64_t> ids = log.ids_by_epoch.at(epoch);
+    std::sort(ids.begin(), ids.end());
+    EXPECT_EQ(ids, every) << "epoch " << epoch << ": every sample exactly once";
+  }
+  // Steps 0-4 and 11-41 on three ranks, 5-10 on two; nothing taken twice.
+  ASSERT_EQ(log.ranks_by_step.size(), 42u);
+  for (const auto& [global_step, ranks] : log.ranks_by_step) {
+    const size_t world = global_step >= 5 && global_step < 11 ? 2 : 3;
+    EXPECT_EQ(ranks.size(), world) << "global step " << global_step;
+    EXPECT_EQ(log.epoch_of_step.at(global_step), global_step < 22 ? 0 : 1) << global_step;
+  }
 }
 
 }  // namespace

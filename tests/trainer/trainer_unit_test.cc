@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <numeric>
 #include <sstream>
 #include <tuple>
 #include <vector>
@@ -77,6 +78,50 @@ TEST(DistributedSamplerTest, EpochsReshuffleAndRanksPartitionTheData) {
   std::sort(all.begin(), all.end());
   EXPECT_THAT(all, ElementsAre(0, 1, 2, 3, 4, 5, 6, 7, 8, 9));
   EXPECT_NE(DistributedSamplerIndices(10, r0, 1), a);
+}
+
+// Decision 191: after `consumed` positions of an epoch's order at one world, the rest is
+// sharded over another, and the epoch visits every sample once.
+TEST(DistributedSamplerTest, TheRestOfAnEpochIsShardedOverANewWorldSize) {
+  const int64_t n = 480;
+  // 5 steps of batch 8 at 3 ranks consumed a prefix of the order: exactly positions 0..119.
+  std::vector<int64_t> seen;
+  for (int64_t rank = 0; rank < 3; ++rank) {
+    auto idx = DistributedSamplerIndices(n, SamplerOptions{3, rank, true, 7, false}, 2);
+    seen.insert(seen.end(), idx.begin(), idx.begin() + 5 * 8);
+  }
+  EXPECT_EQ(EpochSamplesConsumed(n, 0, 5, 1, 8, 3), 120);
+  std::vector<int64_t> order = DistributedSamplerIndices(n, SamplerOptions{1, 0, true, 7, false}, 2);
+  std::vector<int64_t> prefix(order.begin(), order.begin() + 120);
+  std::sort(seen.begin(), seen.end());
+  std::sort(prefix.begin(), prefix.end());
+  EXPECT_EQ(seen, prefix);
+  // The other 360 over 2 ranks: order[120:] shard by shard, nothing of the prefix again.
+  std::vector<int64_t> rest;
+  for (int64_t rank = 0; rank < 2; ++rank) {
+    auto idx = DistributedSamplerIndices(n, SamplerOptions{2, rank, true, 7, false}, 2, 120);
+    ASSERT_EQ(idx.size(), 180u);
+    for (size_t j = 0; j < idx.size(); ++j) {
+      EXPECT_EQ(idx[j], order[120 + rank + 2 * j]) << "rank " << rank << " sample " << j;
+    }
+    rest.insert(rest.end(), idx.begin(), idx.end());
+  }
+  std::vector<int64_t> all = prefix;
+  all.insert(all.end(), rest.begin(), rest.end());
+  std::sort(all.begin(), all.end());
+  std::vector<int64_t> every(n);
+  std::iota(every.begin(), every.end(), 0);
+  EXPECT_EQ(all, every) << "each sample of the epoch once";
+  // A rest that does not divide is padded from its own start, as the sampler pads.
+  auto r0 = DistributedSamplerIndices(n, SamplerOptions{3, 0, true, 7, false}, 2, 478);
+  auto r2 = DistributedSamplerIndices(n, SamplerOptions{3, 2, true, 7, false}, 2, 478);
+  EXPECT_EQ(r0, (std::vector<int64_t>{order[478]}));
+  EXPECT_EQ(r2, (std::vector<int64_t>{order[478]}));
+  // Offset 0 is the sampler itself; an epoch consumed whole leaves nothing.
+  EXPECT_EQ(DistributedSamplerIndices(n, SamplerOptions{2, 1, true, 7, false}, 2, 0),
+            DistributedSamplerIndices(n, SamplerOptions{2, 1, true, 7, false}, 2));
+  EXPECT_TRUE(DistributedSamplerIndices(n, SamplerOptions{2, 1, true, 7, false}, 2, n).empty());
+  EXPECT_EQ(EpochSamplesConsumed(n, 400, 9, 2, 8, 3), n) << "at most the epoch";
 }
 
 TEST(BucketAssignmentTest, ReverseOrderFirstBucketSmallThenCap) {
@@ -176,6 +221,7 @@ TrainingState SampleState() {
   s.identity = {"cancer", "cancer-abc12", 3, "node-b"};
   s.position = {2, 7, 63};
   s.sampler = {2, 8, 1, 5, true, 455, 0};
+  s.order = {40, 2};
   s.epoch_loss_sum = 1.25;
   s.epoch_steps = 14;
   s.model = {{"1.weight", at::arange(6, at::kFloat).reshape({2, 3})},
@@ -199,6 +245,11 @@ TEST(CheckpointSchemaTest, EveryFieldOfTheTrainingStateSurvivesTheBytes) {
   EXPECT_EQ(out.sampler.train_samples, 455);
   EXPECT_EQ(out.epoch_loss_sum, 1.25);
   EXPECT_EQ(out.epoch_steps, 14);
+  EXPECT_EQ(out.order.offset, 40);
+  EXPECT_EQ(out.order.first_step, 2);
+  // 40 + (7 - 2) steps of the sampler's batches over its world.
+  EXPECT_EQ(out.epoch_samples_done,
+            40 + 5 * in.sampler.grad_accum_steps * in.sampler.batch_size * in.sampler.world_size);
   ASSERT_EQ(out.model.size(), 2u);
   EXPECT_EQ(out.model[0].first, "1.weight");
   EXPECT_TRUE(out.model[0].second.equal(in.model[0].second));
@@ -221,6 +272,21 @@ TEST(CheckpointSchemaTest, AnotherModelIsRefusedAndAnotherDataOrderIsNoticed) {
   SamplerState unknown = in.sampler;
   unknown.train_samples = -1;  // A format 1 file.
   EXPECT_TRUE(SameDataOrder(unknown, in.sampler));
+  // Another world, batch size or accumulation keeps the epoch's permutation; another
+  // seed or training set does not.
+  other.batch_size = 3;
+  other.grad_accum_steps = 5;
+  EXPECT_TRUE(SamePermutation(in.sampler, other));
+  other.seed = in.sampler.seed + 1;
+  EXPECT_FALSE(SamePermutation(in.sampler, other));
+  SamplerState fewer = in.sampler;
+  fewer.train_samples = 400;
+  EXPECT_FALSE(SamePermutation(in.sampler, fewer));
+  // An order that began after the position is no checkpoint of ours.
+  TrainingState bad = SampleState();
+  bad.order.first_step = bad.position.step + 1;
+  EXPECT_THAT(DecodeCheckpoint(EncodeCheckpoint(bad), "x.pt"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'epoch_order_offset'")));
 }
 
 // Steps an optimizer of `spec` on the loop over parameters and one on the multi-tensor

@@ -36,7 +36,19 @@ class DistributedSampler : public torch::data::samplers::Sampler<std::vector<siz
 
   // Also for every copy of this sampler (a loader's).
   void set_epoch(int64_t epoch);
+  // Going on with an epoch that a world of another size (or batch size) trained part
+  // of: the first `samples_done` positions of the epoch's order are done, and this rank
+  // takes its share of the rest, rest[rank::world] (padded or cut as a whole epoch).
+  // Also for every copy; the next set_epoch(epoch) starts from 0 again. Throws
+  // kInvalidArgument for a count outside 0..dataset_size.
+  void set_epoch(int64_t epoch, int64_t samples_done);
   int64_t epoch() const { return *epoch_; }
+  int64_t samples_done() const { return *done_; }
+  // How many positions of the epoch's order the whole job has trained on after
+  // `batches` full batches of `batch_size` on every rank of this world, counted from
+  // samples_done() (at most dataset_size): what a checkpoint keeps to go on at
+  // another world size with set_epoch(epoch, samples_done).
+  int64_t samples_done_after(int64_t batches, int64_t batch_size) const;
   // This rank's indices for the current epoch (len(sampler) of them).
   std::vector<int64_t> indices() const;
   // len(sampler): how many indices this rank gets per epoch.
@@ -57,6 +69,7 @@ class DistributedSampler : public torch::data::samplers::Sampler<std::vector<siz
   int64_t seed_;
   bool drop_last_;
   std::shared_ptr<int64_t> epoch_ = std::make_shared<int64_t>(0);  // Shared by copies.
+  std::shared_ptr<int64_t> done_ = std::make_shared<int64_t>(0);   // Shared by copies.
   std::vector<int64_t> current_;  // Drawn by reset().
   size_t cursor_ = 0;
 };
