@@ -72,23 +72,21 @@ class DictReader {
 
 }  // namespace
 
-bool SameDataOrder(const SamplerState& saved, const SamplerState& now) {
-  return saved.world_size == now.world_size && saved.batch_size == now.batch_size &&
-         saved.grad_accum_steps == now.grad_accum_steps && saved.seed == now.seed &&
-         saved.shuffle == now.shuffle &&
-         (saved.train_samples < 0 || saved.train_samples == now.train_samples) &&
-         (saved.data_seed < 0 || saved.data_seed == now.data_seed);
-}
-
 bool SamePermutation(const SamplerState& saved, const SamplerState& now) {
   return saved.seed == now.seed && saved.shuffle == now.shuffle &&
          (saved.train_samples < 0 || saved.train_samples == now.train_samples) &&
          (saved.data_seed < 0 || saved.data_seed == now.data_seed);
 }
 
+bool SameDataOrder(const SamplerState& saved, const SamplerState& now) {
+  return saved.world_size == now.world_size && saved.batch_size == now.batch_size &&
+         saved.grad_accum_steps == now.grad_accum_steps && SamePermutation(saved, now);
+}
+
 int64_t SamplesDone(const TrainingState& s) {
   if (s.position.step == 0) return 0;
-  const int64_t size = s.sampler.train_samples < 0 ? std::numeric_limits<int64_t>::max() : s.sampler.train_samples;
+  const int64_t size = s.sampler.train_samples < 0 ? std::numeric_limits<int64_t>::max()
+                                                   : s.sampler.train_samples;
   return EpochSamplesConsumed(size, s.order.offset, s.position.step - s.order.first_step,
                               s.sampler.grad_accum_steps, s.sampler.batch_size,
                               s.sampler.world_size);
