@@ -49,6 +49,11 @@ absl::Status TrainerImpl::Run() {
       DDP_RETURN_IF_ERROR(Recover(st));
     }
   }
+  // The last checkpoint is written and reported before the run says it is done.
+  if (saver_) {
+    saver_->Wait();
+    DDP_RETURN_IF_ERROR(ReapSave());
+  }
   EmitDone();
   // Let every rank finish before rank 0's store goes away with its process.
   return comm().Barrier();

@@ -129,19 +129,63 @@ absl::Status TrainerImpl::Checkpoint(const Position& pos) {
   if (!keeper_->writer()) return absl::OkStatus();
   TrainingState state = StateAt(pos, rng, loss_totals);
   if (zero_ != nullptr) state.optimizer = std::move(zero_state);
-  DDP_ASSIGN_OR_RETURN(const std::string path, keeper_->Save(std::move(state)));
-  if (env_.rank != 0) {
-    DDP_LOG(INFO) << "checkpoint of step " << pos.global_step << " kept on this node: " << path;
-    return absl::OkStatus();
-  }
   CheckpointEvent e;
-  e.path = std::filesystem::absolute(path).string();
   e.epoch = pos.epoch;
   e.step = pos.step;
   e.global_step = pos.global_step;
+  if (saver_) {
+    // checkpoint.async: training waits for a save still in flight (so memory holds one
+    // copy at most) and for the copy of the state, not for the write.
+    e.async = true;
+    const auto w0 = TrainerClock::now();
+    saver_->Wait();
+    DDP_RETURN_IF_ERROR(ReapSave());
+    e.wait_ms = MillisSince(w0);
+    const auto s0 = TrainerClock::now();
+    // On the CPU the writer thread copies the parameters and the optimizer state while
+    // the next forward and backward run (they only read them): the next optimizer step
+    // waits for the copy (TakeStep). What a forward may change, buffers (BatchNorm's
+    // running statistics, DDP's broadcast) and the frozen parameters with them, is
+    // copied here. On a GPU everything is copied here, on the trainer's stream.
+    const bool copy_later = !device_.device.is_cuda();
+    if (copy_later) {
+      for (auto& named : state.model) {
+        if (!named.second.requires_grad()) named.second = named.second.detach().clone();
+      }
+    } else {
+      state = Snapshot(state);
+    }
+    e.snapshot_ms = MillisSince(s0);
+    e.wait_ms += saver_->Submit(std::move(state), copy_later);
+    inflight_ = e;
+    return absl::OkStatus();
+  }
+  DDP_ASSIGN_OR_RETURN(const std::string path, keeper_->Save(std::move(state)));
   e.write_ms = MillisSince(t0);
-  events_.Emit(e);
+  ReportCheckpoint(e, path);
   return absl::OkStatus();
+}
+
+absl::Status TrainerImpl::ReapSave() {
+  if (!saver_) return absl::OkStatus();
+  std::optional<BackgroundSaver::Finished> done = saver_->TakeFinished();
+  if (!done.has_value()) return absl::OkStatus();
+  CheckpointEvent e = inflight_.value_or(CheckpointEvent{});
+  inflight_.reset();
+  // A failed background save fails the run here, as a synchronous one would have.
+  if (!done->path.ok()) return done->path.status();
+  e.write_ms = done->write_ms;
+  ReportCheckpoint(e, *done->path);
+  return absl::OkStatus();
+}
+
+void TrainerImpl::ReportCheckpoint(CheckpointEvent e, const std::string& path) {
+  if (env_.rank != 0) {
+    DDP_LOG(INFO) << "checkpoint of step " << e.global_step << " kept on this node: " << path;
+    return;
+  }
+  e.path = std::filesystem::absolute(path).string();
+  events_.Emit(e);
 }
 
 TrainingState TrainerImpl::StateAt(const Position& pos, const at::Tensor& rng,

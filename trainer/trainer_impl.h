@@ -33,6 +33,7 @@
 #include "ddp/distributed_data_parallel.h"
 #include "ddp/process_group.h"
 #include "ddp/zero_redundancy_optimizer.h"
+#include "libddp/engine/background_saver.h"
 #include "libddp/engine/checkpoint.h"
 #include "libddp/engine/checkpoint_keeper.h"
 #include "libddp/engine/comm.h"
@@ -163,6 +164,12 @@ class TrainerImpl {
   // --- Checkpoints (trainer_checkpoints.cc).
   absl::Status Resume();
   absl::Status Checkpoint(const Position& pos);
+  // A finished save of `e`'s position at `path`: rank 0's checkpoint event, a log line
+  // elsewhere.
+  void ReportCheckpoint(CheckpointEvent e, const std::string& path);
+  // checkpoint.async: reports the background save that finished, if one did (its
+  // error, when it failed). Called after each step and wherever the save is waited for.
+  absl::Status ReapSave();
   // `state`'s model, optimizer and position into this rank's (`what` names it in errors).
   absl::Status LoadState(const TrainingState& state, const std::string& what);
   // With zero_: `state`'s optimizer state, this rank's shard of it, into zero_.
@@ -214,6 +221,11 @@ class TrainerImpl {
   ZeroRedundancyOptimizer* zero_ = nullptr;
   std::vector<int> checkpoint_writers_;  // With zero_: the ranks that write checkpoints.
   std::unique_ptr<CheckpointKeeper> keeper_;  // With checkpoint.dir only.
+  // checkpoint.async on a writer: saves keeper_'s checkpoints in the background.
+  // Declared after keeper_, so it is gone (its save finished) before keeper_ is.
+  std::unique_ptr<BackgroundSaver> saver_;
+  // The save in flight's event, its waits so far (its copy's wait added by TakeStep).
+  std::optional<CheckpointEvent> inflight_;
   std::unique_ptr<BatchAssembler> train_batches_;
   std::unique_ptr<DeviceStep> device_step_;  // Made by SetUpDeviceStep, else null.
   ReducerTrace trace_;

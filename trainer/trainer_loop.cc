@@ -132,6 +132,7 @@ absl::Status TrainerImpl::TrainEpoch(int64_t epoch, int64_t first_step) {
     const double iteration_ms = device_step_ ? MillisSince(t0) : step_ms;
     train_ms_ += iteration_ms;
     DDP_RETURN_IF_ERROR(CheckNotice(iteration_ms));
+    DDP_RETURN_IF_ERROR(ReapSave());
     const bool step_ckpt = spec_.checkpoint.every_steps > 0 &&
                            pos_.global_step % spec_.checkpoint.every_steps == 0;
     if (last_in_epoch) {
@@ -209,6 +210,8 @@ absl::Status TrainerImpl::TakeStep(const std::vector<int64_t>& order, int64_t fi
   if (spec_.train.clip_grad_norm > 0) ClipGradNorm(params_, spec_.train.clip_grad_norm);
   for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
   last_lr_ = lr;
+  // checkpoint.async: the writer thread may still be copying what this step changes.
+  if (inflight_.has_value()) inflight_->snapshot_ms += saver_->WaitForCopy();
   try {
     optimizer_->step();  // With ZeRO: collective (the owners' updates broadcast).
   } catch (const Error& e) {

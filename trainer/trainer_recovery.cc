@@ -41,6 +41,11 @@ absl::Status TrainerImpl::CheckNotice(double step_ms) {
                    << (seen.seq == newest ? " (" + seen.reason + ")" : "")
                    << ": checkpointing at step " << pos_.global_step;
   DDP_RETURN_IF_ERROR(Checkpoint(pos_));
+  // Written (and reported) before the hold: the move waits for this checkpoint.
+  if (saver_) {
+    saver_->Wait();
+    DDP_RETURN_IF_ERROR(ReapSave());
+  }
   // Every step from here would be lost when the attempt moves: wait to be stopped.
   // Training goes on if that does not come (the move was called off).
   const absl::Duration hold =
@@ -67,6 +72,14 @@ absl::Status TrainerImpl::Recover(const absl::Status& cause) {
   // communicator a graph still holds.
   if (device_step_) device_step_->DropGraph();
   ddp_.reset();
+  if (saver_) {
+    // Its save in flight finishes first (local I/O, no collective) and is reported.
+    saver_->Wait();
+    if (absl::Status st = ReapSave(); !st.ok()) {
+      DDP_LOG(WARNING) << "rank " << env_.rank << ": " << st;
+    }
+  }
+  saver_.reset();
   keeper_.reset();
   group_.reset();
   for (at::Tensor& p : params_) p.mutable_grad().reset();  // The abandoned step's.

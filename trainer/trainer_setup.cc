@@ -124,6 +124,10 @@ absl::Status TrainerImpl::JoinGroup() {
     keeper_ = std::make_unique<CheckpointKeeper>(
         KeeperOptionsOf(spec_.checkpoint, checkpoint_template_), env_, &comm(), device_.device);
     DDP_RETURN_IF_ERROR(keeper_->Setup());
+    // checkpoint.async (decision 192): a writer's saves go to a thread of their own.
+    if (spec_.checkpoint.async && keeper_->writer()) {
+      saver_ = std::make_unique<BackgroundSaver>(keeper_.get());
+    }
     if (zero_ != nullptr) {
       // Which ranks write: each needs the whole optimizer state at a checkpoint.
       std::vector<double> writes(static_cast<size_t>(env_.world_size), 0.0);

@@ -214,13 +214,21 @@ struct CheckpointEvent {
   int64_t step = 0;
   int64_t global_step = 0;
   double write_ms = 0;
+  bool async = false;
+  double snapshot_ms = 0;
+  double wait_ms = 0;
   template <typename S, typename V>
   static void Fields(S& s, V&& v) {
     v("path", s.path, "");
     v("epoch", s.epoch, "");
     v("step", s.step, "");
     v("global_step", s.global_step, "");
-    v("write_ms", s.write_ms, "");
+    v("write_ms", s.write_ms, "serializing and writing the file, fsync and rename included");
+    v("async", s.async, "true: written in the background while training went on (checkpoint.async)");
+    v("snapshot_ms", s.snapshot_ms,
+      "async: what training waited for the state's copy into host memory");
+    v("wait_ms", s.wait_ms,
+      "async: what training waited for the save before it, still in flight");
   }
 };
 

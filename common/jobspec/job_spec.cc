@@ -835,7 +835,7 @@ void ParseRest(Reader& r, const YAML::Node& root, JobSpec* spec) {
     }
   }
   if (const YAML::Node n = r.Sub(root, "checkpoint")) {
-    if (r.Map(n, "checkpoint", {"dir", "every_epochs", "every_steps", "keep", "resume"})) {
+    if (r.Map(n, "checkpoint", {"dir", "every_epochs", "every_steps", "keep", "resume", "async"})) {
       CheckpointSpec& c = spec->checkpoint;
       r.String(n, "dir", "checkpoint", &c.dir, /*required=*/true);
       // Neither given: every epoch. Both given as 0: only the final checkpoint.
@@ -856,6 +856,7 @@ void ParseRest(Reader& r, const YAML::Node& root, JobSpec* spec) {
                                  : (resume == 1 ? ResumePolicy::kYes : ResumePolicy::kNo);
         }
       }
+      r.Bool(n, "async", "checkpoint", &c.async);
     }
   }
   if (const YAML::Node n = r.Sub(root, "metrics")) {

@@ -206,6 +206,9 @@ struct CheckpointSpec {
   int64_t every_steps = 0;
   int64_t keep = 2;  // Checkpoints each writer keeps, newest first.
   ResumePolicy resume = ResumePolicy::kYes;
+  // Training waits only for a copy of the state in host memory; a background writer
+  // serializes and writes it (decision 192). false: every rank waits for the write.
+  bool async = true;
 };
 
 struct MetricsSpec {

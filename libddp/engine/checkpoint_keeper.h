@@ -82,6 +82,10 @@ class CheckpointKeeper {
   // Saves `state` if this rank writes, and returns the path written ("" elsewhere).
   // `state.identity` is filled in here.
   absl::StatusOr<std::string> Save(TrainingState state);
+  // Where Save() puts the checkpoint of `global_step` on this rank ("" elsewhere).
+  std::string PathFor(int64_t global_step) const {
+    return writer_ ? store_.PathFor(global_step) : std::string();
+  }
 
  private:
   std::string MarkerPrefix() const;

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "libddp/engine/background_saver.h"
 #include "libddp/engine/checkpoint.h"
 #include "libddp/engine/checkpoint_keeper.h"
 #include "libddp/engine/optimizer.h"
@@ -23,6 +24,16 @@ struct Checkpointer::Impl {
   std::shared_ptr<ProcessGroup> group;
   std::string dir;
   std::unique_ptr<CheckpointKeeper> keeper;
+  std::unique_ptr<BackgroundSaver> saver;  // CheckpointOptions.async on a writer.
+
+  // Waits for the save in flight (with `async`); its error, if it failed.
+  absl::Status Finish() {
+    if (!saver) return absl::OkStatus();
+    saver->Wait();
+    std::optional<BackgroundSaver::Finished> done = saver->TakeFinished();
+    if (done.has_value() && !done->path.ok()) return done->path.status();
+    return absl::OkStatus();
+  }
 
   absl::StatusOr<std::string> Save(const torch::nn::Module& module,
                                    torch::optim::Optimizer& optimizer, const Position& position) {
@@ -37,12 +48,18 @@ struct Checkpointer::Impl {
     state.model = ModuleState(module);
     state.optimizer = OptimizerStateDict(spec, optimizer);
     state.rng_state = rng;
+    if (saver) {
+      DDP_RETURN_IF_ERROR(Finish());  // One copy in memory at a time.
+      saver->Submit(Snapshot(state), /*copy=*/false);
+      return keeper->PathFor(position.global_step);
+    }
     return keeper->Save(std::move(state));
   }
 
   absl::StatusOr<std::optional<Position>> Load(torch::nn::Module& module,
                                                torch::optim::Optimizer& optimizer) {
     DDP_ASSIGN_OR_RETURN(OptimizerSpec spec, OptimizerSpecOf(optimizer));
+    DDP_RETURN_IF_ERROR(Finish());
     DDP_ASSIGN_OR_RETURN(std::optional<CheckpointKeeper::Restored> restored, keeper->Restore());
     if (!restored.has_value()) return std::optional<Position>();
     const TrainingState& ckpt = restored->state;
@@ -76,6 +93,9 @@ Checkpointer::Checkpointer(std::shared_ptr<ProcessGroup> group, CheckpointOption
                                                      pg.device.device);
   impl_->group = std::move(group);
   ThrowIfError(impl_->keeper->Setup());
+  if (options.async && impl_->keeper->writer()) {
+    impl_->saver = std::make_unique<BackgroundSaver>(impl_->keeper.get());
+  }
 }
 
 Checkpointer::~Checkpointer() = default;
@@ -83,6 +103,10 @@ Checkpointer::~Checkpointer() = default;
 std::string Checkpointer::save(const torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                const Position& position) {
   return ValueOrThrow(impl_->Save(module, optimizer, position));
+}
+
+void Checkpointer::wait() {
+  ThrowIfError(impl_->Finish());
 }
 
 std::optional<Position> Checkpointer::load(torch::nn::Module& module,

@@ -291,6 +291,12 @@ TEST(JobSpecTest, CheckpointKeepsTwoAndResumesUnlessToldOtherwise) {
   DDP_ASSERT_OK_AND_ASSIGN(JobSpec plain, ParseJobSpec(head + "checkpoint: {dir: c}\n"));
   EXPECT_EQ(plain.checkpoint.keep, 2);
   EXPECT_EQ(plain.checkpoint.resume, ResumePolicy::kYes);
+  EXPECT_TRUE(plain.checkpoint.async) << "saves in the background unless told otherwise";
+  DDP_ASSERT_OK_AND_ASSIGN(JobSpec sync,
+                           ParseJobSpec(head + "checkpoint: {dir: c, async: false}\n"));
+  EXPECT_FALSE(sync.checkpoint.async);
+  EXPECT_THAT(ParseJobSpec(head + "checkpoint: {dir: c, async: later}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("checkpoint.async")));
   DDP_ASSERT_OK_AND_ASSIGN(
       JobSpec forced, ParseJobSpec(head + "checkpoint: {dir: c, keep: 5, resume: force}\n"));
   EXPECT_EQ(forced.checkpoint.keep, 5);

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <numeric>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/ports.h"
+#include "tests/common/test_util.h"
 #include "tests/trainer/trainer_harness.h"
 #include "worker/agent/trainer_event_parser.h"
 
@@ -458,6 +460,39 @@ TEST(CheckpointerTest, AnEmptyDirIsRefused) {
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("CheckpointOptions.dir"));
   }
+}
+
+// CheckpointOptions.async: save() returns with the state copied; what is written is the
+// state at save(), whatever training changes meanwhile.
+TEST(CheckpointerTest, AnAsyncSaveWritesTheStateOfItsCallInTheBackground) {
+  auto group = WorldOfOne();
+  const std::string dir = ::ddp::testing::MakeTempDir("async-ckpt");
+  torch::manual_seed(3);
+  torch::nn::Linear net(64, 32);
+  torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(0.1));
+  net(torch::ones({2, 64})).sum().backward();
+  opt.step();
+  const torch::Tensor saved = net->weight.detach().clone();
+  std::string path;
+  {
+    Checkpointer ckpt(group, CheckpointOptions{dir, 2, true, false, /*async=*/true});
+    path = ckpt.save(*net, opt, Position{0, 1, 1});
+    EXPECT_EQ(path, dir + "/checkpoint-0000000001.pt");
+    {
+      torch::NoGradGuard no_grad;
+      net->weight.add_(1.0);  // Training goes on while the file is written.
+    }
+    ckpt.wait();
+    std::ifstream file(path);
+    EXPECT_TRUE(file.good()) << path << " is on disk after wait()";
+  }
+  torch::nn::Linear fresh(64, 32);
+  torch::optim::Adam fresh_opt(fresh->parameters(), torch::optim::AdamOptions(0.1));
+  Checkpointer reader(group, CheckpointOptions{dir});
+  std::optional<Position> pos = reader.load(*fresh, fresh_opt);
+  ASSERT_TRUE(pos.has_value());
+  EXPECT_EQ(pos->global_step, 1);
+  EXPECT_TRUE(torch::equal(fresh->weight, saved)) << "the state of save(), not the one after";
 }
 
 TEST(VersionTest, TheLibraryIsTheHeadersVersion) {

@@ -33,14 +33,16 @@ data:
   validation: {fraction: 0.2}
 train: {epochs: 2, batch_size: 8, drop_last: true, threads: 1, optimizer: {name: adam, lr: 0.01},
         clip_grad_norm: 0.5, lr_schedule: {name: cosine, warmup: 7}}
-checkpoint: {dir: "ckpt/{node}", every_steps: 5, keep: $KEEP, resume: $RESUME}
+checkpoint: {dir: "ckpt/{node}", every_steps: 5, keep: $KEEP, resume: $RESUME, async: $ASYNC}
 )";
 
-std::string Job(const std::string& dir, int keep = 2, const std::string& resume = "true") {
+std::string Job(const std::string& dir, int keep = 2, const std::string& resume = "true",
+                bool async = true) {
   testing::WriteFile(dir + "/job.yaml",
                      absl::StrReplaceAll(kJob, {{"$SRC", testing::SourceDir()},
                                                 {"$KEEP", absl::StrCat(keep)},
-                                                {"$RESUME", resume}}));
+                                                {"$RESUME", resume},
+                                                {"$ASYNC", async ? "true" : "false"}}));
   return dir + "/job.yaml";
 }
 
@@ -152,21 +154,47 @@ TEST(TrainerCheckpointTest, ARestartWhoseRankZeroHasNoCheckpointResumesFromAnoth
   EXPECT_FALSE(Held(dir + "/ckpt/c").empty()) << "node c keeps the checkpoints it takes part in";
 }
 
-TEST(TrainerCheckpointTest, AKillDuringASaveLeavesThePreviousCheckpointToResumeFrom) {
-  const std::string dir = testing::MakeTempDir("ckpt-torn");
-  const std::string spec = Job(dir);
-  // Both nodes' writers stop halfway through the save of step 15; killed there.
+// Both nodes' writers stop halfway through the save of step 15 and every rank is
+// killed there (SIGKILL): the restart resumes from step 10, and no torn file is read.
+// checkpoint.async (the default): the save is the writer thread's, so training went
+// on past step 15 meanwhile, up to step 20's save, which waits for it (one in flight).
+// async: false: every rank stopped at step 15.
+void KillDuringASave(bool async) {
+  const std::string dir = testing::MakeTempDir(async ? "ckpt-torn-async" : "ckpt-torn");
+  const std::string spec = Job(dir, 2, "true", async);
   testing::TrainerLaunch launch = TwoNodes(spec, "a", "b");
   launch.env["DDP_DEBUG_CHECKPOINT_STALL"] = "15";
   DDP_ASSERT_OK_AND_ASSIGN(auto group, testing::TrainerGroup::Start(launch));
   std::set<int> stalled;
-  group->Wait(nullptr, absl::Minutes(5), [&stalled](int rank, const std::string& line) {
-    if (absl::StrContains(line, "DDP_DEBUG_CHECKPOINT_STALL=15: stopped halfway")) {
-      stalled.insert(rank);
-    }
-    return stalled.size() == 2;
-  });
+  double last_step = -1;  // Rank 0's last step event's global step.
+  auto done = [&] { return stalled.size() == 2 && (!async || last_step >= 19); };
+  auto results = group->Wait(
+      [&](int rank, const Event& e) {
+        if (rank == 0 && e.type() == "step") last_step = e.Number("global_step");
+        return done();
+      },
+      absl::Minutes(2),
+      [&](int rank, const std::string& line) {
+        if (absl::StrContains(line, "DDP_DEBUG_CHECKPOINT_STALL=15: stopped halfway")) {
+          stalled.insert(rank);
+        }
+        return done();
+      });
   ASSERT_EQ(stalled.size(), 2u);
+  if (async) {
+    EXPECT_EQ(last_step, 19) << "trained on while step 15 was being written, up to step 20's "
+                                "save, which waits for it";
+  } else {
+    EXPECT_EQ(last_step, 14) << "a synchronous save stops training";
+  }
+  for (const RankResult& r : results) {
+    for (const Event& e : r.OfType("checkpoint")) {
+      EXPECT_LT(e.Number("global_step"), 15) << "the torn save was never reported";
+      EXPECT_EQ(e.fields.fields().at("async").bool_value(), async);
+      EXPECT_GT(e.Number("write_ms"), 0);
+      EXPECT_GE(e.Number("snapshot_ms"), 0);
+    }
+  }
   for (const std::string node : {"a", "b"}) {
     EXPECT_EQ(Held(dir + "/ckpt/" + node), (std::vector<int>{5, 10}))
         << "nothing of step 15 is visible on " << node;
@@ -177,6 +205,14 @@ TEST(TrainerCheckpointTest, AKillDuringASaveLeavesThePreviousCheckpointToResumeF
   ExpectResumedLikeTheReference(resumed, 10);
   EXPECT_TRUE(Temporaries(dir + "/ckpt/a").empty()) << "each writer cleans up its own leftover";
   EXPECT_TRUE(Temporaries(dir + "/ckpt/b").empty());
+}
+
+TEST(TrainerCheckpointTest, AKillDuringABackgroundSaveLeavesThePreviousCheckpointToResumeFrom) {
+  KillDuringASave(/*async=*/true);
+}
+
+TEST(TrainerCheckpointTest, AKillDuringASynchronousSaveLeavesThePreviousCheckpoint) {
+  KillDuringASave(/*async=*/false);
 }
 
 TEST(TrainerCheckpointTest, AnotherJobsCheckpointIsRefusedUnlessForced) {
@@ -221,7 +257,8 @@ TEST(TrainerCheckpointTest, NodesSharingADirectoryWriteItOnce) {
   // checkpoint.dir without {node}: both nodes see the same directory.
   testing::WriteFile(dir + "/job.yaml",
                      absl::StrReplaceAll(kJob, {{"$SRC", testing::SourceDir()}, {"$KEEP", "2"},
-                                                {"$RESUME", "true"}, {"ckpt/{node}", "ckpt"}}));
+                                                {"$RESUME", "true"}, {"$ASYNC", "true"},
+                                                {"ckpt/{node}", "ckpt"}}));
   DDP_ASSERT_OK_AND_ASSIGN(auto results,
                            testing::RunTrainers(TwoNodes(dir + "/job.yaml", "a", "b")));
   ExpectAllSucceeded(results);

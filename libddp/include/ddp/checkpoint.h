@@ -34,6 +34,11 @@ struct CheckpointOptions {
   bool resume = true;     // false: load() finds nothing.
   // Resume a checkpoint written by another job id (DDP_JOB_ID) too; refused otherwise.
   bool force = false;
+  // save() returns once the state is copied into host memory; a background thread
+  // writes it (decision 192), one save at a time: the next save(), wait(), load() or
+  // the destructor waits for the one in flight, and save() or wait() throws the error
+  // of one that failed.
+  bool async = false;
 };
 
 class Checkpointer {
@@ -47,9 +52,13 @@ class Checkpointer {
 
   // Collective: every rank calls it at the same position. Saves the module's state,
   // the optimizer's (SGD, Adam or AdamW, one param group) and rank 0's CPU generator.
-  // Returns the path written on this rank ("" where this rank does not write).
+  // Returns the path written on this rank ("" where this rank does not write); with
+  // `async`, the path being written.
   std::string save(const torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                    const Position& position);
+  // With `async`: waits until the save in flight is on disk; throws its error (kUnavailable
+  // and the like, as save() would have). Without: returns at once.
+  void wait();
   // Collective: loads the newest checkpoint into `module` and `optimizer` (and the CPU
   // generator) and returns its position; nullopt when there is none. Throws
   // kInvalidArgument when it belongs to another model or job.
