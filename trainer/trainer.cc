@@ -55,6 +55,7 @@ absl::Status TrainerImpl::Run() {
     DDP_RETURN_IF_ERROR(ReapSave());
   }
   EmitDone();
+  comm().recorder()->SetPhase(flight::Phase::kDone);
   // Let every rank finish before rank 0's store goes away with its process.
   return comm().Barrier();
 }

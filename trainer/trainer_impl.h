@@ -238,6 +238,15 @@ class TrainerImpl {
   // another size trained its first samples (decision 191); {} from the next epoch on.
   EpochOrder order_;
   std::ofstream sample_log_;  // DDP_SAMPLE_LOG's file, when set.
+  // DDP_DEBUG_DATA_STALL=RANK:GLOBAL_STEP:FIFO (tests only): that rank reads the FIFO in
+  // its data path at that step, and blocks until the test writes to it.
+  struct DebugDataStallAt {
+    int rank = -1;
+    int64_t global_step = -1;
+    std::string fifo;
+  };
+  std::optional<DebugDataStallAt> debug_data_stall_;
+  void DebugDataStall();
   bool resumed_ = false;
   Position resumed_from_;
   // Per-epoch running totals for the epoch event's train_loss (reset by EndEpoch;

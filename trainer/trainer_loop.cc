@@ -4,6 +4,7 @@
 // when to checkpoint.
 #include <algorithm>
 #include <array>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -12,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "ddp/autocast.h"
 #include "ddp/lr_schedule.h"
@@ -74,6 +76,7 @@ absl::Status TrainerImpl::TrainEpoch(int64_t epoch, int64_t first_step) {
     int64_t samples = 0;
     std::array<double, 2> totals = {0, 1};
     const double lr = LrAt(epoch, pos_.global_step);
+    comm().recorder()->SetStep(pos_.global_step);
     if (device_step_) {
       // Queued on the GPU; the loss is read below only when an event reports it.
       DDP_RETURN_IF_ERROR(TakeDeviceStep(order, first_micro, num_micro, epoch, step, lr, &samples));
@@ -140,7 +143,10 @@ absl::Status TrainerImpl::TrainEpoch(int64_t epoch, int64_t first_step) {
       complete = step + 1 == steps;
       break;
     }
-    if (step_ckpt && !spec_.checkpoint.dir.empty()) DDP_RETURN_IF_ERROR(Checkpoint(pos_));
+    if (step_ckpt && !spec_.checkpoint.dir.empty()) {
+      flight::PhaseScope phase(comm().recorder(), flight::Phase::kCheckpoint);
+      DDP_RETURN_IF_ERROR(Checkpoint(pos_));
+    }
   }
   return EndEpoch(epoch, complete, checkpoint_due);
 }
@@ -158,10 +164,14 @@ absl::Status TrainerImpl::TakeStep(const std::vector<int64_t>& order, int64_t fi
     const int64_t begin = (first_micro + j) * bs;
     const int64_t n = std::min(bs, total - begin);
     const auto data_start = TrainerClock::now();
+    flight::Recorder* const recorder = comm().recorder();
+    recorder->SetPhase(flight::Phase::kData);
+    if (debug_data_stall_.has_value()) DebugDataStall();
     auto [x, y] = train_batches_->Gather(order.data() + begin, n);
     at::Tensor xd = x.to(device_.device, /*non_blocking=*/true);
     at::Tensor yd = y.to(device_.device, /*non_blocking=*/true);
     times->data_ms += MillisSince(data_start);
+    recorder->SetPhase(flight::Phase::kCompute);
     const auto compute_start = TrainerClock::now();
     // Gradient accumulation: every micro-batch but the last runs under no_sync, and the
     // last one's backward all-reduces the accumulated sum (inside backward()).
@@ -206,6 +216,7 @@ absl::Status TrainerImpl::TakeStep(const std::vector<int64_t>& order, int64_t fi
   times->comm_ms = backward_wait_ms + (fold ? MillisSince(fold_start) : 0.0);
   times->compute_ms = std::max(0.0, times->compute_ms - backward_wait_ms);
   const auto optimizer_start = TrainerClock::now();
+  comm().recorder()->SetPhase(flight::Phase::kOptimizer);
   // On the averaged gradients, as torch.nn.utils.clip_grad_norm_ after backward().
   if (spec_.train.clip_grad_norm > 0) ClipGradNorm(params_, spec_.train.clip_grad_norm);
   for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
@@ -232,6 +243,7 @@ absl::Status TrainerImpl::TakeDeviceStep(const std::vector<int64_t>& order, int6
   const int64_t total = static_cast<int64_t>(order.size());
   std::vector<std::pair<at::Tensor, at::Tensor>> micro;
   *samples = 0;
+  comm().recorder()->SetPhase(flight::Phase::kData);
   for (int64_t j = 0; j < num_micro; ++j) {
     const int64_t begin = (first_micro + j) * bs;
     const int64_t n = std::min(bs, total - begin);
@@ -244,7 +256,20 @@ absl::Status TrainerImpl::TakeDeviceStep(const std::vector<int64_t>& order, int6
   // too, for the checkpoint's optimizer state (as the eager step sets it).
   for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
   last_lr_ = lr;
+  comm().recorder()->SetPhase(flight::Phase::kCompute);  // Forward to the optimizer, queued.
   return device_step_->Take(epoch, step, pos_.global_step, micro);
+}
+
+void TrainerImpl::DebugDataStall() {
+  const DebugDataStallAt& at = *debug_data_stall_;
+  if (env_.rank != at.rank || pos_.global_step != at.global_step) return;
+  DDP_LOG(WARNING) << "DDP_DEBUG_DATA_STALL: rank " << at.rank << " reads " << at.fifo
+                   << " in its data path at global step " << at.global_step;
+  // Blocks in open(2) until a writer opens the FIFO, then in read(2) until it writes or
+  // closes: a data source that stopped answering (a hung network mount).
+  std::ifstream fifo(at.fifo);
+  std::string line;
+  std::getline(fifo, line);
 }
 
 void TrainerImpl::LogSamples(const std::vector<int64_t>& order, int64_t first_micro,
@@ -270,6 +295,7 @@ absl::Status TrainerImpl::EndEpoch(int64_t epoch, bool complete, bool checkpoint
   // predictions], summed over ranks. A sample makes one prediction, a token window
   // (model.gpt) one per token: loss and accuracy are per prediction.
   double val_loss = 0, correct = 0, count = 0, predictions = 0;
+  comm().recorder()->SetPhase(flight::Phase::kEvaluate);
   if (data_.val.size() > 0) {
     at::NoGradGuard no_grad;
     model_->SetTraining(false);
@@ -329,6 +355,7 @@ absl::Status TrainerImpl::EndEpoch(int64_t epoch, bool complete, bool checkpoint
     order_ = {};
   }
   if (spec_.checkpoint.dir.empty()) return absl::OkStatus();
+  comm().recorder()->SetPhase(flight::Phase::kCheckpoint);
   const bool final_epoch = epoch + 1 == spec_.train.epochs || IsLastStep();
   const bool epoch_ckpt = spec_.checkpoint.every_epochs > 0 &&
                           (epoch + 1) % spec_.checkpoint.every_epochs == 0;

@@ -15,7 +15,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -85,6 +87,18 @@ absl::Status TrainerImpl::Setup() {
       return absl::FailedPreconditionError(
           absl::StrCat("DDP_SAMPLE_LOG: cannot append to ", path, ": ", std::strerror(errno)));
     }
+  }
+  if (const char* v = std::getenv("DDP_DEBUG_DATA_STALL"); v != nullptr && *v != '\0') {
+    // RANK:GLOBAL_STEP:FIFO (tests only).
+    std::vector<std::string> parts = absl::StrSplit(v, absl::MaxSplits(':', 2));
+    DebugDataStallAt at;
+    if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &at.rank) ||
+        !absl::SimpleAtoi(parts[1], &at.global_step) || parts[2].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DDP_DEBUG_DATA_STALL=", v, ": expected RANK:GLOBAL_STEP:FIFO"));
+    }
+    at.fifo = parts[2];
+    debug_data_stall_ = at;
   }
   fold_loss_ = spec_.max_recoveries > 0 && !env_.generation_file.empty() &&
                !device_.device.is_cuda();

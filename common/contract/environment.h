@@ -53,6 +53,10 @@ struct Environment {
   // DDP_NOTICE_FILE (set by ddp-worker): where the checkpoint-now notice appears
   // ("" outside ddp-worker: none ever does).
   std::string notice_file;
+  // DDP_FLIGHT_RECORDER (set by ddp-worker): the file this rank keeps its flight recorder
+  // in, for its worker to read (common/contract/flight_recorder.h); "" outside
+  // ddp-worker: the recorder stays in memory.
+  std::string flight_recorder;
 };
 
 }  // namespace ddp

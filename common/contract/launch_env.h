@@ -69,6 +69,9 @@ inline constexpr char kGenerationFile[] = "DDP_GENERATION_FILE";
 // notice yet; DEADLINE_MS the Unix time in ms when the ranks will be stopped, 0 if
 // unknown), replaced atomically whenever the coordinator raises a new notice.
 inline constexpr char kNoticeFile[] = "DDP_NOTICE_FILE";
+// The rank's flight recorder (common/contract/flight_recorder.h): a file the rank
+// maps and its worker reads at each heartbeat.
+inline constexpr char kFlightRecorder[] = "DDP_FLIGHT_RECORDER";
 // Seconds between SIGTERM to a rank and its SIGKILL when its worker stops it (the
 // job's stop_grace_s within the worker's --stop-grace).
 inline constexpr char kStopGrace[] = "DDP_STOP_GRACE_S";

@@ -369,6 +369,10 @@ class Coordinator {
                                                         TouchList& touched,
                                                         StoreWriter::Ticket* commit_first)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The flight recorders the beat carries, into their attempts' stall watches (every
+  // beat's: they move while the statuses stay the same).
+  void NoteFlightsLocked(const WorkerRecord& worker, const v1::HeartbeatRequest& req,
+                         absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // HeartbeatStretch() for the live workers now (decision 162).
   int BeatStretchLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The worker's desired tasks; records those it had not reported as dispatched and

@@ -116,7 +116,8 @@ void Coordinator::CheckStallsLocked(absl::Time now, TouchList& touched) {
         rec->spec.train.stall_timeout_s <= 0 ? ", learned"
         : rec->spec.is_command()             ? ", stall_timeout_s"
                                              : ", train.stall_timeout_s",
-        stall->stopped ? "; its process is stopped (SIGSTOP or a debugger)" : "");
+        stall->stopped ? "; its process is stopped (SIGSTOP or a debugger)" : "") +
+        rec->stall.Explain(*stall, now);
     DDP_LOG(WARNING) << "job " << rec->job.id() << ": " << reason;
     ApplyLocked(*rec, FailAttempt(*rec, reason, /*retryable=*/true, now), touched);
   }

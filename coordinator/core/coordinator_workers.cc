@@ -222,6 +222,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::HeartbeatLocked(
   // rank table says is the worker's: a worker cannot fail, start or finish another's
   // ranks (what it reports only moves its own slot count).
   const WorkerRegistry::Reported reported = registry_.Report(worker, req.tasks());
+  NoteFlightsLocked(worker, req, now);
   if (reported.counts_changed) schedule_dirty_ = true;
   for (const v1::TaskStatus* status : reported.changed) {
     NoteNodeFaultsLocked(worker, *status, now);  // Before a retry is placed.
@@ -249,6 +250,36 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::HeartbeatLocked(
     resp->set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(options_.heartbeat_timeout * stretch));
   }
   return resp;
+}
+
+void Coordinator::NoteFlightsLocked(const WorkerRecord& worker, const v1::HeartbeatRequest& req,
+                                    absl::Time now) {
+  // Every beat's, changed or not: a rank's flight recorder moves while its status
+  // stays the same, and a stall's reason is told from the latest.
+  for (const v1::TaskStatus& status : req.tasks()) {
+    bool any = false;
+    for (const v1::LocalRankStatus& r : status.ranks()) any = any || r.has_flight();
+    if (!any) continue;
+    JobRecord* rec = FindLocked(status.job_id());
+    if (rec == nullptr || !OwnsReportLocked(worker, *rec, status)) continue;
+    const v1::Attempt* a = ActiveAttempt(*rec);
+    if (a == nullptr || a->number() != status.attempt()) continue;
+    for (const v1::LocalRankStatus& r : status.ranks()) {
+      if (!r.has_flight() || r.exited()) continue;
+      const v1::FlightState& f = r.flight();
+      RankFlight flight;
+      flight.known = true;
+      flight.phase = f.phase();
+      flight.phase_ms = f.phase_ms();
+      flight.entered = f.entered();
+      flight.completed = f.completed();
+      flight.collective = f.collective();
+      flight.waiting_ms = f.waiting_ms();
+      flight.global_step = f.global_step();
+      flight.read_at = now;
+      rec->stall.SetFlight(r.rank(), a->world_size(), std::move(flight));
+    }
+  }
 }
 
 int Coordinator::BeatStretchLocked() const {

@@ -2,11 +2,103 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/contract/flight_recorder.h"
+
 namespace ddp {
 
 void StallWatch::Size(int world) {
-  if (world <= 0 || static_cast<int>(stopped_.size()) >= world) return;
-  stopped_.resize(static_cast<size_t>(world), false);
+  if (world <= 0) return;
+  if (static_cast<int>(stopped_.size()) < world) stopped_.resize(static_cast<size_t>(world), false);
+  if (static_cast<int>(flights_.size()) < world) flights_.resize(static_cast<size_t>(world));
+}
+
+void StallWatch::SetFlight(int rank, int world, RankFlight flight) {
+  if (rank < 0 || rank >= world) return;
+  Size(world);
+  flights_[static_cast<size_t>(rank)] = std::move(flight);
+}
+
+int StallWatch::Laggard() const {
+  if (flights_.empty()) return -1;
+  int low = -1;
+  bool unique = true, someone_waits = false;
+  for (size_t r = 0; r < flights_.size(); ++r) {
+    const RankFlight& f = flights_[r];
+    if (!f.known) return -1;
+    if (r < last_.size() && last_[r] == absl::InfiniteFuture()) return -1;  // Done.
+    if (low < 0 || f.entered < flights_[static_cast<size_t>(low)].entered) {
+      low = static_cast<int>(r);
+      unique = true;
+    } else if (f.entered == flights_[static_cast<size_t>(low)].entered) {
+      unique = false;
+    }
+  }
+  if (low < 0 || !unique) return -1;
+  const uint64_t behind = flights_[static_cast<size_t>(low)].entered;
+  for (const RankFlight& f : flights_) {
+    if (f.entered > behind && f.waiting_ms > 0) someone_waits = true;
+  }
+  return someone_waits ? low : -1;
+}
+
+namespace {
+
+std::string Seconds(int64_t ms) { return absl::StrFormat("%.1fs", static_cast<double>(ms) / 1e3); }
+
+// The flight's ms figures as of `now` (they were read at `read_at`).
+int64_t Aged(int64_t ms, const RankFlight& f, absl::Time now) {
+  return ms + std::max<int64_t>(0, absl::ToInt64Milliseconds(now - f.read_at));
+}
+
+std::string Where(int rank, const RankFlight& f, absl::Time now) {
+  std::string out = absl::StrCat("rank ", rank, " is in ", flight::PhaseNameOfLabel(f.phase),
+                                 " (for ", Seconds(Aged(f.phase_ms, f, now)));
+  if (f.global_step >= 0) absl::StrAppend(&out, ", step ", f.global_step);
+  return out + ")";
+}
+
+}  // namespace
+
+std::string StallWatch::Explain(const Stall& stall, absl::Time now) const {
+  if (stall.rank < 0 || static_cast<size_t>(stall.rank) >= flights_.size()) return "";
+  const RankFlight& me = flights_[static_cast<size_t>(stall.rank)];
+  if (!me.known) return "";
+  // Those waiting in a collective this rank never entered, and the longest wait.
+  std::vector<int> waiting;
+  int64_t waited = 0;
+  std::string collective;
+  bool all_in_same = me.waiting_ms > 0;
+  for (size_t r = 0; r < flights_.size(); ++r) {
+    const RankFlight& f = flights_[r];
+    if (static_cast<int>(r) == stall.rank || !f.known) continue;
+    if (f.entered != me.entered || f.waiting_ms == 0) all_in_same = false;
+    if (f.entered <= me.entered || f.waiting_ms == 0) continue;
+    waiting.push_back(static_cast<int>(r));
+    const int64_t w = Aged(f.waiting_ms, f, now);
+    if (w >= waited) {
+      waited = w;
+      collective = f.collective;
+    }
+  }
+  std::string out;
+  if (!waiting.empty()) {
+    absl::StrAppend(&out, "; it never entered ", collective, ", where rank",
+                    waiting.size() > 1 ? "s " : " ", absl::StrJoin(waiting, ", "),
+                    waiting.size() > 1 ? " have" : " has", " waited ", Seconds(waited), "; ");
+  } else if (all_in_same && flights_.size() > 1) {
+    absl::StrAppend(&out, "; every rank is in ", me.collective, ", which has not completed for ",
+                    Seconds(Aged(me.waiting_ms, me, now)),
+                    " (the network or the backend, not a rank); ");
+  } else if (me.waiting_ms > 0) {
+    absl::StrAppend(&out, "; it waits in ", me.collective, " (for ",
+                    Seconds(Aged(me.waiting_ms, me, now)), "); ");
+  } else {
+    out = "; ";
+  }
+  return out + Where(stall.rank, me, now);
 }
 
 void StallWatch::Progress(int rank, int world, bool step, absl::Time now) {
@@ -60,6 +152,11 @@ std::optional<StallWatch::Stall> StallWatch::Find(absl::Time now, absl::Duration
   if (!oldest.has_value() || oldest->silent < timeout) return std::nullopt;  // No stall.
   // The cause, though it may have reported after the peers that wait for it.
   if (stopped.has_value()) return stopped;
+  if (const int laggard = Laggard(); laggard >= 0) {  // The others wait for it, by their recorders.
+    const size_t r = static_cast<size_t>(laggard);
+    return Stall{laggard, now - (last_[r] == absl::InfiniteFuture() ? now : last_[r]), false,
+                 true};
+  }
   if (oldest->silent < timeout + unreported_grace) return std::nullopt;  // Its agent's word?
   return oldest;
 }

@@ -34,12 +34,28 @@
 #ifndef DDP_COORDINATOR_CORE_STALL_WATCHDOG_H_
 #define DDP_COORDINATOR_CORE_STALL_WATCHDOG_H_
 
+#include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/time/time.h"
 
 namespace ddp {
+
+// A rank's flight recorder as its agent last read it (decision 193; the heartbeat's
+// FlightState): where the rank is, and which collective it last entered.
+struct RankFlight {
+  bool known = false;
+  std::string phase;         // PhaseLabel: "data", "compute", ...
+  int64_t phase_ms = 0;      // In it for this long when read.
+  uint64_t entered = 0;      // Its last collective entered (sequence number).
+  uint64_t completed = 0;
+  std::string collective;    // The oldest one in flight, else the last entered.
+  int64_t waiting_ms = 0;    // The oldest in flight has waited this long (0: none).
+  int64_t global_step = -1;
+  absl::Time read_at;        // When the coordinator got it.
+};
 
 class StallWatch {
  public:
@@ -57,6 +73,9 @@ class StallWatch {
   void Done(int rank);
   // What the rank's agent last said of its process: stopped (SIGSTOP, a debugger).
   void SetStopped(int rank, int world, bool stopped);
+  // What the rank's agent last read from its flight recorder.
+  void SetFlight(int rank, int world, RankFlight flight);
+  const std::vector<RankFlight>& flights() const { return flights_; }
   bool armed() const { return !last_.empty(); }
 
   // The timeout in effect (see the file comment).
@@ -66,18 +85,31 @@ class StallWatch {
     int rank = -1;
     absl::Duration silent;  // Since its last progress.
     bool stopped = false;   // Its agent reports the process stopped.
+    bool lagging = false;   // Its flight recorder shows the others waiting for it.
   };
   // The stalled rank, when some rank has been silent for `timeout` or longer: one
-  // reported stopped if any is, else, once the longest silence is past `timeout` +
+  // reported stopped if any is; else the one the flight recorders show the others
+  // waiting for (Laggard), at once; else, once the longest silence is past `timeout` +
   // `unreported_grace`, the rank silent longest. O(world).
   std::optional<Stall> Find(absl::Time now, absl::Duration timeout,
                             absl::Duration unreported_grace = absl::ZeroDuration()) const;
+
+  // The rank the others wait for, by the flight recorders: every rank's is known, this
+  // one entered fewer collectives than all the others, and some other rank has one in
+  // flight (it waits in the collective this rank never entered). -1: none such.
+  int Laggard() const;
+  // Why `stall.rank` stalled, from the flight recorders, as the attempt's reason goes
+  // on after "rank R on W stalled: ...": "; it never entered all-reduce #4817 (bucket 3,
+  // 1.2 MB), where ranks 0, 2 have waited 31.0s; rank 1 is in data loading (for 31.4s,
+  // step 11)". Empty when its recorder is not known (a program that keeps none).
+  std::string Explain(const Stall& stall, absl::Time now) const;
 
  private:
   void Size(int world);
 
   std::vector<absl::Time> last_;  // By rank; empty until armed.
   std::vector<bool> stopped_;     // By rank.
+  std::vector<RankFlight> flights_;  // By rank.
   absl::Duration longest_gap_ = absl::ZeroDuration();
   bool reporting_ranks_only_ = false;
   std::vector<int> steps_;  // By rank, with reporting_ranks_only_: step lines seen (to 2).

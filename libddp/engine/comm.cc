@@ -16,6 +16,7 @@
 #include <optional>
 
 #include "absl/status/status.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -276,6 +277,46 @@ class ShmPendingSum : public PendingSum {
   ShmNodeComm::OpId id_;
 };
 
+// `st` (not OK) saying which collective failed: "... (in all-reduce #63 (bucket 0, 2.7
+// kB))", its code and payloads (a failure's kind) kept.
+absl::Status InCollective(const absl::Status& st, const std::string& collective) {
+  absl::Status out(st.code(), absl::StrCat(st.message(), " (in ", collective, ")"));
+  st.ForEachPayload([&](absl::string_view url, const absl::Cord& payload) {
+    out.SetPayload(url, payload);
+  });
+  return out;
+}
+
+// A sum as the flight recorder sees it: entered when started, completed when waited for
+// (a failure says which collective it was).
+class RecordedPendingSum : public PendingSum {
+ public:
+  RecordedPendingSum(std::unique_ptr<PendingSum> sum, std::shared_ptr<flight::Recorder> recorder,
+                     uint64_t bytes, int bucket)
+      : sum_(std::move(sum)),
+        recorder_(std::move(recorder)),
+        seq_(recorder_->Enter(flight::Kind::kAllReduce, bytes, bucket)) {}
+  ~RecordedPendingSum() override {
+    if (!waited_) recorder_->Exit(seq_);
+  }
+  absl::Status Wait() override {
+    absl::Status st;
+    {
+      flight::PhaseScope waiting(recorder_.get(), flight::Phase::kCommWait);
+      st = sum_->Wait();
+    }
+    waited_ = true;
+    recorder_->Exit(seq_);
+    return st.ok() ? st : InCollective(st, recorder_->Describe(seq_));
+  }
+
+ private:
+  std::unique_ptr<PendingSum> sum_;
+  std::shared_ptr<flight::Recorder> recorder_;
+  uint64_t seq_;
+  bool waited_ = false;
+};
+
 std::optional<ShmDType> ShmTypeOf(const at::Tensor& t) {
   if (!t.device().is_cpu() || !t.is_contiguous()) return std::nullopt;
   if (t.scalar_type() == at::kFloat) return ShmDType::kFloat32;
@@ -318,6 +359,22 @@ absl::StatusOr<DeviceChoice> ChooseDevice(const DeviceRequest& request, const En
 #endif
 }
 
+namespace {
+
+// DDP_FLIGHT_RECORDER's file, or memory (outside ddp-worker, or when the file cannot be
+// made: the worker then sees no recorder, and the rank says why).
+std::shared_ptr<flight::Recorder> OpenRecorder(const Environment& env) {
+  if (!env.flight_recorder.empty()) {
+    absl::StatusOr<std::unique_ptr<flight::Recorder>> file =
+        flight::Recorder::OpenFile(env.flight_recorder, env.rank);
+    if (file.ok()) return std::move(*file);
+    DDP_LOG(WARNING) << file.status().message() << "; the flight recorder stays in memory";
+  }
+  return std::make_shared<flight::Recorder>();
+}
+
+}  // namespace
+
 absl::StatusOr<Comm> Comm::Connect(const Environment& env, const DeviceChoice& device,
                                    const CommOptions& options) {
   const std::chrono::milliseconds rdzv_timeout = options.rdzv_timeout;
@@ -332,6 +389,7 @@ absl::StatusOr<Comm> Comm::Connect(const Environment& env, const DeviceChoice& d
   c.wait_->generation_file = env.generation_file;
   c.wait_->generation = env.generation;
   c.backend_name_ = device.backend;
+  c.recorder_ = OpenRecorder(env);
   // Rank 0 hosts the store, unless torchrun's agent already does (its static
   // rendezvous, TORCHELASTIC_USE_AGENT_STORE=True: what init_process_group does too).
   const bool host_store = env.rank == 0 && !env.use_agent_store;
@@ -446,7 +504,8 @@ absl::Status Comm::SetUpNodeGroup(const Environment& env, CommOptions::IntraNode
     c10d::AllreduceOptions opts;
     opts.reduceOp = c10d::ReduceOp::MIN;
     opts.timeout = timeout_;
-    DDP_RETURN_IF_ERROR(Run("intra-node communication vote", [&] { return backend_->allreduce(t, opts); }));
+    DDP_RETURN_IF_ERROR(Run("intra-node communication vote", flight::Kind::kAllReduce,
+                            votes.nbytes(), [&] { return backend_->allreduce(t, opts); }));
   }
   const int64_t* v = votes.data_ptr<int64_t>();
   const bool one_per_node = v[2] == 1 && -v[3] == 1;
@@ -496,11 +555,15 @@ absl::Status Comm::SetUpNodeGroup(const Environment& env, CommOptions::IntraNode
 
 std::string Comm::intra_node_comm() const { return shm_ ? "shm" : backend_name_; }
 
-std::unique_ptr<PendingSum> Comm::StartSum(const at::Tensor& flat) {
+std::unique_ptr<PendingSum> Comm::StartSum(const at::Tensor& flat, int bucket) {
   if (world_size_ == 1) return std::make_unique<DonePendingSum>(absl::OkStatus());
+  const uint64_t bytes = flat.numel() * static_cast<uint64_t>(flat.element_size());
+  auto recorded = [&](std::unique_ptr<PendingSum> sum) -> std::unique_ptr<PendingSum> {
+    return std::make_unique<RecordedPendingSum>(std::move(sum), recorder_, bytes, bucket);
+  };
   if (std::optional<ShmDType> dtype = ShmTypeOf(flat); shm_ && dtype) {
-    return std::make_unique<ShmPendingSum>(
-        shm_.get(), shm_->StartSum(flat.data_ptr(), static_cast<size_t>(flat.numel()), *dtype));
+    return recorded(std::make_unique<ShmPendingSum>(
+        shm_.get(), shm_->StartSum(flat.data_ptr(), static_cast<size_t>(flat.numel()), *dtype)));
   }
   std::vector<at::Tensor> tensors = {flat};
   c10d::AllreduceOptions opts;
@@ -508,8 +571,8 @@ std::unique_ptr<PendingSum> Comm::StartSum(const at::Tensor& flat) {
   opts.timeout = timeout_;
   try {
     const bool stream_ordered = flat.is_cuda() && backend_name_ == "nccl";
-    return std::make_unique<WorkPendingSum>(backend_->allreduce(tensors, opts), wait_,
-                                            stream_ordered);
+    return recorded(std::make_unique<WorkPendingSum>(backend_->allreduce(tensors, opts), wait_,
+                                                     stream_ordered));
   } catch (const std::exception& e) {
     return std::make_unique<DonePendingSum>(
         absl::UnavailableError(absl::StrCat("all-reduce failed to start: ", FirstLine(e))));
@@ -520,15 +583,25 @@ void Comm::Poll() {
   if (shm_) shm_->Poll();
 }
 
-absl::Status Comm::Run(const char* what,
+absl::Status Comm::Recorded(flight::Kind kind, uint64_t bytes,
+                            const std::function<absl::Status()>& body) {
+  const uint64_t seq = recorder_->Enter(kind, bytes);
+  absl::Status st = body();
+  recorder_->Exit(seq);
+  return st.ok() ? st : InCollective(st, recorder_->Describe(seq));
+}
+
+absl::Status Comm::Run(const char* what, flight::Kind kind, uint64_t bytes,
                        const std::function<c10::intrusive_ptr<c10d::Work>()>& op) {
-  c10::intrusive_ptr<c10d::Work> work;
-  try {
-    work = op();
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat(what, " failed to start: ", FirstLine(e)));
-  }
-  return Wait(work, what);
+  return Recorded(kind, bytes, [&]() -> absl::Status {
+    c10::intrusive_ptr<c10d::Work> work;
+    try {
+      work = op();
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat(what, " failed to start: ", FirstLine(e)));
+    }
+    return Wait(work, what);
+  });
 }
 
 absl::Status Comm::Wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what) {
@@ -556,7 +629,8 @@ absl::Status Comm::Broadcast(const std::vector<at::Tensor>& tensors) {
     std::vector<at::Tensor> buf = {at::cat(flat_parts)};
     absl::Status st;
     if (shm_ && buf[0].device().is_cpu()) {
-      st = shm_->Broadcast(buf[0].data_ptr(), buf[0].nbytes());
+      st = Recorded(flight::Kind::kBroadcast, buf[0].nbytes(),
+                    [&] { return shm_->Broadcast(buf[0].data_ptr(), buf[0].nbytes()); });
     } else {
       c10d::BroadcastOptions opts;
       opts.rootRank = 0;
@@ -566,10 +640,13 @@ absl::Status Comm::Broadcast(const std::vector<at::Tensor>& tensors) {
         // wait on the GPU, the host goes on, and a CUDA graph can hold it (BatchNorm's
         // buffers before every training forward). NCCL's watchdog bounds it (outside a
         // graph; inside one, the trainer's WaitForDevice).
-        st = WorkPendingSum(backend_->broadcast(buf, opts), wait_, /*stream_ordered=*/true)
-                 .Wait();
+        st = Recorded(flight::Kind::kBroadcast, buf[0].nbytes(), [&] {
+          return WorkPendingSum(backend_->broadcast(buf, opts), wait_, /*stream_ordered=*/true)
+              .Wait();
+        });
       } else {
-        st = Run("broadcast", [&] { return backend_->broadcast(buf, opts); });
+        st = Run("broadcast", flight::Kind::kBroadcast, buf[0].nbytes(),
+                 [&] { return backend_->broadcast(buf, opts); });
       }
     }
     if (!st.ok()) return st;
@@ -612,7 +689,8 @@ absl::StatusOr<std::vector<char>> Comm::BroadcastBytesFrom(int root,
     c10d::BroadcastOptions o;
     o.rootRank = root;
     o.timeout = timeout_;
-    return Run(op.c_str(), [&] { return backend_->broadcast(tensors, o); });
+    return Run(op.c_str(), flight::Kind::kBroadcast, t.nbytes(),
+               [&] { return backend_->broadcast(tensors, o); });
   };
   const bool me = rank_ == root;
   at::Tensor size = at::full({1}, me ? static_cast<int64_t>(bytes.size()) : 0,
@@ -629,15 +707,19 @@ absl::StatusOr<std::vector<char>> Comm::BroadcastBytesFrom(int root,
 }
 
 absl::Status Comm::AllReduceSum(at::Tensor& tensor) {
-  all_reduce_sum_bytes_ += tensor.numel() * static_cast<int64_t>(tensor.element_size());
+  const int64_t bytes = tensor.numel() * static_cast<int64_t>(tensor.element_size());
+  all_reduce_sum_bytes_ += bytes;
   if (std::optional<ShmDType> dtype = ShmTypeOf(tensor); shm_ && dtype) {
-    return shm_->Sum(tensor.data_ptr(), static_cast<size_t>(tensor.numel()), *dtype);
+    return Recorded(flight::Kind::kAllReduce, bytes, [&] {
+      return shm_->Sum(tensor.data_ptr(), static_cast<size_t>(tensor.numel()), *dtype);
+    });
   }
   std::vector<at::Tensor> tensors = {tensor};
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::SUM;
   opts.timeout = timeout_;
-  return Run("all-reduce", [&] { return backend_->allreduce(tensors, opts); });
+  return Run("all-reduce", flight::Kind::kAllReduce, bytes,
+             [&] { return backend_->allreduce(tensors, opts); });
 }
 
 absl::StatusOr<std::vector<double>> Comm::MaxOverRanks(const std::vector<double>& values) {
@@ -646,7 +728,9 @@ absl::StatusOr<std::vector<double>> Comm::MaxOverRanks(const std::vector<double>
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::MAX;
   opts.timeout = timeout_;
-  DDP_RETURN_IF_ERROR(Run("all-reduce (max)", [&] { return backend_->allreduce(tensors, opts); }));
+  DDP_RETURN_IF_ERROR(Run("all-reduce (max)", flight::Kind::kAllReduce,
+                          values.size() * sizeof(double),
+                          [&] { return backend_->allreduce(tensors, opts); }));
   const at::Tensor host = tensors[0].cpu();
   return std::vector<double>(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
 }
@@ -654,7 +738,7 @@ absl::StatusOr<std::vector<double>> Comm::MaxOverRanks(const std::vector<double>
 absl::Status Comm::Barrier() {
   c10d::BarrierOptions opts;
   opts.timeout = timeout_;
-  return Run("barrier", [&] { return backend_->barrier(opts); });
+  return Run("barrier", flight::Kind::kBarrier, 0, [&] { return backend_->barrier(opts); });
 }
 
 }  // namespace ddp

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/contract/flight_recorder.h"
 #include "libddp/engine/torch_compat.h"
 #include "libddp/engine/environment.h"
 
@@ -96,10 +97,14 @@ class Comm {
   std::chrono::milliseconds timeout() const { return timeout_; }
   // What ranks of one node reduce through: "shm", or the backend's name.
   std::string intra_node_comm() const;
+  // This rank's flight recorder (decision 193): every collective of this Comm, and the
+  // phase the rank says it is in; in DDP_FLIGHT_RECORDER's file under ddp-worker.
+  flight::Recorder* recorder() const { return recorder_.get(); }
 
   // Starts an in-place sum of `flat` (contiguous, kept alive by the caller until
-  // Wait) over all ranks. Never blocks on shared memory or on a CPU backend.
-  std::unique_ptr<PendingSum> StartSum(const at::Tensor& flat);
+  // Wait) over all ranks. Never blocks on shared memory or on a CPU backend. `bucket`:
+  // the gradient bucket it reduces, for the flight recorder (-1: none).
+  std::unique_ptr<PendingSum> StartSum(const at::Tensor& flat, int bucket = -1);
   // Lets started shared-memory sums progress without waiting (from backward's hooks).
   void Poll();
 
@@ -131,7 +136,12 @@ class Comm {
 
  private:
   Comm() = default;
-  absl::Status Run(const char* what, const std::function<c10::intrusive_ptr<c10d::Work>()>& op);
+  // Starts `op` and waits for it, recorded as a collective of `kind` and `bytes`.
+  absl::Status Run(const char* what, flight::Kind kind, uint64_t bytes,
+                   const std::function<c10::intrusive_ptr<c10d::Work>()>& op);
+  // Runs `body` (a collective of this Comm that does not go through Run) recorded.
+  absl::Status Recorded(flight::Kind kind, uint64_t bytes,
+                        const std::function<absl::Status()>& body);
   // Sets up the node's shared-memory group and agrees on it with every rank.
   absl::Status SetUpNodeGroup(const Environment& env, CommOptions::IntraNode mode);
 
@@ -149,6 +159,7 @@ class Comm {
   std::chrono::milliseconds timeout_{0};
   std::shared_ptr<WaitRules> wait_;  // Shared with cross_ and the pending sums.
   int64_t all_reduce_sum_bytes_ = 0;
+  std::shared_ptr<flight::Recorder> recorder_;  // Shared with the pending sums.
 };
 
 }  // namespace ddp

@@ -106,6 +106,7 @@ absl::StatusOr<Environment> ReadEnvironment(const Getenv& getenv) {
   if (!generation.ok()) return generation.status();
   env.generation = *generation;
   env.generation_file = getenv(env::kGenerationFile).value_or("");
+  env.flight_recorder = getenv(env::kFlightRecorder).value_or("");
   env.notice_file = getenv(env::kNoticeFile).value_or("");
   return env;
 }

@@ -451,7 +451,7 @@ void GradientReducer::Launch(Bucket& bucket, size_t index) {
   if (trace_) trace_->Record(ReducerTrace::Kind::kLaunch, static_cast<int64_t>(index));
   if (!comm_hook_) {
     step_bytes_ += bucket.flat.numel() * static_cast<int64_t>(bucket.flat.element_size());
-    bucket.work = comm_->StartSum(bucket.flat);
+    bucket.work = comm_->StartSum(bucket.flat, static_cast<int>(index));
     return;
   }
   // The hook's collectives are synchronous: the bucket is reduced when it returns (an
@@ -466,6 +466,13 @@ void GradientReducer::Launch(Bucket& bucket, size_t index) {
 
 void GradientReducer::FinishFromCallback() {
   absl::StatusOr<absl::Duration> waited = FinishBackward();
+  // Backward is done: what runs next is the program's (the flight recorder's phase),
+  // unless it named a phase of its own meanwhile.
+  flight::Recorder* recorder = comm_->recorder();
+  const flight::Phase phase = recorder->phase();
+  if (phase == flight::Phase::kCompute || phase == flight::Phase::kCommWait) {
+    recorder->SetPhase(flight::Phase::kProgram);
+  }
   std::lock_guard<std::mutex> lock(mu_);
   sync_ = false;  // A second backward without a forward in between reduces nothing.
   if (waited.ok()) {

@@ -88,6 +88,13 @@ absl::Status DataParallel::Impl::Rebuild() {
 
 absl::Status DataParallel::Impl::PrepareForward() {
   const bool grad_enabled = at::GradMode::is_enabled();
+  // The flight recorder's phase: forward and backward from here, unless the program
+  // (or ddp-trainer) named another (evaluation, say).
+  flight::Recorder* recorder = group->impl().comm->recorder();
+  const flight::Phase phase = recorder->phase();
+  if (grad_enabled && (phase == flight::Phase::kProgram || phase == flight::Phase::kStarting)) {
+    recorder->SetPhase(flight::Phase::kCompute);
+  }
   // PyTorch's rule (DDP._pre_forward / _post_forward): buffers are broadcast before
   // this forward when the previous one was a gradient-syncing training forward (or
   // none ran yet), and this forward decides for the next.

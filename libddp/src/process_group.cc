@@ -106,4 +106,22 @@ void ProcessGroup::broadcast(const std::vector<at::Tensor>& tensors) {
 
 void ProcessGroup::barrier() { ThrowIfError(impl_->comm->Barrier()); }
 
+namespace {
+flight::Recorder* RecorderOf(ProcessGroup* group) {
+  ProcessGroup::Impl& impl = group->impl();
+  return impl.comm.has_value() ? impl.comm->recorder() : nullptr;
+}
+}  // namespace
+
+StepPhase::StepPhase(ProcessGroup& group, Phase phase) : group_(&group), before_(-1) {
+  if (flight::Recorder* r = RecorderOf(group_)) {
+    before_ = static_cast<int>(r->SetPhase(static_cast<flight::Phase>(phase)));
+  }
+}
+
+StepPhase::~StepPhase() {
+  flight::Recorder* r = RecorderOf(group_);
+  if (r != nullptr && before_ >= 0) r->SetPhase(static_cast<flight::Phase>(before_));
+}
+
 }  // namespace ddp

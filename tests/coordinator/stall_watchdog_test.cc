@@ -126,5 +126,84 @@ TEST(StallWatchTest, TheTimeoutIsLearnedFromStepGapsWithAFloorAndBelowTheCollect
   EXPECT_EQ(w.Timeout(0, 100), absl::Seconds(50)) << "at most half the collective timeout";
 }
 
+RankFlight Flight(const char* phase, uint64_t entered, int64_t waiting_ms,
+                  const std::string& collective, absl::Time read_at, int64_t step = -1) {
+  RankFlight f;
+  f.known = true;
+  f.phase = phase;
+  f.phase_ms = 3000;
+  f.entered = entered;
+  f.completed = waiting_ms > 0 ? entered - 1 : entered;
+  f.waiting_ms = waiting_ms;
+  f.collective = collective;
+  f.global_step = step;
+  f.read_at = read_at;
+  return f;
+}
+
+// Rank 1 of 3 never entered the all-reduce ranks 0 and 2 wait in: it is named, at the
+// timeout (no grace: the recorders are evidence), though rank 2 has been silent longer,
+// and the reason says where each is.
+TEST(StallWatchTest, TheFlightRecordersNameTheRankTheOthersWaitForAndWhy) {
+  StallWatch w;
+  w.Progress(2, 3, true, At(0));
+  w.Progress(0, 3, true, At(1));
+  w.Progress(1, 3, true, At(1));
+  const std::string ar = "all-reduce #4817 (bucket 3, 1.2 MB)";
+  w.SetFlight(0, 3, Flight("comm_wait", 4817, 4000, ar, At(5)));
+  w.SetFlight(1, 3, Flight("data", 4816, 0, "all-reduce #4816 (bucket 0, 1.0 MB)", At(5), 11));
+  w.SetFlight(2, 3, Flight("comm_wait", 4817, 4500, ar, At(5)));
+  EXPECT_EQ(w.Laggard(), 1);
+  auto stall = w.Find(At(6), absl::Seconds(5), /*unreported_grace=*/absl::Seconds(10));
+  ASSERT_TRUE(stall.has_value());
+  EXPECT_EQ(stall->rank, 1);
+  EXPECT_TRUE(stall->lagging);
+  EXPECT_EQ(w.Explain(*stall, At(6)),
+            "; it never entered all-reduce #4817 (bucket 3, 1.2 MB), where ranks 0, 2 have "
+            "waited 5.5s; rank 1 is in data loading (for 4.0s, step 11)");
+}
+
+TEST(StallWatchTest, WithoutEveryRecorderTheLongestSilenceIsBlamedAndExplainedAsFarAsKnown) {
+  StallWatch w;
+  w.Progress(0, 2, true, At(0));
+  w.Progress(1, 2, true, At(2));
+  w.SetFlight(1, 2, Flight("compute", 7, 0, "all-reduce #7", At(2)));
+  EXPECT_EQ(w.Laggard(), -1) << "rank 0's recorder is unknown";
+  auto stall = w.Find(At(20), absl::Seconds(5));
+  ASSERT_TRUE(stall.has_value());
+  EXPECT_EQ(stall->rank, 0);
+  EXPECT_EQ(w.Explain(*stall, At(20)), "") << "nothing known of rank 0";
+  const StallWatch::Stall other{1, absl::Seconds(18), false, false};
+  EXPECT_EQ(w.Explain(other, At(2)), "; rank 1 is in forward and backward (for 3.0s)");
+}
+
+TEST(StallWatchTest, EveryRankInOneCollectiveIsTheCollectivesFaultNotARanks) {
+  StallWatch w;
+  w.Progress(0, 2, true, At(0));
+  w.Progress(1, 2, true, At(0));
+  const std::string ar = "all-reduce #9 (bucket 0, 2.7 kB)";
+  w.SetFlight(0, 2, Flight("comm_wait", 9, 6000, ar, At(6)));
+  w.SetFlight(1, 2, Flight("comm_wait", 9, 6100, ar, At(6)));
+  EXPECT_EQ(w.Laggard(), -1);
+  auto stall = w.Find(At(6), absl::Seconds(5));
+  ASSERT_TRUE(stall.has_value());
+  EXPECT_THAT(w.Explain(*stall, At(6)),
+              ::testing::StartsWith("; every rank is in all-reduce #9 (bucket 0, 2.7 kB), which "
+                                    "has not completed for "));
+}
+
+TEST(StallWatchTest, AStoppedRankStaysBlamedOverTheRecorders) {
+  StallWatch w;
+  w.Progress(0, 2, true, At(0));
+  w.Progress(1, 2, true, At(0));
+  w.SetFlight(0, 2, Flight("data", 3, 0, "broadcast #3", At(1)));
+  w.SetFlight(1, 2, Flight("comm_wait", 4, 900, "all-reduce #4", At(1)));
+  w.SetStopped(1, 2, true);
+  auto stall = w.Find(At(6), absl::Seconds(5));
+  ASSERT_TRUE(stall.has_value());
+  EXPECT_EQ(stall->rank, 1);
+  EXPECT_TRUE(stall->stopped);
+}
+
 }  // namespace
 }  // namespace ddp

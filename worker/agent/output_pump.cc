@@ -121,6 +121,12 @@ void OutputPump::Malformed(Stream& s, const std::string& text, const std::string
                              " (further ones are counted, not shown)")));
 }
 
+void OutputPump::Say(const OutputSource& source, std::string text) {
+  Stream s{source, Kind::kStderr, -1, LineCutter(0), EventCheck::kStrict, 0};
+  MakeValidUtf8(&text);
+  Push(LogEvent(s, "stderr", absl::StrCat("[ddp-worker] ", text)));
+}
+
 void OutputPump::Closing(Stream& s) {
   if (s.kind != Kind::kEvents || s.check != EventCheck::kLenient || s.malformed < 2) return;
   Push(LogEvent(s, "stderr",

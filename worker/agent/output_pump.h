@@ -73,6 +73,9 @@ class OutputPump {
   bool Unread(const OutputSource& source);
   // Forgets a drained source (its task is gone).
   void Forget(const OutputSource& source);
+  // A line of the agent's own in `source`'s log (stderr, "[ddp-worker] " first), from
+  // any thread.
+  void Say(const OutputSource& source, std::string text);
 
  private:
   enum class Kind { kEvents, kStdout, kStderr };

@@ -7,6 +7,8 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/contract/flight_recorder.h"
 #include "common/contract/launch_env.h"
 #include "common/jobspec/job_spec.h"
 #include "common/logging.h"
@@ -119,6 +121,7 @@ std::unique_ptr<TrainerTask> TrainerTask::Start(const v1::Task& task,
   t->cwd_ = cwd;
   t->generation_file_ = (dir / "generation").string();
   t->notice_file_ = (dir / "notice").string();
+  t->dir_ = dir.string();
   absl::Status written = t->AnnounceGeneration();
   if (written.ok()) written = t->WriteNotice();
   if (absl::Status st = written; !st.ok()) {
@@ -159,7 +162,64 @@ absl::Status ReplaceFile(const std::string& path, const std::string& line) {
   return absl::OkStatus();
 }
 
+// What the flight recorder of the rank `pid` says (decision 193), into `rs`: nothing
+// when the rank keeps none (a command job's own program), has not made it yet, or the
+// file is a predecessor's (another pid: a replacement that has not started its own).
+void ReadFlight(const std::string& path, int pid, v1::LocalRankStatus* rs) {
+  absl::StatusOr<flight::Snapshot> s = flight::ReadFile(path);
+  if (!s.ok() || s->pid != pid) return;
+  const int64_t now = flight::NowNs();
+  v1::FlightState* f = rs->mutable_flight();
+  f->set_phase(flight::PhaseLabel(s->phase));
+  f->set_phase_ms(std::max<int64_t>(0, (now - s->phase_since_ns) / 1000000));
+  f->set_entered(s->entered);
+  f->set_completed(s->completed);
+  f->set_global_step(s->global_step);
+  const flight::Collective* c = s->OldestInFlight();
+  if (c != nullptr) {
+    f->set_waiting_ms(std::max<int64_t>(0, (now - c->start_ns) / 1000000));
+  } else {
+    c = s->Last();
+  }
+  if (c != nullptr) f->set_collective(flight::Describe(*c));
+}
+
+// "rank 1's flight recorder when stopped: in data loading for 4.6s (step 30); ..., the
+// last collectives first": the rank's recorder in one line. Only for a rank that looks
+// stuck, a collective in flight or its phase unchanged for a second or more (a healthy
+// rank's change every few milliseconds, so a cancel or a preemption of a healthy job
+// logs nothing); "" for the others and for a rank that keeps no recorder.
+std::string FlightDump(const std::string& path, int pid) {
+  absl::StatusOr<flight::Snapshot> s = flight::ReadFile(path);
+  if (!s.ok() || s->pid != pid) return "";
+  const int64_t now = flight::NowNs();
+  constexpr int64_t kStuckNs = 1000000000;
+  const flight::Collective* waiting = s->OldestInFlight();
+  const bool stuck = (waiting != nullptr && now - waiting->start_ns >= kStuckNs) ||
+                     (s->phase != flight::Phase::kDone && now - s->phase_since_ns >= kStuckNs);
+  if (!stuck) return "";
+  auto ms = [](int64_t ns) { return absl::StrFormat("%.1f ms", static_cast<double>(ns) / 1e6); };
+  std::string out = absl::StrFormat(
+      "rank %d's flight recorder when stopped: in %s for %.1fs", s->rank,
+      flight::PhaseName(s->phase), static_cast<double>(now - s->phase_since_ns) / 1e9);
+  if (s->global_step >= 0) absl::StrAppend(&out, " (step ", s->global_step, ")");
+  absl::StrAppend(&out, "; collectives entered ", s->entered, ", completed ", s->completed);
+  constexpr size_t kShown = 8;
+  if (!s->recent.empty()) absl::StrAppend(&out, "; the last, newest first:");
+  size_t shown = 0;
+  for (auto it = s->recent.rbegin(); it != s->recent.rend() && shown < kShown; ++it, ++shown) {
+    absl::StrAppend(&out, shown == 0 ? " " : ", ", flight::Describe(*it), " ",
+                    it->end_ns == 0 ? absl::StrCat("in flight for ", ms(now - it->start_ns))
+                                    : ms(it->end_ns - it->start_ns));
+  }
+  return out;
+}
+
 }  // namespace
+
+std::string TrainerTask::FlightPath(int rank) const {
+  return absl::StrCat(dir_, "/flight.", rank);
+}
 
 absl::Status TrainerTask::AnnounceGeneration() {
   return ReplaceFile(generation_file_, absl::StrCat(task_.generation(), " ", task_.master_addr(),
@@ -202,6 +262,7 @@ absl::Status TrainerTask::SpawnRank(int local) {
   o.env[env::kGeneration] = std::to_string(task_.generation());
   o.env[env::kGenerationFile] = generation_file_;
   o.env[env::kNoticeFile] = notice_file_;
+  o.env[env::kFlightRecorder] = FlightPath(task_.ranks(local));
   o.env[env::kStopGrace] = absl::StrCat(absl::ToDoubleSeconds(options_.stop_grace));
   o.events_fd = env::kEventsFdNumber;
   o.capture_stdout = true;
@@ -313,6 +374,12 @@ void TrainerTask::Stop(absl::Time now, absl::Duration grace) {
   kill_at_ = now + grace;
   for (Rank& r : ranks_) {
     if (r.exit.has_value()) continue;
+    // Where it was when it was stopped, in the job's log (ddpctl logs): the last
+    // collectives of its flight recorder, read before the signal changes anything.
+    if (r.pid > 0) {
+      std::string dump = FlightDump(FlightPath(r.rank), r.pid);
+      if (!dump.empty()) pump_->Say(SourceOf(r), std::move(dump));
+    }
     // A stopped process cannot run its SIGTERM handler: the grace would only delay
     // the attempt's restart (its slot stays busy until it is gone).
     if (ProcessStopped(r.pid)) {
@@ -370,6 +437,7 @@ v1::TaskStatus TrainerTask::Status(int64_t delivered) const {
     rs->set_pid(r.pid);
     rs->set_generation(r.generation);
     if (!r.exit.has_value() && ProcessStopped(r.pid)) rs->set_stopped(true);
+    if (!r.exit.has_value() && r.pid > 0) ReadFlight(FlightPath(r.rank), r.pid, rs);
     if (r.reported_exit && r.exit_mark <= delivered) {
       rs->set_exited(true);
       rs->set_exit_code(r.exit->exit_code);

@@ -129,6 +129,7 @@ class TrainerTask {
   absl::Status WriteNotice();
   TrainerTask(v1::Task task, OutputPump* pump) : task_(std::move(task)), pump_(pump) {}
   OutputSource SourceOf(const Rank& r) const { return {task_.job_id(), task_.attempt(), r.rank}; }
+  std::string FlightPath(int rank) const;
 
   v1::Task task_;
   OutputPump* pump_;
@@ -141,6 +142,8 @@ class TrainerTask {
   std::string cwd_;
   std::string generation_file_;
   std::string notice_file_;
+  // The task's directory: each rank keeps its flight recorder there, flight.RANK.
+  std::string dir_;
   std::string error_;
   bool node_fault_ = false;
   bool command_ = false;

@@ -76,6 +76,28 @@ class ProcessGroup {
   std::unique_ptr<Impl> impl_;
 };
 
+// What this rank is doing now, for a stall's reason (the flight recorder: docs/library.md,
+// Process group). DistributedDataParallel marks forward and backward and its
+// communication waits itself, and anything else counts as the program's own code; a
+// program names its own phases, its data loading above all, for their scope:
+//
+//   { ddp::StepPhase loading(*group, ddp::StepPhase::kData); batch = next_batch(); }
+//
+// So when a rank hangs reading its data, the others' wait is explained: "rank 1 never
+// entered all-reduce #4817 ...; rank 1 is in data loading". Costs two stores.
+class StepPhase {
+ public:
+  enum Phase { kData = 1, kCompute = 2, kOptimizer = 4, kCheckpoint = 5, kEvaluate = 6 };
+  StepPhase(ProcessGroup& group, Phase phase);
+  ~StepPhase();  // Back to the phase before.
+  StepPhase(const StepPhase&) = delete;
+  StepPhase& operator=(const StepPhase&) = delete;
+
+ private:
+  ProcessGroup* group_;
+  int before_;
+};
+
 // torch.distributed.init_process_group(): read_environment(), then ProcessGroup::create.
 std::shared_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& options = {});
 
