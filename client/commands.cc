@@ -24,6 +24,7 @@
 #include "common/json_writer.h"
 #include "common/rpc/leader.h"
 #include "common/rpc/status.h"
+#include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace ddp {
@@ -344,6 +345,64 @@ int Get(CtlContext& ctx, const std::string& job_id, bool history) {
   auto job = FetchJob(ctx, job_id, history);
   if (!job.ok()) return ReportError(ctx, job.status(), job_id);
   *ctx.out << (ctx.json ? ToJson(*job) + "\n" : RenderJob(*job, absl::Now()));
+  return kCtlOk;
+}
+
+namespace {
+
+// The lines of the job's log the workers wrote for the ranks of `attempt` they stopped
+// (their flight recorders), oldest first.
+absl::StatusOr<std::vector<v1::LogLine>> StoppedRecorders(CtlContext& ctx,
+                                                         const std::string& job_id,
+                                                         int attempt) {
+  v1::StreamLogsRequest req;
+  req.set_job_id(job_id);
+  grpc::ClientContext rpc;
+  SetDeadline(rpc);
+  auto reader = ctx.stub->StreamLogs(&rpc, req);
+  std::vector<v1::LogLine> out;
+  v1::LogBatch batch;
+  while (reader->Read(&batch)) {
+    SanitizeMessage(&batch);
+    for (v1::LogLine& l : *batch.mutable_lines()) {
+      if (l.attempt() == attempt && absl::StartsWith(l.text(), "[ddp-worker] rank ") &&
+          absl::StrContains(l.text(), "flight recorder when stopped")) {
+        out.push_back(std::move(l));
+      }
+    }
+  }
+  DDP_RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
+  return out;
+}
+
+}  // namespace
+
+int Diagnose(CtlContext& ctx, const std::string& job_id) {
+  auto job = FetchJob(ctx, job_id, /*history=*/false);
+  if (!job.ok()) return ReportError(ctx, job.status(), job_id);
+  if (job->attempts().empty()) {
+    *ctx.out << (ctx.json ? std::string("{}\n") : RenderDiagnosis(*job, {}));
+    return kCtlOk;
+  }
+  const v1::Attempt& a = *job->attempts().rbegin();
+  std::vector<v1::LogLine> stopped;
+  const bool ended =
+      a.state() == v1::SUCCEEDED || a.state() == v1::FAILED || a.state() == v1::CANCELLED;
+  if (ended) {
+    auto lines = StoppedRecorders(ctx, job_id, a.number());
+    if (!lines.ok()) return ReportError(ctx, lines.status(), job_id);
+    stopped = *std::move(lines);
+  }
+  if (ctx.json) {
+    JsonObject o;
+    o.AddRaw("attempt", ToJson(a));
+    std::vector<std::string> texts;
+    for (const v1::LogLine& l : stopped) texts.push_back(ToJson(l));
+    o.AddRaw("stopped", JsonArray(texts));
+    *ctx.out << o.str() << "\n";
+  } else {
+    *ctx.out << RenderDiagnosis(*job, stopped);
+  }
   return kCtlOk;
 }
 

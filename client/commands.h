@@ -70,6 +70,8 @@ int ReportLost(CtlContext& ctx, const absl::Status& status);
 int Submit(CtlContext& ctx, const std::string& path, bool watch);
 int Watch(CtlContext& ctx, const std::string& job_id);
 int Get(CtlContext& ctx, const std::string& job_id, bool history);
+// The latest attempt, rank by rank, from the flight recorders (RenderDiagnosis).
+int Diagnose(CtlContext& ctx, const std::string& job_id);
 int List(CtlContext& ctx, int limit);
 int Cancel(CtlContext& ctx, const std::string& job_id, bool wait);
 // collapse: fold a line several ranks printed alike into one (client/collapse.h).

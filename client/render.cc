@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "client/stragglers.h"
 #include "common/jobspec/labels.h"
 
@@ -401,6 +402,65 @@ std::string RenderJob(const v1::Job& job, absl::Time now) {
                       Metric(e.val_accuracy() * 100, "%.2f%%")});
     }
     out += FormatTable(rows);
+  }
+  return out;
+}
+
+std::string RenderDiagnosis(const v1::Job& job, const std::vector<v1::LogLine>& stopped) {
+  if (job.attempts().empty()) {
+    return absl::StrCat("Job ", job.id(), ": ", StateName(job.state()),
+                        ", no attempt has started: nothing to diagnose\n");
+  }
+  const v1::Attempt& a = *job.attempts().rbegin();
+  std::string out = absl::StrCat("Job ", job.id(), " attempt ", a.number(), ": ",
+                                 StateName(a.state()),
+                                 a.reason().empty() ? "" : " - " + a.reason(), "\n");
+  auto seconds = [](int64_t ms) {
+    return absl::StrFormat("%.1fs", static_cast<double>(ms) / 1e3);
+  };
+  std::vector<std::vector<std::string>> rows = {
+      {"RANK", "WORKER", "PID", "STATE", "PHASE", "FOR", "STEP", "ENTERED", "COLLECTIVE",
+       "WAITING"}};
+  bool any = false;
+  int64_t oldest = 0;
+  for (const v1::RankAssignment& r : a.ranks()) {
+    std::vector<std::string> row = {absl::StrCat(r.rank()), r.worker(),
+                                    r.pid() ? absl::StrCat(r.pid()) : "-", RankState(r)};
+    if (r.has_flight()) {
+      any = true;
+      const v1::FlightState& f = r.flight();
+      oldest = std::max(oldest, f.age_ms());
+      row.insert(row.end(),
+                 {f.phase(), seconds(f.phase_ms()),
+                  f.global_step() >= 0 ? absl::StrCat(f.global_step()) : "-",
+                  absl::StrCat(f.entered()), f.collective().empty() ? "-" : f.collective(),
+                  f.waiting_ms() > 0 ? seconds(f.waiting_ms()) : "-"});
+    } else {
+      row.insert(row.end(), {"-", "-", "-", "-", "-", "-"});
+    }
+    rows.push_back(std::move(row));
+  }
+  const bool ended =
+      a.state() == v1::SUCCEEDED || a.state() == v1::FAILED || a.state() == v1::CANCELLED;
+  if (any) {
+    out += FormatTable(rows);
+    absl::StrAppend(&out, "Flight recorders as their workers read them, at most ",
+                    seconds(oldest), " ago.\n");
+  } else if (!ended) {
+    out += FormatTable(rows);
+    out += "No flight recorder has reached the coordinator for this attempt yet (ddp-trainer "
+           "and libddp programs keep one; other programs do not).\n";
+  }
+  if (ended) {
+    if (stopped.empty()) {
+      out += "No rank looked stuck when its worker stopped it (or none keeps a flight "
+             "recorder).\n";
+    } else {
+      out += "When their workers stopped them:\n";
+      for (const v1::LogLine& l : stopped) {
+        absl::StrAppend(&out, "  ", absl::StripPrefix(l.text(), "[ddp-worker] "), "\n");
+      }
+    }
   }
   return out;
 }

@@ -594,6 +594,30 @@ absl::StatusOr<v1::Job> Coordinator::Submit(const v1::SubmitJobRequest& request,
 
 v1::Job Coordinator::SummaryLocked(const JobRecord& rec) {
   v1::Job view = rec.job;
+  const absl::Time now = clock_->Now();
+  // The flight recorders of the running attempt (the stall watch is reset when an
+  // attempt forms): live only, like the GPU figures, so the view of an ended attempt is
+  // the stored one, the same after a coordinator restart (its reason tells a stall, and
+  // the stopped ranks' recorders are in its log).
+  const std::vector<RankFlight>& flights = rec.stall.flights();
+  if (!flights.empty() && view.attempts_size() > 0 &&
+      !IsTerminal(view.attempts().rbegin()->state())) {
+    v1::Attempt& last = *view.mutable_attempts()->rbegin();
+    for (v1::RankAssignment& r : *last.mutable_ranks()) {
+      if (r.rank() < 0 || static_cast<size_t>(r.rank()) >= flights.size()) continue;
+      const RankFlight& f = flights[static_cast<size_t>(r.rank())];
+      if (!f.known) continue;
+      v1::FlightState* out = r.mutable_flight();
+      out->set_phase(f.phase);
+      out->set_phase_ms(f.phase_ms);
+      out->set_entered(f.entered);
+      out->set_completed(f.completed);
+      out->set_collective(f.collective);
+      out->set_waiting_ms(f.waiting_ms);
+      out->set_global_step(f.global_step);
+      out->set_age_ms(std::max<int64_t>(0, absl::ToInt64Milliseconds(now - f.read_at)));
+    }
+  }
   for (v1::Attempt& a : *view.mutable_attempts()) {
     const TaskKey key{rec.job.id(), a.number()};
     int live = 0;
@@ -613,7 +637,7 @@ v1::Job Coordinator::SummaryLocked(const JobRecord& rec) {
     a.set_live_trainers(live);
   }
   view.set_queue_position(queue_.Position(rec));
-  if (std::optional<absl::Duration> loss = PreemptionLoss(rec, clock_->Now())) {
+  if (std::optional<absl::Duration> loss = PreemptionLoss(rec, now)) {
     view.set_preemption_loss_ms(absl::ToInt64Milliseconds(*loss));
   }
   return view;

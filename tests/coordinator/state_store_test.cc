@@ -223,6 +223,9 @@ const std::set<std::string>& NotStored() {
       "ddp.v1.RankAssignment.lost", "ddp.v1.Job.preemption_loss_ms",
       // The worker's last NVML sample of the rank's GPU, shown while the job is read.
       "ddp.v1.RankAssignment.gpu_utilization_pct", "ddp.v1.RankAssignment.gpu_memory_used_mib",
+      // The rank's flight recorder as its worker last read it, while the attempt runs
+      // (decision 193: a stall's reason and the job's log keep what matters of it).
+      "ddp.v1.RankAssignment.flight",
       // The spec's (spec_yaml is stored), shown again when the job is loaded; so is
       // Job.node_selector.
       "ddp.v1.Job.priority", "ddp.v1.Job.preemption",

@@ -15,6 +15,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
@@ -81,11 +82,31 @@ class StalledSource {
   std::thread opener_;
 };
 
+// The row of `rank` in ddpctl diagnose's table ("" if none).
+std::string Row(const std::string& table, int rank) {
+  for (absl::string_view line : absl::StrSplit(table, '\n')) {
+    if (absl::StartsWith(line, absl::StrCat(rank, " "))) return std::string(line);
+  }
+  return "";
+}
+
 // Waits for the first attempt's failure and checks its reason explains the stall of
 // rank 1 in data loading while ranks 0 and 2 wait in an all-reduce.
 void ExpectExplainedStall(LocalCluster& c, const std::string& id, StalledSource& source,
                           const char* timeout_field) {
   ASSERT_TRUE(source.WaitHung(absl::Minutes(3))) << "rank 1 never reached its stalled read";
+  // ddpctl diagnose while the attempt still runs (the stall timeout is not yet past):
+  // rank by rank, live, as the workers read the recorders at their last heartbeats.
+  absl::SleepFor(absl::Milliseconds(1500));
+  CtlResult live = c.Ctl({"diagnose", id});
+  EXPECT_EQ(live.exit_code, 0) << live.err;
+  EXPECT_THAT(live.out, HasSubstr("attempt 1: RUNNING")) << live.out;
+  EXPECT_THAT(Row(live.out, 0), ContainsRegex(" comm_wait +[0-9.]+s +[-0-9]+ +[0-9]+ +"
+                                              "all-reduce #[0-9]+ \\(bucket 0, [0-9.]+ "
+                                              "kB\\) +[0-9.]+s"))
+      << live.out;
+  EXPECT_THAT(Row(live.out, 1), ContainsRegex(" running +data +[0-9.]+s ")) << live.out;
+  EXPECT_THAT(Row(live.out, 2), HasSubstr(" comm_wait ")) << live.out;
   auto failed = c.WaitFor(id, [](const v1::Job& j) {
     return j.attempts_size() > 0 && j.attempts(0).state() == v1::FAILED;
   });
@@ -98,7 +119,8 @@ void ExpectExplainedStall(LocalCluster& c, const std::string& id, StalledSource&
   EXPECT_LE(took, absl::Seconds(kStallTimeoutS + 5)) << reason;
   EXPECT_THAT(reason, HasSubstr(absl::StrCat("rank 1 on ", a.ranks(1).worker(), " stalled")));
   EXPECT_THAT(reason, HasSubstr(timeout_field));
-  EXPECT_THAT(reason, ContainsRegex("it never entered all-reduce #[0-9]+ \\(bucket 0, [0-9.]+ kB\\), "
+  EXPECT_THAT(reason, ContainsRegex("it never entered all-reduce #[0-9]+ \\(bucket 0, "
+                                    "[0-9.]+ kB\\), "
                                     "where ranks 0, 2 have waited [0-9.]+s"));
   EXPECT_THAT(reason, ContainsRegex("rank 1 is in data loading \\(for [0-9.]+s"));
   // The workers stop the ranks (rank 1 still in its read: the job's stop_grace_s is
@@ -121,6 +143,16 @@ void ExpectExplainedStall(LocalCluster& c, const std::string& id, StalledSource&
   EXPECT_THAT(logs, ContainsRegex("the last, newest first: all-reduce #[0-9]+ \\(bucket 0, "
                                   "[0-9.]+ kB\\) in flight for [0-9.]+ ms"));
   EXPECT_THAT(logs, ContainsRegex("rank 1's flight recorder when stopped: in data loading"));
+  // Once the attempt ended, ddpctl diagnose shows its reason and those lines.
+  CtlResult after = c.Ctl({"diagnose", id});
+  EXPECT_EQ(after.exit_code, 0) << after.err;
+  EXPECT_THAT(after.out, HasSubstr(absl::StrCat("attempt 1: FAILED - ", reason)));
+  EXPECT_THAT(after.out, HasSubstr("When their workers stopped them:\n"));
+  EXPECT_THAT(after.out, ContainsRegex("\n  rank 1's flight recorder when stopped: in data "
+                                       "loading for [0-9.]+s"))
+      << after.out;
+  EXPECT_THAT(after.out, HasSubstr("  rank 0's flight recorder when stopped: in a communication "
+                                   "wait"));
 }
 
 TEST(DiagnosisTest, ALibddpRankHungInItsDataPathIsNamedWithTheCollectiveTheOthersWaitIn) {
@@ -130,7 +162,8 @@ TEST(DiagnosisTest, ALibddpRankHungInItsDataPathIsNamedWithTheCollectiveTheOther
   ASSERT_TRUE(c.WaitForWorkers(3).ok());
   StalledSource source(c.dir());
   const std::string spec = c.dir() + "/stall.yaml";
-  testing::WriteFile(spec, absl::StrCat("name: libddp-stall\nnodes: 3\nmax_restarts: 0\nstop_grace_s: 2\n",
+  testing::WriteFile(spec, absl::StrCat("name: libddp-stall\nnodes: 3\nmax_restarts: 0\n",
+                                        "stop_grace_s: 2\n",
                                         "stall_timeout_s: ", kStallTimeoutS, "\ncommand: [",
                                         DDP_STALL_PROGRAM, ", \"100000\", \"1\", \"30\", \"",
                                         source.path(), "\"]\n"));
