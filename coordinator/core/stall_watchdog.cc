@@ -73,8 +73,9 @@ std::string StallWatch::Explain(const Stall& stall, absl::Time now) const {
   bool all_in_same = me.waiting_ms > 0;
   for (size_t r = 0; r < flights_.size(); ++r) {
     const RankFlight& f = flights_[r];
-    if (static_cast<int>(r) == stall.rank || !f.known) continue;
-    if (f.entered != me.entered || f.waiting_ms == 0) all_in_same = false;
+    if (static_cast<int>(r) == stall.rank) continue;
+    if (!f.known || f.entered != me.entered || f.waiting_ms == 0) all_in_same = false;
+    if (!f.known) continue;
     if (f.entered <= me.entered || f.waiting_ms == 0) continue;
     waiting.push_back(static_cast<int>(r));
     const int64_t w = Aged(f.waiting_ms, f, now);

@@ -190,6 +190,13 @@ TEST(StallWatchTest, EveryRankInOneCollectiveIsTheCollectivesFaultNotARanks) {
   EXPECT_THAT(w.Explain(*stall, At(6)),
               ::testing::StartsWith("; every rank is in all-reduce #9 (bucket 0, 2.7 kB), which "
                                     "has not completed for "));
+  // With a third rank whose recorder is unknown, that is not said.
+  StallWatch three;
+  three.Progress(0, 3, true, At(0));
+  three.SetFlight(0, 3, Flight("comm_wait", 9, 6000, ar, At(6)));
+  three.SetFlight(1, 3, Flight("comm_wait", 9, 6100, ar, At(6)));
+  EXPECT_THAT(three.Explain(StallWatch::Stall{0, absl::Seconds(6), false, false}, At(6)),
+              ::testing::StartsWith("; it waits in all-reduce #9"));
 }
 
 TEST(StallWatchTest, AStoppedRankStaysBlamedOverTheRecorders) {
