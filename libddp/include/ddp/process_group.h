@@ -84,7 +84,8 @@ class ProcessGroup {
 //   { ddp::StepPhase loading(*group, ddp::StepPhase::kData); batch = next_batch(); }
 //
 // So when a rank hangs reading its data, the others' wait is explained: "rank 1 never
-// entered all-reduce #4817 ...; rank 1 is in data loading". Costs two stores.
+// entered all-reduce #4817 ...; rank 1 is in data loading". Costs a clock read and two
+// stores.
 class StepPhase {
  public:
   enum Phase { kData = 1, kCompute = 2, kOptimizer = 4, kCheckpoint = 5, kEvaluate = 6 };
