@@ -608,13 +608,7 @@ v1::Job Coordinator::SummaryLocked(const JobRecord& rec) {
       const RankFlight& f = flights[static_cast<size_t>(r.rank())];
       if (!f.known) continue;
       v1::FlightState* out = r.mutable_flight();
-      out->set_phase(f.phase);
-      out->set_phase_ms(f.phase_ms);
-      out->set_entered(f.entered);
-      out->set_completed(f.completed);
-      out->set_collective(f.collective);
-      out->set_waiting_ms(f.waiting_ms);
-      out->set_global_step(f.global_step);
+      *out = f.state;
       out->set_age_ms(std::max<int64_t>(0, absl::ToInt64Milliseconds(now - f.read_at)));
     }
   }

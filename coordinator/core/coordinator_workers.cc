@@ -266,16 +266,9 @@ void Coordinator::NoteFlightsLocked(const WorkerRecord& worker, const v1::Heartb
     if (a == nullptr || a->number() != status.attempt()) continue;
     for (const v1::LocalRankStatus& r : status.ranks()) {
       if (!r.has_flight() || r.exited()) continue;
-      const v1::FlightState& f = r.flight();
       RankFlight flight;
       flight.known = true;
-      flight.phase = f.phase();
-      flight.phase_ms = f.phase_ms();
-      flight.entered = f.entered();
-      flight.completed = f.completed();
-      flight.collective = f.collective();
-      flight.waiting_ms = f.waiting_ms();
-      flight.global_step = f.global_step();
+      flight.state = r.flight();
       flight.read_at = now;
       rec->stall.SetFlight(r.rank(), a->world_size(), std::move(flight));
     }

@@ -29,17 +29,17 @@ int StallWatch::Laggard() const {
     const RankFlight& f = flights_[r];
     if (!f.known) return -1;
     if (r < last_.size() && last_[r] == absl::InfiniteFuture()) return -1;  // Done.
-    if (low < 0 || f.entered < flights_[static_cast<size_t>(low)].entered) {
+    if (low < 0 || f.state.entered() < flights_[static_cast<size_t>(low)].state.entered()) {
       low = static_cast<int>(r);
       unique = true;
-    } else if (f.entered == flights_[static_cast<size_t>(low)].entered) {
+    } else if (f.state.entered() == flights_[static_cast<size_t>(low)].state.entered()) {
       unique = false;
     }
   }
   if (low < 0 || !unique) return -1;
-  const uint64_t behind = flights_[static_cast<size_t>(low)].entered;
+  const uint64_t behind = flights_[static_cast<size_t>(low)].state.entered();
   for (const RankFlight& f : flights_) {
-    if (f.entered > behind && f.waiting_ms > 0) someone_waits = true;
+    if (f.state.entered() > behind && f.state.waiting_ms() > 0) someone_waits = true;
   }
   return someone_waits ? low : -1;
 }
@@ -54,9 +54,10 @@ int64_t Aged(int64_t ms, const RankFlight& f, absl::Time now) {
 }
 
 std::string Where(int rank, const RankFlight& f, absl::Time now) {
-  std::string out = absl::StrCat("rank ", rank, " is in ", flight::PhaseNameOfLabel(f.phase),
-                                 " (for ", Seconds(Aged(f.phase_ms, f, now)));
-  if (f.global_step >= 0) absl::StrAppend(&out, ", step ", f.global_step);
+  std::string out =
+      absl::StrCat("rank ", rank, " is in ", flight::PhaseNameOfLabel(f.state.phase()), " (for ",
+                   Seconds(Aged(f.state.phase_ms(), f, now)));
+  if (f.state.global_step() >= 0) absl::StrAppend(&out, ", step ", f.state.global_step());
   return out + ")";
 }
 
@@ -70,18 +71,20 @@ std::string StallWatch::Explain(const Stall& stall, absl::Time now) const {
   std::vector<int> waiting;
   int64_t waited = 0;
   std::string collective;
-  bool all_in_same = me.waiting_ms > 0;
+  bool all_in_same = me.state.waiting_ms() > 0;
   for (size_t r = 0; r < flights_.size(); ++r) {
     const RankFlight& f = flights_[r];
     if (static_cast<int>(r) == stall.rank) continue;
-    if (!f.known || f.entered != me.entered || f.waiting_ms == 0) all_in_same = false;
+    if (!f.known || f.state.entered() != me.state.entered() || f.state.waiting_ms() == 0) {
+      all_in_same = false;
+    }
     if (!f.known) continue;
-    if (f.entered <= me.entered || f.waiting_ms == 0) continue;
+    if (f.state.entered() <= me.state.entered() || f.state.waiting_ms() == 0) continue;
     waiting.push_back(static_cast<int>(r));
-    const int64_t w = Aged(f.waiting_ms, f, now);
+    const int64_t w = Aged(f.state.waiting_ms(), f, now);
     if (w >= waited) {
       waited = w;
-      collective = f.collective;
+      collective = f.state.collective();
     }
   }
   std::string out;
@@ -90,12 +93,12 @@ std::string StallWatch::Explain(const Stall& stall, absl::Time now) const {
                     waiting.size() > 1 ? "s " : " ", absl::StrJoin(waiting, ", "),
                     waiting.size() > 1 ? " have" : " has", " waited ", Seconds(waited), "; ");
   } else if (all_in_same && flights_.size() > 1) {
-    absl::StrAppend(&out, "; every rank is in ", me.collective, ", which has not completed for ",
-                    Seconds(Aged(me.waiting_ms, me, now)),
+    absl::StrAppend(&out, "; every rank is in ", me.state.collective(),
+                    ", which has not completed for ", Seconds(Aged(me.state.waiting_ms(), me, now)),
                     " (the network or the backend, not a rank); ");
-  } else if (me.waiting_ms > 0) {
-    absl::StrAppend(&out, "; it waits in ", me.collective, " (for ",
-                    Seconds(Aged(me.waiting_ms, me, now)), "); ");
+  } else if (me.state.waiting_ms() > 0) {
+    absl::StrAppend(&out, "; it waits in ", me.state.collective(), " (for ",
+                    Seconds(Aged(me.state.waiting_ms(), me, now)), "); ");
   } else {
     out = "; ";
   }

@@ -40,21 +40,16 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "ddp/v1/types.pb.h"
 
 namespace ddp {
 
-// A rank's flight recorder as its agent last read it (decision 193; the heartbeat's
-// FlightState): where the rank is, and which collective it last entered.
+// A rank's flight recorder as its agent last read it (decision 193): the heartbeat's
+// FlightState, and when the coordinator got it (its durations are as of then).
 struct RankFlight {
   bool known = false;
-  std::string phase;         // PhaseLabel: "data", "compute", ...
-  int64_t phase_ms = 0;      // In it for this long when read.
-  uint64_t entered = 0;      // Its last collective entered (sequence number).
-  uint64_t completed = 0;
-  std::string collective;    // The oldest one in flight, else the last entered.
-  int64_t waiting_ms = 0;    // The oldest in flight has waited this long (0: none).
-  int64_t global_step = -1;
-  absl::Time read_at;        // When the coordinator got it.
+  v1::FlightState state;
+  absl::Time read_at;
 };
 
 class StallWatch {

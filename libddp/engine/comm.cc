@@ -287,6 +287,13 @@ absl::Status InCollective(const absl::Status& st, const std::string& collective)
   return out;
 }
 
+// The recorded collective `seq` ended with `st`: marked complete, and `st` naming it if
+// it failed.
+absl::Status Completed(flight::Recorder& recorder, uint64_t seq, absl::Status st) {
+  recorder.Exit(seq);
+  return st.ok() ? st : InCollective(st, recorder.Describe(seq));
+}
+
 // A sum as the flight recorder sees it: entered when started, completed when waited for
 // (a failure says which collective it was).
 class RecordedPendingSum : public PendingSum {
@@ -306,8 +313,7 @@ class RecordedPendingSum : public PendingSum {
       st = sum_->Wait();
     }
     waited_ = true;
-    recorder_->Exit(seq_);
-    return st.ok() ? st : InCollective(st, recorder_->Describe(seq_));
+    return Completed(*recorder_, seq_, std::move(st));
   }
 
  private:
@@ -586,22 +592,20 @@ void Comm::Poll() {
 absl::Status Comm::Recorded(flight::Kind kind, uint64_t bytes,
                             const std::function<absl::Status()>& body) {
   const uint64_t seq = recorder_->Enter(kind, bytes);
-  absl::Status st = body();
-  recorder_->Exit(seq);
-  return st.ok() ? st : InCollective(st, recorder_->Describe(seq));
+  return Completed(*recorder_, seq, body());
 }
 
 absl::Status Comm::Run(const char* what, flight::Kind kind, uint64_t bytes,
                        const std::function<c10::intrusive_ptr<c10d::Work>()>& op) {
-  return Recorded(kind, bytes, [&]() -> absl::Status {
-    c10::intrusive_ptr<c10d::Work> work;
-    try {
-      work = op();
-    } catch (const std::exception& e) {
-      return absl::UnavailableError(absl::StrCat(what, " failed to start: ", FirstLine(e)));
-    }
-    return Wait(work, what);
-  });
+  const uint64_t seq = recorder_->Enter(kind, bytes);
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = op();
+  } catch (const std::exception& e) {
+    const std::string why = absl::StrCat(what, " failed to start: ", FirstLine(e));
+    return Completed(*recorder_, seq, absl::UnavailableError(why));
+  }
+  return Completed(*recorder_, seq, Wait(work, what));
 }
 
 absl::Status Comm::Wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what) {

@@ -130,13 +130,13 @@ RankFlight Flight(const char* phase, uint64_t entered, int64_t waiting_ms,
                   const std::string& collective, absl::Time read_at, int64_t step = -1) {
   RankFlight f;
   f.known = true;
-  f.phase = phase;
-  f.phase_ms = 3000;
-  f.entered = entered;
-  f.completed = waiting_ms > 0 ? entered - 1 : entered;
-  f.waiting_ms = waiting_ms;
-  f.collective = collective;
-  f.global_step = step;
+  f.state.set_phase(phase);
+  f.state.set_phase_ms(3000);
+  f.state.set_entered(entered);
+  f.state.set_completed(waiting_ms > 0 ? entered - 1 : entered);
+  f.state.set_waiting_ms(waiting_ms);
+  f.state.set_collective(collective);
+  f.state.set_global_step(step);
   f.read_at = read_at;
   return f;
 }
