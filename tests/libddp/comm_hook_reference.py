@@ -109,7 +109,17 @@ def run(rank, world, port, config, out):
                        f"{config['state']}.world{world}.rank{rank}.pt")
             break
     out[rank] = {"losses": losses, "bytes": sent_bytes}
-    dist.destroy_process_group()
+    # Not dist.destroy_process_group() and a return. PowerSGD's hook keeps the process group
+    # in the closures it chains on each all-reduce's future, and Gloo's worker thread frees
+    # those closures after it has completed the future: when this rank's own references
+    # (the model's reducer, the state) go first, the group's last one goes on that thread,
+    # and ProcessGroupGloo's destructor joins its own thread ("terminate called after
+    # throwing an instance of 'std::system_error': Resource deadlock avoided", a rank
+    # aborted once in CI under torch 1.13). The barrier puts every rank past its last
+    # collective; the rank then ends at once, without destructors (its result is in the
+    # manager already).
+    dist.barrier()
+    os._exit(0)
 
 
 def free_port():
