@@ -300,7 +300,17 @@ absl::Status PostgresServer::Stop() {
     return absl::InternalError(
         absl::StrCat("PostgresServer: ", r.Describe(), "; server log:\n", LogTail()));
   }
-  return absl::OkStatus();
+  // pg_ctl returns once the pid file is gone, which the postmaster removes on its way
+  // out, before it has exited: wait for the process itself (a zombie counts as gone),
+  // so a caller that checks or restarts at once finds it gone.
+  for (const absl::Time until = absl::Now() + absl::Seconds(30); absl::Now() < until;
+       absl::SleepFor(absl::Milliseconds(10))) {
+    std::optional<ProcStat> st = ReadProcStat(pid);
+    if (!st.has_value() || st->state == 'Z' || st->state == 'X') return absl::OkStatus();
+  }
+  return absl::InternalError(absl::StrCat("PostgresServer: postmaster ", pid,
+                                          " still runs 30 s after pg_ctl stop; server log:\n",
+                                          LogTail()));
 }
 
 absl::Status PostgresServer::Restart() {
