@@ -14,7 +14,9 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/synchronization/mutex.h"
 #include "client/collapse.h"
 #include "client/reconnect.h"
@@ -350,58 +352,119 @@ int Get(CtlContext& ctx, const std::string& job_id, bool history) {
 
 namespace {
 
-// The lines of the job's log the workers wrote for the ranks of `attempt` they stopped
-// (their flight recorders), oldest first.
-absl::StatusOr<std::vector<v1::LogLine>> StoppedRecorders(CtlContext& ctx,
-                                                         const std::string& job_id,
-                                                         int attempt) {
+// "[ddp-worker] rank 1's stacks (capture 2, ...": the capture's number, else 0.
+int StackCapture(const std::string& text) {
+  if (!absl::StartsWith(text, "[ddp-worker] rank ")) return 0;
+  const size_t at = text.find("'s stacks (capture ");
+  if (at == std::string::npos) return 0;
+  int seq = 0;
+  const absl::string_view rest = absl::string_view(text).substr(at + 19);
+  return absl::SimpleAtoi(rest.substr(0, rest.find(',')), &seq) ? seq : 0;
+}
+
+// What the workers logged of the ranks of `attempt` (decisions 193 and 194), oldest
+// first: their flight recorders when they stopped them, and each rank's latest stacks
+// (of capture `seq` or later; 0: any).
+struct WorkerNotes {
+  std::vector<v1::LogLine> stopped;
+  std::vector<v1::LogLine> stacks;
+};
+absl::StatusOr<WorkerNotes> ReadWorkerNotes(CtlContext& ctx, const std::string& job_id,
+                                            int attempt, int seq) {
   v1::StreamLogsRequest req;
   req.set_job_id(job_id);
   grpc::ClientContext rpc;
   SetDeadline(rpc);
   auto reader = ctx.stub->StreamLogs(&rpc, req);
-  std::vector<v1::LogLine> out;
+  WorkerNotes out;
+  std::map<int, v1::LogLine> latest;  // By rank.
   v1::LogBatch batch;
   while (reader->Read(&batch)) {
     SanitizeMessage(&batch);
     for (v1::LogLine& l : *batch.mutable_lines()) {
-      if (l.attempt() == attempt && absl::StartsWith(l.text(), "[ddp-worker] rank ") &&
-          absl::StrContains(l.text(), "flight recorder when stopped")) {
-        out.push_back(std::move(l));
+      if (l.attempt() != attempt || !absl::StartsWith(l.text(), "[ddp-worker] rank ")) continue;
+      if (absl::StrContains(l.text(), "flight recorder when stopped")) {
+        out.stopped.push_back(std::move(l));
+      } else if (const int c = StackCapture(l.text()); c > 0 && c >= seq) {
+        auto it = latest.find(l.rank());
+        if (it == latest.end() || StackCapture(it->second.text()) <= c) latest[l.rank()] = l;
       }
     }
   }
   DDP_RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
+  for (auto& [rank, line] : latest) out.stacks.push_back(std::move(line));
   return out;
+}
+
+// --now: asks for the stacks and waits (up to 30 s) until every running rank's summary
+// and log line of that capture have reached the coordinator. The job's view then.
+absl::StatusOr<v1::Job> CaptureNow(CtlContext& ctx, const std::string& job_id, int* seq,
+                                   WorkerNotes* notes) {
+  v1::CaptureStacksRequest req;
+  req.set_job_id(job_id);
+  v1::CaptureStacksResponse resp;
+  {
+    grpc::ClientContext rpc;
+    SetDeadline(rpc);
+    DDP_RETURN_IF_ERROR(FromGrpcStatus(ctx.stub->CaptureStacks(&rpc, req, &resp)));
+  }
+  *seq = resp.seq();
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (true) {
+    DDP_ASSIGN_OR_RETURN(v1::Job job, FetchJob(ctx, job_id, /*history=*/false));
+    if (job.attempts().empty()) return job;
+    const v1::Attempt& a = *job.attempts().rbegin();
+    if (a.number() != resp.attempt() || a.state() != v1::RUNNING) return job;  // It ended.
+    size_t running = 0, taken = 0;
+    for (const v1::RankAssignment& r : a.ranks()) {
+      if (r.exited() || r.lost()) continue;
+      ++running;
+      if (r.stack().seq() >= resp.seq()) ++taken;
+    }
+    if (taken == running) {
+      DDP_ASSIGN_OR_RETURN(*notes, ReadWorkerNotes(ctx, job_id, a.number(), resp.seq()));
+      if (notes->stacks.size() >= running || absl::Now() >= deadline) return job;
+    } else if (absl::Now() >= deadline) {
+      DDP_ASSIGN_OR_RETURN(*notes, ReadWorkerNotes(ctx, job_id, a.number(), resp.seq()));
+      return job;
+    }
+    absl::SleepFor(absl::Milliseconds(250));
+  }
 }
 
 }  // namespace
 
-int Diagnose(CtlContext& ctx, const std::string& job_id) {
-  auto job = FetchJob(ctx, job_id, /*history=*/false);
+int Diagnose(CtlContext& ctx, const std::string& job_id, bool now) {
+  WorkerNotes notes;
+  int seq = 0;
+  auto job = now ? CaptureNow(ctx, job_id, &seq, &notes) : FetchJob(ctx, job_id, false);
   if (!job.ok()) return ReportError(ctx, job.status(), job_id);
   if (job->attempts().empty()) {
-    *ctx.out << (ctx.json ? std::string("{}\n") : RenderDiagnosis(*job, {}));
+    *ctx.out << (ctx.json ? std::string("{}\n") : RenderDiagnosis(*job, {}, {}));
     return kCtlOk;
   }
   const v1::Attempt& a = *job->attempts().rbegin();
-  std::vector<v1::LogLine> stopped;
   const bool ended =
       a.state() == v1::SUCCEEDED || a.state() == v1::FAILED || a.state() == v1::CANCELLED;
-  if (ended) {
-    auto lines = StoppedRecorders(ctx, job_id, a.number());
-    if (!lines.ok()) return ReportError(ctx, lines.status(), job_id);
-    stopped = *std::move(lines);
+  // Without --now: what the workers logged (the stacks a stall took, what they saw of
+  // the ranks they stopped), for a running attempt too.
+  if (!now || ended) {
+    auto read = ReadWorkerNotes(ctx, job_id, a.number(), 0);
+    if (!read.ok()) return ReportError(ctx, read.status(), job_id);
+    notes = *std::move(read);
   }
   if (ctx.json) {
     JsonObject o;
     o.AddRaw("attempt", ToJson(a));
     std::vector<std::string> texts;
-    for (const v1::LogLine& l : stopped) texts.push_back(ToJson(l));
+    for (const v1::LogLine& l : notes.stopped) texts.push_back(ToJson(l));
     o.AddRaw("stopped", JsonArray(texts));
+    texts.clear();
+    for (const v1::LogLine& l : notes.stacks) texts.push_back(ToJson(l));
+    o.AddRaw("stacks", JsonArray(texts));
     *ctx.out << o.str() << "\n";
   } else {
-    *ctx.out << RenderDiagnosis(*job, stopped);
+    *ctx.out << RenderDiagnosis(*job, notes.stopped, notes.stacks);
   }
   return kCtlOk;
 }

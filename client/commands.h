@@ -71,7 +71,8 @@ int Submit(CtlContext& ctx, const std::string& path, bool watch);
 int Watch(CtlContext& ctx, const std::string& job_id);
 int Get(CtlContext& ctx, const std::string& job_id, bool history);
 // The latest attempt, rank by rank, from the flight recorders (RenderDiagnosis).
-int Diagnose(CtlContext& ctx, const std::string& job_id);
+// `now`: takes the ranks' stacks first (CaptureStacks) and shows them.
+int Diagnose(CtlContext& ctx, const std::string& job_id, bool now = false);
 int List(CtlContext& ctx, int limit);
 int Cancel(CtlContext& ctx, const std::string& job_id, bool wait);
 // collapse: fold a line several ranks printed alike into one (client/collapse.h).

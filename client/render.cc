@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "client/stragglers.h"
@@ -406,7 +407,8 @@ std::string RenderJob(const v1::Job& job, absl::Time now) {
   return out;
 }
 
-std::string RenderDiagnosis(const v1::Job& job, const std::vector<v1::LogLine>& stopped) {
+std::string RenderDiagnosis(const v1::Job& job, const std::vector<v1::LogLine>& stopped,
+                            const std::vector<v1::LogLine>& stacks) {
   if (job.attempts().empty()) {
     return absl::StrCat("Job ", job.id(), ": ", StateName(job.state()),
                         ", no attempt has started: nothing to diagnose\n");
@@ -421,8 +423,10 @@ std::string RenderDiagnosis(const v1::Job& job, const std::vector<v1::LogLine>& 
   std::vector<std::vector<std::string>> rows = {
       {"RANK", "WORKER", "PID", "STATE", "PHASE", "FOR", "STEP", "ENTERED", "COLLECTIVE",
        "WAITING"}};
-  bool any = false;
+  bool any = false, any_stack = false;
   int64_t oldest = 0;
+  for (const v1::RankAssignment& r : a.ranks()) any_stack = any_stack || r.has_stack();
+  if (any_stack) rows[0].push_back("STACK");
   for (const v1::RankAssignment& r : a.ranks()) {
     std::vector<std::string> row = {absl::StrCat(r.rank()), r.worker(),
                                     r.pid() ? absl::StrCat(r.pid()) : "-", RankState(r)};
@@ -438,6 +442,13 @@ std::string RenderDiagnosis(const v1::Job& job, const std::vector<v1::LogLine>& 
     } else {
       row.insert(row.end(), {"-", "-", "-", "-", "-", "-"});
     }
+    if (any_stack) {
+      const v1::StackSummary& s = r.stack();
+      row.push_back(!r.has_stack()        ? "-"
+                    : s.tools().empty()   ? "none taken"
+                    : s.in_collective()   ? "in " + s.where()
+                                          : s.where().empty() ? "?" : s.where());
+    }
     rows.push_back(std::move(row));
   }
   const bool ended =
@@ -451,6 +462,7 @@ std::string RenderDiagnosis(const v1::Job& job, const std::vector<v1::LogLine>& 
     out += "No flight recorder has reached the coordinator for this attempt yet (ddp-trainer "
            "and libddp programs keep one; other programs do not).\n";
   }
+  if (any_stack) out += "STACK: where each rank's main thread was at its latest stacks.\n";
   if (ended) {
     if (stopped.empty()) {
       out += "No rank looked stuck when its worker stopped it (or none keeps a flight "
@@ -460,6 +472,13 @@ std::string RenderDiagnosis(const v1::Job& job, const std::vector<v1::LogLine>& 
       for (const v1::LogLine& l : stopped) {
         absl::StrAppend(&out, "  ", absl::StripPrefix(l.text(), "[ddp-worker] "), "\n");
       }
+    }
+  }
+  if (!stacks.empty()) {
+    out += "Stacks, as their workers took them:\n";
+    for (const v1::LogLine& l : stacks) {
+      const std::string text(absl::StripPrefix(l.text(), "[ddp-worker] "));
+      absl::StrAppend(&out, "  ", absl::StrReplaceAll(text, {{"\n", "\n  "}}), "\n");
     }
   }
   return out;

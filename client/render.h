@@ -49,8 +49,11 @@ std::string RenderJob(const v1::Job& job, absl::Time now);
 // `ddpctl diagnose`: the latest attempt's state and reason, and per rank what its flight
 // recorder said at its worker's last heartbeat (decision 193): the phase and for how
 // long, the last collective entered, and how long the one in flight has waited; for an
-// ended attempt, `stopped`: the lines its workers logged for the ranks they stopped.
-std::string RenderDiagnosis(const v1::Job& job, const std::vector<v1::LogLine>& stopped);
+// ended attempt, `stopped`: the lines its workers logged for the ranks they stopped;
+// `stacks`: each rank's latest stacks its worker logged (decision 194), and the STACK
+// column from RankAssignment.stack while it runs.
+std::string RenderDiagnosis(const v1::Job& job, const std::vector<v1::LogLine>& stopped,
+                            const std::vector<v1::LogLine>& stacks = {});
 // `ddpctl list`.
 std::string RenderJobList(const std::vector<v1::Job>& jobs, absl::Time now);
 // `ddpctl workers`.

@@ -102,13 +102,21 @@ const std::vector<Verb>& Verbs() {
        TableOrJson,
        [](CtlContext* ctx, const CtlFlags& f, const Args& a) { return Get(*ctx, a[0], f.history); }},
       {"diagnose", "JOB", 1, true,
-       "where each rank of the latest attempt is: phase, last collective, the wait",
+       "where each rank of the latest attempt is: phase, last collective, the wait, the stack",
        "From the ranks' flight recorders (ddp-trainer and libddp programs keep one): while\n"
        "the attempt runs, as their workers read them at the last heartbeat; once it ended,\n"
        "its reason (a stall's says whom the others waited for, and why) and what the\n"
-       "workers logged of the ranks they stopped. -o json: the attempt and those lines.",
-       "ddpctl diagnose cancer-ddp-3yxyd", NoFlags, TableOrJson,
-       [](CtlContext* ctx, const CtlFlags&, const Args& a) { return Diagnose(*ctx, a[0]); }},
+       "workers logged of the ranks they stopped. With the stacks the workers took (a\n"
+       "stall takes them; --now takes them at once, for any program): Python (py-spy) and\n"
+       "native (eu-stack). -o json: the attempt and those lines.",
+       "ddpctl diagnose cancer-ddp-3yxyd --now",
+       [](FlagSet& fl, CtlFlags* f) {
+         fl.Bool("now", &f->diagnose_now, "take every running rank's stacks now and show them");
+       },
+       TableOrJson,
+       [](CtlContext* ctx, const CtlFlags& f, const Args& a) {
+         return Diagnose(*ctx, a[0], f.diagnose_now);
+       }},
       {"list", "", 0, true, "jobs, newest first", "", "ddpctl list --limit 20",
        [](FlagSet& fl, CtlFlags* f) { fl.Int("limit", &f->limit, "how many jobs"); }, TableOrJson,
        [](CtlContext* ctx, const CtlFlags& f, const Args&) { return List(*ctx, f.limit); }},

@@ -24,6 +24,7 @@ struct CtlFlags {
   int limit = 100, rank = -1, tail = 0, width = 960, height = 720;
   // workers: --limit (0: all), --summary, --page-token; drain: --wait, --now.
   bool summary = false, drain_wait = false, drain_now = false;
+  bool diagnose_now = false;  // diagnose --now
   std::string page_token;
   std::string action;  // workers: cordon, uncordon, drain or rm (taken from the arguments).
   // A secured coordinator: its CA (--tls-ca, default $DDP_TLS_CA) and a token file

@@ -143,6 +143,9 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(const SpawnOptions
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != parent) ::_exit(127);  // Parent already gone.
     }
+    // Yama's ptrace_scope 1 lets only ancestors attach; this names the parent (and so
+    // the tools it starts) too. EINVAL without Yama: nothing to allow.
+    if (o.traceable_by_parent) ::prctl(PR_SET_PTRACER, parent, 0, 0, 0);
     // Restore default signal handling the parent may have changed.
     sigset_t none;
     sigemptyset(&none);

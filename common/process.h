@@ -45,6 +45,9 @@ struct SpawnOptions {
   // The child leads a new process group so signals reach everything it starts.
   bool new_process_group = true;
   bool die_with_parent = true;
+  // The parent and its descendants may ptrace the child where Yama restricts ptrace
+  // to ancestors (PR_SET_PTRACER): the worker's stack tools attach to its ranks.
+  bool traceable_by_parent = false;
 };
 
 struct ExitStatus {

@@ -29,6 +29,7 @@ packages=(
   iptables libnetfilter-queue-dev       # tests/multihost: cuts, and slow links (ddp-test-netem)
   postgresql libpq-dev                  # the coordinator's PostgreSQL store (--store), and a real server in tests
   libcurl4-openssl-dev                  # the coordinator's MLflow client (--mlflow-uri)
+  elfutils                              # eu-stack: the worker takes ranks' native stacks
 )
 
 sudo_cmd=()

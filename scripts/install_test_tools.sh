@@ -5,7 +5,8 @@
 # --mlflow-uri, and its client to read runs back); the Python client (python/:
 # `pip install ./python`, its stubs generated from proto/ at build time) and what its
 # notebook test runs the notebook with (nbclient, nbformat, ipykernel, matplotlib,
-# pandas).
+# pandas); py-spy, with which the workers of the diagnosis test take Python ranks'
+# stacks (ddp-worker --py-spy).
 # scripts/run_tests.sh runs this before building; CMake's DDP_TOOLS_PYTHON points the
 # tests at the venv's interpreter.
 #
@@ -24,6 +25,7 @@ notebook_pins=(nbclient==0.11.0 nbformat==5.11.1 ipykernel==7.4.0 matplotlib==3.
                pandas==3.1.1 grpcio-tools==1.85.1 setuptools==84.2.1)
 # A real MLflow tracking server and its client, which the MLflow test reads runs with.
 mlflow_version=3.17.2
+py_spy_version=0.4.3
 
 die() { echo "install_test_tools.sh: error: $*" >&2; exit 1; }
 command -v "$python" > /dev/null 2>&1 || die "no '$python' on PATH (set DDP_TOOLS_PYTHON)"
@@ -40,6 +42,8 @@ venv_pip "$venv/bin/python" install --quiet --disable-pip-version-check "${noteb
   die "pip could not install ${notebook_pins[*]} into $venv (is PyPI reachable?)"
 venv_pip "$venv/bin/python" install --quiet --disable-pip-version-check "mlflow==$mlflow_version" ||
   die "pip could not install mlflow==$mlflow_version into $venv (is PyPI reachable?)"
+venv_pip "$venv/bin/python" install --quiet --disable-pip-version-check "py-spy==$py_spy_version" ||
+  die "pip could not install py-spy==$py_spy_version into $venv (is PyPI reachable?)"
 # Not editable: the tests import the package as users get it. --no-build-isolation
 # builds with the venv's own pinned grpcio-tools (no download per run); --no-deps: its
 # runtime dependencies (grpcio, protobuf) are already there.

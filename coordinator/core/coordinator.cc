@@ -238,6 +238,42 @@ void Coordinator::TouchAttemptWorkersLocked(const JobRecord& rec) {
   }
 }
 
+int Coordinator::RequestStacksLocked(JobRecord& rec) {
+  const v1::Attempt* a = ActiveAttempt(rec);
+  if (a == nullptr) return 0;
+  ++rec.stacks_seq;
+  rec.stacks_attempt = a->number();
+  TouchAttemptWorkersLocked(rec);
+  return rec.stacks_seq;
+}
+
+absl::StatusOr<v1::CaptureStacksResponse> Coordinator::CaptureStacks(const std::string& job_id,
+                                                                     const Caller& caller) {
+  absl::MutexLock lock(&mu_);
+  JobRecord* rec = FindLocked(job_id);
+  if (rec == nullptr) return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
+  if (!caller.Owns(rec->job)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        caller.name, " may not take the stacks of job ", job_id, ": it belongs to ",
+        rec->job.owner().empty() ? "no one (submitted without authentication)"
+                                 : rec->job.owner(),
+        "; a user asks only of the jobs it submitted (an admin token of any)"));
+  }
+  const v1::Attempt* a = ActiveAttempt(*rec);
+  if (a == nullptr || a->state() != v1::RUNNING) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, " has no running attempt (it is ", v1::JobState_Name(rec->job.state()),
+        "): `ddpctl diagnose ", job_id,
+        "` without --now shows what its last attempt's workers logged"));
+  }
+  v1::CaptureStacksResponse resp;
+  resp.set_attempt(a->number());
+  resp.set_seq(RequestStacksLocked(*rec));
+  DDP_LOG(INFO) << "job " << job_id << " attempt " << a->number() << ": stacks asked for (capture "
+                << resp.seq() << ")" << (caller.name.empty() ? "" : " by " + caller.name);
+  return resp;
+}
+
 bool Coordinator::RaiseNoticeLocked(JobRecord& rec, const std::string& reason,
                                     absl::Time deadline) {
   const v1::Attempt* a = ActiveAttempt(rec);
@@ -610,6 +646,13 @@ v1::Job Coordinator::SummaryLocked(const JobRecord& rec) {
       v1::FlightState* out = r.mutable_flight();
       *out = f.state;
       out->set_age_ms(std::max<int64_t>(0, absl::ToInt64Milliseconds(now - f.read_at)));
+    }
+    const std::vector<RankStack>& stacks = rec.stall.stacks();
+    for (v1::RankAssignment& r : *last.mutable_ranks()) {
+      if (r.rank() < 0 || static_cast<size_t>(r.rank()) >= stacks.size()) continue;
+      if (stacks[static_cast<size_t>(r.rank())].known) {
+        *r.mutable_stack() = stacks[static_cast<size_t>(r.rank())].summary;
+      }
     }
   }
   for (v1::Attempt& a : *view.mutable_attempts()) {

@@ -164,6 +164,11 @@ class Coordinator {
   // the owner), FAILED_PRECONDITION (already finished), UNAVAILABLE (cancelled, but
   // not stored yet: the coordinator keeps retrying).
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id, const Caller& caller = Caller());
+  // Asks the workers of the job's running attempt for its ranks' stacks now (`ddpctl
+  // diagnose --now`, decision 194). NOT_FOUND, PERMISSION_DENIED (as Cancel),
+  // FAILED_PRECONDITION (no attempt runs).
+  absl::StatusOr<v1::CaptureStacksResponse> CaptureStacks(const std::string& job_id,
+                                                          const Caller& caller = Caller());
   // A page of workers in name order, and the cluster's summary. INVALID_ARGUMENT
   // (negative limit).
   absl::StatusOr<v1::ListWorkersResponse> ListWorkers(const v1::ListWorkersRequest& request);
@@ -286,6 +291,9 @@ class Coordinator {
   // (InfinitePast: not known). False when the job does not take such checkpoints.
   bool RaiseNoticeLocked(JobRecord& job, const std::string& reason, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A stack capture of the active attempt's ranks (Task.stacks_seq): its seq, 0 when
+  // no attempt is active. Its workers hear it with their next heartbeat (long polls woken).
+  int RequestStacksLocked(JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Wakes every worker of the active attempt to fetch its desired state again.
   void TouchAttemptWorkersLocked(const JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `worker` got SIGTERM and will stop its ranks within `grace`: attempts there that

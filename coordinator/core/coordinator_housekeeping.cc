@@ -103,11 +103,33 @@ void Coordinator::CheckStallsLocked(absl::Time now, TouchList& touched) {
     }
     const absl::Duration timeout =
         rec->stall.Timeout(rec->spec.train.stall_timeout_s, rec->spec.train.collective_timeout_s);
+    if (!rec->stall.Suspected(now, timeout)) {
+      rec->stall.AskedStacks(0, absl::InfinitePast());  // Progress again: a later stall asks anew.
+      continue;
+    }
     // A stopped rank's agent says so with its next heartbeat: wait that long before
     // blaming a rank that may only be waiting for it (at the interval the agents are
     // told, decision 162).
-    const std::optional<StallWatch::Stall> stall =
-        rec->stall.Find(now, timeout, 2 * options_.heartbeat_interval * BeatStretchLocked());
+    const absl::Duration beat = options_.heartbeat_interval * BeatStretchLocked();
+    std::optional<StallWatch::Stall> stall = rec->stall.Find(now, timeout, 2 * beat);
+    // Before the attempt ends, its ranks' stacks (decision 194): they show where the
+    // culprit is, and they are what tells it when its program keeps no flight
+    // recorder. A stopped process's stack says nothing more than that it is stopped.
+    if (!(stall.has_value() && stall->stopped)) {
+      if (rec->stall.asked_seq() == 0) {
+        const int seq = RequestStacksLocked(*rec);
+        rec->stall.AskedStacks(seq, now + StallWatch::kStackWait + 2 * beat);
+        DDP_LOG(INFO) << "job " << rec->job.id() << " attempt " << a->number()
+                      << ": a rank is silent past the stall timeout ("
+                      << absl::FormatDuration(timeout) << "); taking the ranks' stacks (capture "
+                      << seq << ") before naming it";
+        continue;
+      }
+      if (!rec->stall.StacksIn(rec->stall.asked_seq()) && now < rec->stall.asked_until()) {
+        continue;
+      }
+      stall = rec->stall.Find(now, timeout, 2 * beat);
+    }
     if (!stall.has_value()) continue;
     const std::string& worker = a->ranks(stall->rank).worker();
     const std::string reason = absl::StrFormat(

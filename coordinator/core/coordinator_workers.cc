@@ -258,13 +258,23 @@ void Coordinator::NoteFlightsLocked(const WorkerRecord& worker, const v1::Heartb
   // stays the same, and a stall's reason is told from the latest.
   for (const v1::TaskStatus& status : req.tasks()) {
     bool any = false;
-    for (const v1::LocalRankStatus& r : status.ranks()) any = any || r.has_flight();
+    for (const v1::LocalRankStatus& r : status.ranks()) {
+      any = any || r.has_flight() || r.has_stack();
+    }
     if (!any) continue;
     JobRecord* rec = FindLocked(status.job_id());
     if (rec == nullptr || !OwnsReportLocked(worker, *rec, status)) continue;
     const v1::Attempt* a = ActiveAttempt(*rec);
     if (a == nullptr || a->number() != status.attempt()) continue;
     for (const v1::LocalRankStatus& r : status.ranks()) {
+      if (r.has_stack() && !r.exited()) {
+        // A restarted coordinator goes on from the workers' seq (its own began at 0).
+        if (r.stack().seq() > rec->stacks_seq) {
+          rec->stacks_seq = r.stack().seq();
+          rec->stacks_attempt = a->number();
+        }
+        rec->stall.SetStack(r.rank(), a->world_size(), r.stack());
+      }
       if (!r.has_flight() || r.exited()) continue;
       RankFlight flight;
       flight.known = true;
@@ -365,6 +375,7 @@ v1::HeartbeatResponse Coordinator::DesiredLocked(WorkerRecord& worker,
         task->set_notice_deadline_ms(absl::ToUnixMillis(rec->notice_deadline));
       }
     }
+    if (rec->stacks_attempt == key.second) task->set_stacks_seq(rec->stacks_seq);
     task->set_rdzv_id(rec->job.rdzv_id());
     for (const auto& [k, v] : rec->spec.env) (*task->mutable_env())[k] = v;
     *commit_first = std::max<StoreWriter::Ticket>(*commit_first, rec->formed_ticket);

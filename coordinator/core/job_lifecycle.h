@@ -86,6 +86,11 @@ struct JobRecord {
   int notice_attempt = 0;
   std::string notice;
   absl::Time notice_deadline = absl::InfinitePast();  // InfinitePast: none given.
+  // The newest stack capture (Task.stacks_seq, decision 194), asked of attempt
+  // `stacks_attempt`'s workers: a stall suspected, or CaptureStacks. Not stored: after
+  // a restart it goes on from the highest seq the workers report.
+  int stacks_seq = 0;
+  int stacks_attempt = 0;
   // A worker with ranks of the active attempt is stopping (SIGTERM): the attempt moves
   // after the checkpoint its notice asked for.
   std::string stopping_worker;

@@ -13,6 +13,48 @@ void StallWatch::Size(int world) {
   if (world <= 0) return;
   if (static_cast<int>(stopped_.size()) < world) stopped_.resize(static_cast<size_t>(world), false);
   if (static_cast<int>(flights_.size()) < world) flights_.resize(static_cast<size_t>(world));
+  if (static_cast<int>(stacks_.size()) < world) stacks_.resize(static_cast<size_t>(world));
+}
+
+void StallWatch::SetStack(int rank, int world, v1::StackSummary stack) {
+  if (rank < 0 || rank >= world) return;
+  Size(world);
+  stacks_[static_cast<size_t>(rank)] = {true, std::move(stack)};
+}
+
+bool StallWatch::Suspected(absl::Time now, absl::Duration timeout) const {
+  for (size_t r = 0; r < last_.size(); ++r) {
+    if (reporting_ranks_only_ && steps_[r] < 2) continue;
+    if (last_[r] == absl::InfiniteFuture()) continue;  // Done.
+    if (now - last_[r] >= timeout) return true;
+  }
+  return false;
+}
+
+bool StallWatch::StacksIn(int seq) const {
+  if (last_.empty() || seq <= 0) return false;
+  for (size_t r = 0; r < last_.size(); ++r) {
+    if (last_[r] == absl::InfiniteFuture()) continue;  // Done.
+    if (r >= stacks_.size() || !stacks_[r].known || stacks_[r].summary.seq() < seq) return false;
+  }
+  return true;
+}
+
+int StallWatch::StackLaggard(int seq) const {
+  if (!StacksIn(seq)) return -1;
+  int outside = -1;
+  bool someone_waits = false;
+  for (size_t r = 0; r < last_.size(); ++r) {
+    if (last_[r] == absl::InfiniteFuture()) continue;
+    const v1::StackSummary& s = stacks_[r].summary;
+    if (s.tools().empty()) return -1;  // No stack taken: no evidence either way.
+    if (s.in_collective()) {
+      someone_waits = true;
+    } else if (outside < 0) {
+      outside = static_cast<int>(r);
+    }
+  }
+  return someone_waits ? outside : -1;
 }
 
 void StallWatch::SetFlight(int rank, int world, RankFlight flight) {
@@ -64,6 +106,36 @@ std::string Where(int rank, const RankFlight& f, absl::Time now) {
 }  // namespace
 
 std::string StallWatch::Explain(const Stall& stall, absl::Time now) const {
+  return ExplainFlights(stall, now) + ExplainStacks(stall);
+}
+
+std::string StallWatch::ExplainStacks(const Stall& stall) const {
+  if (asked_seq_ <= 0 || stall.rank < 0 || static_cast<size_t>(stall.rank) >= stacks_.size()) {
+    return "";
+  }
+  const RankStack& me = stacks_[static_cast<size_t>(stall.rank)];
+  if (!me.known || me.summary.seq() < asked_seq_ || me.summary.tools().empty()) return "";
+  if (!stall.by_stack) {
+    return me.summary.where().empty() ? "" : absl::StrCat("; its stack: ", me.summary.where());
+  }
+  // The others in a collective, by where they wait (most often one place).
+  std::vector<int> waiting;
+  std::string where;
+  for (size_t r = 0; r < stacks_.size(); ++r) {
+    const RankStack& s = stacks_[r];
+    if (static_cast<int>(r) == stall.rank || !s.known || !s.summary.in_collective()) continue;
+    waiting.push_back(static_cast<int>(r));
+    if (where.empty()) where = s.summary.where();
+  }
+  std::string out = absl::StrCat("; rank", waiting.size() > 1 ? "s " : " ",
+                                 absl::StrJoin(waiting, ", "), waiting.size() > 1 ? " wait" : " waits",
+                                 " in ", where.empty() ? "a collective" : where, "; rank ",
+                                 stall.rank, " is outside any collective");
+  if (!me.summary.where().empty()) absl::StrAppend(&out, ", in ", me.summary.where());
+  return out + " (their stacks)";
+}
+
+std::string StallWatch::ExplainFlights(const Stall& stall, absl::Time now) const {
   if (stall.rank < 0 || static_cast<size_t>(stall.rank) >= flights_.size()) return "";
   const RankFlight& me = flights_[static_cast<size_t>(stall.rank)];
   if (!me.known) return "";
@@ -160,6 +232,12 @@ std::optional<StallWatch::Stall> StallWatch::Find(absl::Time now, absl::Duration
     const size_t r = static_cast<size_t>(laggard);
     return Stall{laggard, now - (last_[r] == absl::InfiniteFuture() ? now : last_[r]), false,
                  true};
+  }
+  if (asked_seq_ > 0) {
+    if (const int s = StackLaggard(asked_seq_); s >= 0) {
+      const size_t r = static_cast<size_t>(s);
+      return Stall{s, now - last_[r], false, false, true};
+    }
   }
   if (oldest->silent < timeout + unreported_grace) return std::nullopt;  // Its agent's word?
   return oldest;

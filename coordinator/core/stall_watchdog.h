@@ -52,10 +52,19 @@ struct RankFlight {
   absl::Time read_at;
 };
 
+// A rank's stacks as its agent summarized them (decision 194).
+struct RankStack {
+  bool known = false;
+  v1::StackSummary summary;
+};
+
 class StallWatch {
  public:
   static constexpr absl::Duration kFloor = absl::Seconds(30);
   static constexpr int kGapsPerTimeout = 10;
+  // How long a suspected stall waits for the ranks' stacks (with two heartbeats more,
+  // the time their agents' word takes) before the watch names a rank without them.
+  static constexpr absl::Duration kStackWait = absl::Seconds(3);
 
   StallWatch() = default;
   // `reporting_ranks_only`: a command job's watch (see the file comment).
@@ -71,6 +80,9 @@ class StallWatch {
   // What the rank's agent last read from its flight recorder.
   void SetFlight(int rank, int world, RankFlight flight);
   const std::vector<RankFlight>& flights() const { return flights_; }
+  // What the rank's agent last reported of its stacks.
+  void SetStack(int rank, int world, v1::StackSummary stack);
+  const std::vector<RankStack>& stacks() const { return stacks_; }
   bool armed() const { return !last_.empty(); }
 
   // The timeout in effect (see the file comment).
@@ -81,10 +93,29 @@ class StallWatch {
     absl::Duration silent;  // Since its last progress.
     bool stopped = false;   // Its agent reports the process stopped.
     bool lagging = false;   // Its flight recorder shows the others waiting for it.
+    bool by_stack = false;  // Its stack is outside any collective, the others' in one.
   };
+  // Some watched rank has been silent for `timeout` or longer: a stall, once the watch
+  // knows whom to blame (Find).
+  bool Suspected(absl::Time now, absl::Duration timeout) const;
+  // The stacks taken for the stall suspected now: capture `seq`, waited for until
+  // `until`. Cleared (0) when no stall is suspected any more.
+  void AskedStacks(int seq, absl::Time until) {
+    asked_seq_ = seq;
+    asked_until_ = until;
+  }
+  int asked_seq() const { return asked_seq_; }
+  absl::Time asked_until() const { return asked_until_; }
+  // Every rank still running has reported its stacks of capture `seq` (or a later one).
+  bool StacksIn(int seq) const;
+  // The rank the others wait for, by the stacks of capture `seq`: every running rank's
+  // are in, some wait in a collective, and this one (the lowest such) is outside any.
+  // -1: none such.
+  int StackLaggard(int seq) const;
   // The stalled rank, when some rank has been silent for `timeout` or longer: one
   // reported stopped if any is; else the one the flight recorders show the others
-  // waiting for (Laggard), at once; else, once the longest silence is past `timeout` +
+  // waiting for (Laggard), at once; else the one the stacks asked for show them waiting
+  // for (StackLaggard); else, once the longest silence is past `timeout` +
   // `unreported_grace`, the rank silent longest. O(world).
   std::optional<Stall> Find(absl::Time now, absl::Duration timeout,
                             absl::Duration unreported_grace = absl::ZeroDuration()) const;
@@ -96,15 +127,23 @@ class StallWatch {
   // Why `stall.rank` stalled, from the flight recorders, as the attempt's reason goes
   // on after "rank R on W stalled: ...": "; it never entered all-reduce #4817 (bucket 3,
   // 1.2 MB), where ranks 0, 2 have waited 31.0s; rank 1 is in data loading (for 31.4s,
-  // step 11)". Empty when its recorder is not known (a program that keeps none).
+  // step 11)"; then what the stacks asked for show: "; ranks 0, 2 wait in all_reduce
+  // (torch/distributed/distributed_c10d.py:1536); rank 1 is outside any collective, in
+  // block_forever (train.py:4)", or the rank's own "; its stack: read < ...". Empty
+  // when neither is known.
   std::string Explain(const Stall& stall, absl::Time now) const;
 
  private:
   void Size(int world);
+  std::string ExplainFlights(const Stall& stall, absl::Time now) const;
+  std::string ExplainStacks(const Stall& stall) const;
 
   std::vector<absl::Time> last_;  // By rank; empty until armed.
   std::vector<bool> stopped_;     // By rank.
   std::vector<RankFlight> flights_;  // By rank.
+  std::vector<RankStack> stacks_;    // By rank.
+  int asked_seq_ = 0;
+  absl::Time asked_until_ = absl::InfinitePast();
   absl::Duration longest_gap_ = absl::ZeroDuration();
   bool reporting_ranks_only_ = false;
   std::vector<int> steps_;  // By rank, with reporting_ranks_only_: step lines seen (to 2).

@@ -22,6 +22,7 @@ std::vector<Role> AllowedRoles(Method m) {
   switch (m) {
     case Method::kSubmitJob:
     case Method::kCancelJob:
+    case Method::kCaptureStacks:
       return {Role::kAdmin, Role::kUser};
     case Method::kGetJob:
     case Method::kListJobs:
@@ -72,6 +73,7 @@ const char* MethodName(Method m) {
     case Method::kDrainWorker: return "DrainWorker";
     case Method::kUncordonWorker: return "UncordonWorker";
     case Method::kRemoveWorker: return "RemoveWorker";
+    case Method::kCaptureStacks: return "CaptureStacks";
     case Method::kRegister: return "Register";
     case Method::kHeartbeat: return "Heartbeat";
     case Method::kReportEvents: return "ReportEvents";

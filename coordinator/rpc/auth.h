@@ -6,7 +6,8 @@
 // refused call and always knows its caller's Identity.
 //
 //   method                         roles                     configured by
-//   SubmitJob, CancelJob           admin, user               --auth-token-file
+//   SubmitJob, CancelJob,          admin, user               --auth-token-file
+//   CaptureStacks
 //   GetJob, ListJobs, WatchJob,    admin, user, viewer       --auth-token-file
 //   StreamLogs, ListWorkers
 //   CordonWorker, DrainWorker,     admin                     --auth-token-file
@@ -60,6 +61,7 @@ enum class Method {
   kDrainWorker,
   kUncordonWorker,
   kRemoveWorker,
+  kCaptureStacks,
   kRegister,
   kHeartbeat,
   kReportEvents,

@@ -463,6 +463,15 @@ grpc::ServerUnaryReactor* JobServiceImpl::RemoveWorker(grpc::CallbackServerConte
   return reactor;
 }
 
+grpc::ServerUnaryReactor* JobServiceImpl::CaptureStacks(grpc::CallbackServerContext* ctx,
+                                                        const v1::CaptureStacksRequest* req,
+                                                        v1::CaptureStacksResponse* resp) {
+  auto caller = Admit(auth_, *ctx, Method::kCaptureStacks);
+  if (!caller.ok()) return Refuse(ctx, caller.status());
+  return Unary(ctx, coordinator_->CaptureStacks(req->job_id(), CallerOf(*caller)),
+               [&](const v1::CaptureStacksResponse& r) { *resp = r; });
+}
+
 grpc::ServerUnaryReactor* WorkerServiceImpl::Register(grpc::CallbackServerContext* ctx,
                                                       const v1::RegisterRequest* req,
                                                       v1::RegisterResponse* resp) {

@@ -92,6 +92,9 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   grpc::ServerUnaryReactor* RemoveWorker(grpc::CallbackServerContext* ctx,
                                          const v1::RemoveWorkerRequest* req,
                                          v1::RemoveWorkerResponse* resp) override;
+  grpc::ServerUnaryReactor* CaptureStacks(grpc::CallbackServerContext* ctx,
+                                          const v1::CaptureStacksRequest* req,
+                                          v1::CaptureStacksResponse* resp) override;
 
  private:
   Coordinator* const coordinator_;

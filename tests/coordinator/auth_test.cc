@@ -69,6 +69,7 @@ TEST(AuthorizerTest, EachMethodAdmitsExactlyTheRolesInItsRow) {
       {Method::kListWorkers, {kAdmin, kUser, kViewer}},
       {Method::kCordonWorker, {kAdmin}},       {Method::kDrainWorker, {kAdmin}},
       {Method::kUncordonWorker, {kAdmin}},     {Method::kRemoveWorker, {kAdmin}},
+      {Method::kCaptureStacks, {kAdmin, kUser}},
       {Method::kRegister, {kWorker}},           {Method::kHeartbeat, {kWorker}},
       {Method::kReportEvents, {kWorker}},
   };

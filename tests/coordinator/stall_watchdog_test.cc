@@ -212,5 +212,70 @@ TEST(StallWatchTest, AStoppedRankStaysBlamedOverTheRecorders) {
   EXPECT_TRUE(stall->stopped);
 }
 
+v1::StackSummary Stack(int seq, bool in_collective, const char* where,
+                       const char* tools = "py-spy, eu-stack") {
+  v1::StackSummary s;
+  s.set_seq(seq);
+  s.set_in_collective(in_collective);
+  s.set_where(where);
+  s.set_tools(tools);
+  return s;
+}
+
+// A command job (no recorder): the stacks asked for when the stall is suspected name
+// the rank outside any collective at once, without the grace; a stale capture does not.
+TEST(StallWatchTest, TheStacksNameTheRankOutsideAnyCollectiveWhileTheOthersWaitInOne) {
+  StallWatch w(/*reporting_ranks_only=*/true);
+  for (double t = 0; t <= 1; t += 1) {
+    for (int r = 0; r < 3; ++r) w.Progress(r, 3, true, At(t));
+  }
+  EXPECT_FALSE(w.Suspected(At(5.9), absl::Seconds(5)));
+  EXPECT_TRUE(w.Suspected(At(6), absl::Seconds(5)));
+  const char* ar = "all_reduce (torch/distributed/distributed_c10d.py:1404)";
+  // Capture 1 (--now, earlier) is in; the stall's capture is 2: not evidence yet.
+  w.SetStack(0, 3, Stack(1, true, ar));
+  w.SetStack(1, 3, Stack(1, false, "block_forever (stall_program.py:21)"));
+  w.SetStack(2, 3, Stack(1, true, ar));
+  w.AskedStacks(2, At(9));
+  EXPECT_FALSE(w.StacksIn(2));
+  EXPECT_FALSE(w.Find(At(6), absl::Seconds(5), absl::Seconds(1)).has_value());
+  w.SetStack(0, 3, Stack(2, true, ar));
+  w.SetStack(1, 3, Stack(2, false, "block_forever (stall_program.py:21)"));
+  EXPECT_FALSE(w.StacksIn(2));
+  w.SetStack(2, 3, Stack(2, true, ar));
+  ASSERT_TRUE(w.StacksIn(2));
+  EXPECT_EQ(w.StackLaggard(2), 1);
+  auto stall = w.Find(At(6.1), absl::Seconds(5), absl::Seconds(10));
+  ASSERT_TRUE(stall.has_value());
+  EXPECT_EQ(stall->rank, 1);
+  EXPECT_TRUE(stall->by_stack);
+  EXPECT_EQ(w.Explain(*stall, At(6.1)),
+            "; ranks 0, 2 wait in all_reduce (torch/distributed/distributed_c10d.py:1404); "
+            "rank 1 is outside any collective, in block_forever (stall_program.py:21) (their "
+            "stacks)");
+  // Progress again: the ask is cleared by the coordinator, and so is the evidence.
+  w.AskedStacks(0, absl::InfinitePast());
+  EXPECT_EQ(w.asked_seq(), 0);
+}
+
+TEST(StallWatchTest, StacksWithoutAToolOrWithEveryRankInACollectiveBlameNoOne) {
+  StallWatch w;
+  for (int r = 0; r < 2; ++r) w.Progress(r, 2, true, At(0));
+  w.AskedStacks(1, At(9));
+  w.SetStack(0, 2, Stack(1, true, "all_reduce (x.py:1)"));
+  w.SetStack(1, 2, Stack(1, false, "", ""));  // No tool took it.
+  EXPECT_TRUE(w.StacksIn(1));
+  EXPECT_EQ(w.StackLaggard(1), -1);
+  w.SetStack(1, 2, Stack(1, true, "all_reduce (x.py:1)"));
+  EXPECT_EQ(w.StackLaggard(1), -1);
+  // Blamed by silence after the grace, the stack still says where the rank is.
+  w.Progress(0, 2, true, At(1));
+  auto stall = w.Find(At(8), absl::Seconds(5), absl::Seconds(1));
+  ASSERT_TRUE(stall.has_value());
+  EXPECT_EQ(stall->rank, 1);
+  EXPECT_FALSE(stall->by_stack);
+  EXPECT_EQ(w.Explain(*stall, At(8)), "; its stack: all_reduce (x.py:1)");
+}
+
 }  // namespace
 }  // namespace ddp

@@ -226,6 +226,8 @@ const std::set<std::string>& NotStored() {
       // The rank's flight recorder as its worker last read it, while the attempt runs
       // (decision 193: a stall's reason and the job's log keep what matters of it).
       "ddp.v1.RankAssignment.flight",
+      // Its latest stacks' summary, likewise (decision 194: the stacks are in the log).
+      "ddp.v1.RankAssignment.stack",
       // The spec's (spec_yaml is stored), shown again when the job is loaded; so is
       // Job.node_selector.
       "ddp.v1.Job.priority", "ddp.v1.Job.preemption",

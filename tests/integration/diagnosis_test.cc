@@ -3,12 +3,17 @@
 // reading a FIFO the test holds open without writing, while the others wait for it in
 // the step's all-reduce. The attempt's reason must name the rank, the collective the
 // others wait in and for how long, and that the rank is in data loading: read from the
-// ranks' flight recorders by their workers, not guessed from silence.
+// ranks' flight recorders by their workers, not guessed from silence. The workers take
+// the ranks' stacks before the attempt ends (decision 194): the reason adds where the
+// hung rank's main thread is, and `ddpctl diagnose` shows the stacks. A PyTorch program,
+// which keeps no recorder, is told from its ranks' Python stacks alone (py-spy): the
+// rank blocked in a function of its own while the others wait in all_reduce.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <iostream>
 #include <string>
 #include <thread>
 
@@ -123,6 +128,8 @@ void ExpectExplainedStall(LocalCluster& c, const std::string& id, StalledSource&
                                     "[0-9.]+ kB\\), "
                                     "where ranks 0, 2 have waited [0-9.]+s"));
   EXPECT_THAT(reason, ContainsRegex("rank 1 is in data loading \\(for [0-9.]+s"));
+  // Its native stack, taken before the attempt ended: the main thread's innermost frames.
+  EXPECT_THAT(reason, ContainsRegex("; its stack: [^;]*read")) << reason;
   // The workers stop the ranks (rank 1 still in its read: the job's stop_grace_s is
   // short), and write each one's recorder into the job's log first: rank 0 in the
   // all-reduce rank 1 never entered, rank 1 in data loading. The FIFO stays shut until
@@ -153,6 +160,12 @@ void ExpectExplainedStall(LocalCluster& c, const std::string& id, StalledSource&
       << after.out;
   EXPECT_THAT(after.out, HasSubstr("  rank 0's flight recorder when stopped: in a communication "
                                    "wait"));
+  EXPECT_THAT(after.out, HasSubstr("Stacks, as their workers took them:\n"));
+  EXPECT_THAT(after.out, ContainsRegex("\n  rank 1's stacks \\(capture 1, pid [0-9]+, eu-stack, "
+                                       "[0-9.]+s\\) outside any collective: [^\n]*read"))
+      << after.out;
+  EXPECT_THAT(after.out, ContainsRegex("\n  Native \\(eu-stack\\), [0-9]+ threads:\n    "
+                                       "Thread [0-9]+ \\(main\\):\n      #0 "));
 }
 
 TEST(DiagnosisTest, ALibddpRankHungInItsDataPathIsNamedWithTheCollectiveTheOthersWaitIn) {
@@ -195,6 +208,80 @@ train: {epochs: 1, batch_size: 32, threads: 1, stall_timeout_s: )",
                                         kStallTimeoutS, "}\n"));
   const std::string id = SubmitOk(c, spec);
   ExpectExplainedStall(c, id, source, "train.stall_timeout_s");
+}
+
+// A PyTorch command job of three ranks where rank 1 blocks forever in block_forever(), a
+// function of its own, before an all-reduce: no flight recorder, so the ranks' Python
+// stacks tell it. `ddpctl diagnose --now` shows them while it hangs; the stall's reason
+// names rank 1 within the stall timeout plus 5 s, with where it is and where the others
+// wait.
+TEST(DiagnosisTest, APyTorchRankBlockedInItsOwnFunctionIsNamedFromTheRanksPythonStacks) {
+  constexpr double kTimeoutS = 8;
+  auto cluster =
+      LocalCluster::Start({.workers = 3, .worker_flags = {"--py-spy", DDP_PY_SPY}});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  ASSERT_TRUE(c.WaitForWorkers(3).ok());
+  StalledSource source(c.dir());
+  const std::string spec = c.dir() + "/stall.yaml";
+  testing::WriteFile(spec, absl::StrCat("name: python-stall\nnodes: 3\nmax_restarts: 0\n",
+                                        "stop_grace_s: 2\nstall_timeout_s: ", kTimeoutS,
+                                        "\ncommand: [/usr/bin/python3, ", DDP_STALL_SCRIPT,
+                                        ", \"40\", \"1\", \"20\", \"", source.path(), "\"]\n"));
+  const std::string id = SubmitOk(c, spec);
+  ASSERT_TRUE(source.WaitHung(absl::Minutes(3))) << "rank 1 never reached block_forever";
+  // On demand, while it hangs: every rank's stacks, in a table and in full.
+  absl::SleepFor(absl::Milliseconds(500));  // Ranks 0 and 2 into their all_reduce.
+  const absl::Time asked = absl::Now();
+  CtlResult now = c.Ctl({"diagnose", id, "--now"});
+  std::cout << "ddpctl diagnose --now (" << absl::Now() - asked << "):\n" << now.out << "\n";
+  EXPECT_EQ(now.exit_code, 0) << now.err;
+  EXPECT_THAT(now.out, HasSubstr("attempt 1: RUNNING")) << now.out;
+  EXPECT_THAT(Row(now.out, 1), ContainsRegex(" block_forever \\(stall_program.py:[0-9]+\\)$"))
+      << now.out;
+  EXPECT_THAT(Row(now.out, 0), ContainsRegex(" in all_reduce \\([^)]*torch/distributed/"))
+      << now.out;
+  EXPECT_THAT(Row(now.out, 2), ContainsRegex(" in all_reduce \\(")) << now.out;
+  EXPECT_THAT(now.out, ContainsRegex("\n  rank 1's stacks \\(capture 1, pid [0-9]+, py-spy, "
+                                     "eu-stack, [0-9.]+s\\) outside any collective: "
+                                     "block_forever \\(stall_program.py:[0-9]+\\)\n  Python "
+                                     "\\(py-spy\\), [0-9]+ threads?:\n    Thread [0-9]+ "
+                                     "\"MainThread\" \\(main\\):\n      block_forever "
+                                     "\\(stall_program.py:[0-9]+\\)\n      main "))
+      << now.out;
+  EXPECT_THAT(now.out, ContainsRegex("\n  rank 0's stacks \\(capture 1, [^\n]* in a collective: "
+                                     "all_reduce "));
+  // The stall: named from the stacks its workers take when it is suspected.
+  auto failed = c.WaitFor(id, [](const v1::Job& j) {
+    return j.attempts_size() > 0 && j.attempts(0).state() == v1::FAILED;
+  });
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  const absl::Duration took = absl::Now() - source.hung_at();
+  const v1::Attempt& a = failed->attempts(0);
+  const std::string& reason = a.reason();
+  std::cout << "the reason, " << took << " after rank 1 blocked: " << reason << "\n";
+  EXPECT_LE(took, absl::Seconds(kTimeoutS + 5)) << reason;
+  EXPECT_THAT(reason, HasSubstr(absl::StrCat("rank 1 on ", a.ranks(1).worker(), " stalled")));
+  EXPECT_THAT(reason, ContainsRegex("; ranks 0, 2 wait in all_reduce \\([^)]*torch/distributed/"
+                                    "[^)]*\\); rank 1 is outside any collective, in "
+                                    "block_forever \\(stall_program.py:[0-9]+\\) \\(their "
+                                    "stacks\\)"))
+      << reason;
+  // After: the reason and the stacks the stall took (capture 2), from the job's log.
+  std::string out;
+  for (const absl::Time until = absl::Now() + absl::Seconds(30); absl::Now() < until;
+       absl::SleepFor(absl::Milliseconds(200))) {
+    out = c.Ctl({"diagnose", id}).out;
+    if (absl::StrContains(out, "rank 2's stacks (capture 2")) break;
+  }
+  source.Release();
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("attempt 1: FAILED - ", reason)));
+  EXPECT_THAT(out, ContainsRegex("\n  rank 1's stacks \\(capture 2, [^\n]*\n  Python [^\n]*\n"
+                                 "    Thread [0-9]+ \"MainThread\" \\(main\\):\n      "
+                                 "block_forever "))
+      << out;
+  EXPECT_THAT(out, ContainsRegex("\n  rank 0's stacks \\(capture 2, [^\n]* in a collective"));
+  EXPECT_THAT(out, ContainsRegex("\n  rank 2's stacks \\(capture 2, [^\n]* in a collective"));
 }
 
 }  // namespace

@@ -393,6 +393,7 @@ void Agent::Reconcile(const v1::HeartbeatResponse& desired) {
         if (it->second->Recover(t)) heartbeat_now_ = true;  // The new pids, at once.
       }
       it->second->Notice(t);
+      it->second->Stacks(t);
       continue;
     }
     if (stop_.HasBeenNotified()) continue;
@@ -409,6 +410,7 @@ void Agent::Reconcile(const v1::HeartbeatResponse& desired) {
     o.python_path = options_.python_path;
     o.gloo_socket_ifname = options_.gloo_socket_ifname;
     o.ledger = options_.ledger;
+    o.stacks = options_.stacks;
     auto task = TrainerTask::Start(t, o, pump_.get());
     ++tasks_started_;
     if (t.attempt() > 1) ++restarted_tasks_;

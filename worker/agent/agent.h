@@ -44,6 +44,7 @@
 #include "worker/agent/gpu_inventory.h"
 #include "worker/agent/output_pump.h"
 #include "worker/agent/task_poller.h"
+#include "worker/agent/stack_capture.h"
 #include "worker/agent/trainer_task.h"
 
 namespace ddp {
@@ -71,6 +72,7 @@ struct AgentOptions {
   std::map<std::string, std::string> trainer_env;  // What trainers inherit (TrainerBaseEnv).
   ExecPolicy exec;          // --allow-exec: the programs command jobs may start.
   std::string python_path;  // The directory of ddp_report.py, for command jobs' PYTHONPATH.
+  StackTools stacks;        // --py-spy, --eu-stack: what takes the ranks' stacks.
   // Our retries while the coordinator is unreachable back off from 100 ms up to this
   // (with jitter); part of kReconnectBound.
   absl::Duration max_backoff = absl::Seconds(1);

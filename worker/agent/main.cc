@@ -83,6 +83,11 @@ int main(int argc, char** argv) {
   flags.String("python-path", &options.python_path,
                "directory appended to command jobs' PYTHONPATH (default: ../share/ddp/python "
                "next to this binary, where ddp_report.py is installed)");
+  flags.String("py-spy", &options.py_spy,
+               "py-spy (PyPI) for command jobs' Python stacks when a stall is suspected or "
+               "`ddpctl diagnose --now` asks: a name on PATH or a path; empty: none");
+  flags.String("eu-stack", &options.eu_stack,
+               "eu-stack (Debian's elfutils) for the ranks' native stacks, likewise");
   flags.StringList("pass-env", &options.pass_env,
                    "agent variable (NAME or PREFIX*) trainers inherit beyond the defaults");
   if (auto exit_code = ddp::daemon::ParseFlags(flags, argc, argv)) return *exit_code;

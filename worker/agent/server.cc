@@ -200,6 +200,14 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(WorkerServerOp
   const char* argv0 = options.argv0.c_str();
   opts.python_path =
       options.python_path.empty() ? DefaultPythonPath(argv0) : options.python_path;
+  opts.stacks.py_spy = FindTool(options.py_spy);
+  opts.stacks.eu_stack = FindTool(options.eu_stack);
+  DDP_LOG(INFO) << "ranks' stacks, when asked for (a stall, ddpctl diagnose --now): "
+                << (opts.stacks.py_spy.empty() ? "no Python stacks (no " + options.py_spy + ")"
+                                               : "Python by " + opts.stacks.py_spy)
+                << ", "
+                << (opts.stacks.eu_stack.empty() ? "no native stacks (no " + options.eu_stack + ")"
+                                                 : "native by " + opts.stacks.eu_stack);
   if (options.environ != nullptr) opts.trainer_env = TrainerBaseEnv(options.environ, options.pass_env);
   std::shared_ptr<GpuInventory> gpus = DiscoverGpus();
   opts.gpu_inventory = gpus;

@@ -37,6 +37,8 @@ struct WorkerServerOptions {
   std::vector<std::string> allow_exec;   // --allow-exec
   std::vector<std::string> pass_env;     // --pass-env
   std::string python_path;               // --python-path ("" : beside this binary)
+  std::string py_spy = "py-spy";         // --py-spy (a name on PATH or a path; "": none)
+  std::string eu_stack = "eu-stack";     // --eu-stack (likewise)
   // --health-listen; empty: a free port on --advertise-addr (127.0.0.1 when that is
   // loopback, every interface when it is no address of this host), where other
   // workers can ask it whether this one reaches the coordinator (fence.h).

@@ -34,6 +34,9 @@ std::unique_ptr<TrainerTask> TrainerTask::Start(const v1::Task& task,
                                                 OutputPump* pump) {
   std::unique_ptr<TrainerTask> t(new TrainerTask(task, pump));
   t->options_ = options;
+  // A capture asked for before this task started here (a replacement rank's spare)
+  // is not this task's to answer.
+  t->wanted_seq_ = t->capture_seq_ = task.stacks_seq();
   if (task.ranks().empty()) {
     t->error_ = absl::StrCat("task ", task.job_id(), " attempt ", task.attempt(),
                              " has no ranks for this worker");
@@ -267,6 +270,7 @@ absl::Status TrainerTask::SpawnRank(int local) {
   o.events_fd = env::kEventsFdNumber;
   o.capture_stdout = true;
   o.capture_stderr = true;
+  o.traceable_by_parent = true;  // Its stacks (stack_capture.h).
   auto proc = Subprocess::Spawn(o);
   if (!proc.ok()) return proc.status();
   Rank r;
@@ -303,6 +307,7 @@ bool TrainerTask::Recover(const v1::Task& task) {
   task_.set_notice_seq(before.notice_seq());
   task_.set_notice(before.notice());
   task_.set_notice_deadline_ms(before.notice_deadline_ms());
+  task_.set_stacks_seq(before.stacks_seq());
   if (absl::Status st = AnnounceGeneration(); !st.ok()) {
     DDP_LOG(ERROR) << task_.job_id() << ": " << st.message();
   }
@@ -328,12 +333,70 @@ bool TrainerTask::Recover(const v1::Task& task) {
 TrainerTask::~TrainerTask() {
   for (Rank& r : ranks_) {
     if (r.proc) r.proc->Signal(SIGKILL);
+  }
+  // A capture ends soon once its ranks are gone (its tools are bounded anyway).
+  if (capture_.joinable()) capture_.join();
+  for (Rank& r : ranks_) {
     // ~Subprocess reaps the rank, and reaping kills what is left in its group
     // (common/process.h): the group is gone, the next incarnation need not look.
     r.proc.reset();
     if (options_.ledger != nullptr) options_.ledger->Remove(r.pid);
     pump_->Forget(SourceOf(r));
   }
+}
+
+void TrainerTask::Stacks(const v1::Task& task) {
+  if (task.stacks_seq() <= wanted_seq_) return;
+  wanted_seq_ = task.stacks_seq();
+  StartCapture();
+}
+
+void TrainerTask::StartCapture() {
+  if (capture_.joinable()) {
+    if (!capture_done_.load()) return;  // Poll() starts the next one when it ends.
+    capture_.join();
+  }
+  if (wanted_seq_ <= capture_seq_) return;
+  capture_seq_ = wanted_seq_;
+  std::vector<std::pair<int, int>> targets;  // (rank, pid)
+  for (const Rank& r : ranks_) {
+    if (r.pid > 0 && !r.exit.has_value()) targets.emplace_back(r.rank, r.pid);
+  }
+  capture_done_ = false;
+  const StackTools tools = options_.stacks;
+  const int seq = capture_seq_;
+  const std::string job = task_.job_id();
+  const int attempt = task_.attempt();
+  DDP_LOG(INFO) << job << " attempt " << attempt << ": taking the stacks of "
+                << targets.size() << " rank(s) (capture " << seq << ")";
+  capture_ = std::thread([this, targets, tools, seq, job, attempt] {
+    std::vector<std::thread> each;
+    for (const auto& [rank, pid] : targets) {
+      each.emplace_back([this, rank = rank, pid = pid, &tools, seq, job, attempt] {
+        const absl::Time start = absl::Now();
+        RankStacks s = TakeStacks(pid, tools);
+        const absl::Duration took = absl::Now() - start;
+        s.summary.set_seq(seq);
+        s.summary.set_taken_ms(absl::ToUnixMillis(start));
+        std::string line = absl::StrFormat(
+            "rank %d's stacks (capture %d, pid %d, %s, %.2fs)", rank, seq, pid,
+            s.summary.tools().empty() ? "no tool" : s.summary.tools(),
+            absl::ToDoubleSeconds(took));
+        if (!s.summary.where().empty()) {
+          absl::StrAppend(&line, s.summary.in_collective() ? " in a collective: "
+                                                           : " outside any collective: ",
+                          s.summary.where());
+        }
+        if (!s.summary.error().empty()) absl::StrAppend(&line, "; ", s.summary.error());
+        if (!s.text.empty()) absl::StrAppend(&line, "\n", s.text);
+        pump_->Say(OutputSource{job, attempt, rank}, std::move(line));
+        absl::MutexLock lock(&stacks_mu_);
+        stacks_[rank] = std::move(s.summary);
+      });
+    }
+    for (std::thread& t : each) t.join();
+    capture_done_ = true;
+  });
 }
 
 bool TrainerTask::Poll(absl::Time now) {
@@ -363,6 +426,10 @@ bool TrainerTask::Poll(absl::Time now) {
         r.proc->Signal(SIGKILL);
       }
     }
+  }
+  if (capture_.joinable() && capture_done_.load()) {
+    StartCapture();  // Joins it, and takes a request that came meanwhile.
+    changed = true;  // The summaries, at the next heartbeat.
   }
   return changed;
 }
@@ -438,6 +505,10 @@ v1::TaskStatus TrainerTask::Status(int64_t delivered) const {
     rs->set_generation(r.generation);
     if (!r.exit.has_value() && ProcessStopped(r.pid)) rs->set_stopped(true);
     if (!r.exit.has_value() && r.pid > 0) ReadFlight(FlightPath(r.rank), r.pid, rs);
+    {
+      absl::MutexLock lock(&stacks_mu_);
+      if (auto it = stacks_.find(r.rank); it != stacks_.end()) *rs->mutable_stack() = it->second;
+    }
     if (r.reported_exit && r.exit_mark <= delivered) {
       rs->set_exited(true);
       rs->set_exit_code(r.exit->exit_code);

@@ -12,11 +12,16 @@
 #ifndef DDP_WORKER_AGENT_TRAINER_TASK_H_
 #define DDP_WORKER_AGENT_TRAINER_TASK_H_
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -26,6 +31,7 @@
 #include "worker/agent/launch_plan.h"
 #include "worker/agent/output_pump.h"
 #include "worker/agent/rank_ledger.h"
+#include "worker/agent/stack_capture.h"
 
 namespace ddp {
 
@@ -51,6 +57,8 @@ struct TrainerTaskOptions {
   // Where each rank's process group is recorded while the task lives (rank_ledger.h);
   // null: not recorded.
   RankLedger* ledger = nullptr;
+  // What takes the ranks' stacks when the coordinator asks (Task.stacks_seq).
+  StackTools stacks;
 };
 
 // Whether process `pid` is stopped (SIGSTOP, a debugger: state T or t in
@@ -109,6 +117,12 @@ class TrainerTask {
   // The checkpoint-now notice of `task` (a later notice_seq): written to the notice
   // file for the ranks.
   void Notice(const v1::Task& task);
+  // The stacks asked for by `task` (a later stacks_seq, decision 194): every running
+  // rank's, taken off the calling thread (stack_capture.h), one rank per thread. Each
+  // rank's stacks go into the job's log and its summary into Status() (with the seq);
+  // Poll() reports the capture's end as a change. A request during a capture is taken
+  // after it.
+  void Stacks(const v1::Task& task);
 
  private:
   struct Rank {
@@ -130,6 +144,8 @@ class TrainerTask {
   TrainerTask(v1::Task task, OutputPump* pump) : task_(std::move(task)), pump_(pump) {}
   OutputSource SourceOf(const Rank& r) const { return {task_.job_id(), task_.attempt(), r.rank}; }
   std::string FlightPath(int rank) const;
+  // Starts a capture for wanted_seq_ unless one runs or it was taken; joins one that ended.
+  void StartCapture();
 
   v1::Task task_;
   OutputPump* pump_;
@@ -149,6 +165,13 @@ class TrainerTask {
   bool command_ = false;
   std::optional<absl::Time> kill_at_;
   bool killed_ = false;
+  // Stacks (Stacks()): the newest seq asked for, the one the capture thread answers.
+  int wanted_seq_ = 0;
+  int capture_seq_ = 0;
+  std::thread capture_;
+  std::atomic<bool> capture_done_{false};
+  mutable absl::Mutex stacks_mu_;
+  std::map<int, v1::StackSummary> stacks_ ABSL_GUARDED_BY(stacks_mu_);  // By rank.
 };
 
 }  // namespace ddp
