@@ -78,6 +78,7 @@ TEST(TrainerTrainingTest, TwoRanksLearnBreastCancer) {
   ASSERT_EQ(start.size(), 1u);
   EXPECT_EQ(start[0].Number("steps_per_epoch"), 28);
   EXPECT_EQ(results[1].OfType("step").size(), 280u);
+  double phases_sum = 0, steps_sum = 0;
   for (const Event& e : results[1].OfType("step")) {
     EXPECT_GT(e.Number("samples_per_s"), 0);
     EXPECT_GE(e.Number("step_ms"), e.Number("comm_ms"));
@@ -89,8 +90,13 @@ TEST(TrainerTrainingTest, TwoRanksLearnBreastCancer) {
     }
     EXPECT_GT(e.Number("compute_ms"), 0);
     EXPECT_LE(phases, e.Number("step_ms") + 1e-3);
-    EXPECT_GE(phases, 0.5 * e.Number("step_ms")) << "most of the step is in its phases";
+    phases_sum += phases;
+    steps_sum += e.Number("step_ms");
   }
+  // Most of the steps' time is in their phases. Over all 280 steps, not each: a step of
+  // 2 ms descheduled for a millisecond between two phases (a loaded machine) says
+  // nothing of what the phases measure.
+  EXPECT_GE(phases_sum, 0.5 * steps_sum) << "most of the steps' time is in their phases";
 }
 
 TEST(TrainerTrainingTest, TwoRanksLearnFashionMnistWithTheCnnInOneEpoch) {
