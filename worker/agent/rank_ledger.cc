@@ -128,8 +128,12 @@ void RankLedger::Remove(int pid) {
 
 void RankLedger::WriteLocked() {
   // Written in place under the lock we hold (a rename would leave the lock on the
-  // old inode): truncate, write, sync. A torn write loses at most the entries of this
-  // moment, never the lock.
+  // old inode): truncate, write. A torn write loses at most the entries of this
+  // moment, never the lock. Not synced: the next incarnation reads it after this one
+  // died (the page cache outlives a kill -9 or an OOM kill), and after a reboot its
+  // entries are void anyway. An fdatasync here, on the agent's loop at every rank's
+  // start and end, stalled heartbeats for seconds on a busy disk: all three workers
+  // of a test were declared lost at once.
   std::ostringstream out;
   out << "boot " << pid_space_ << "\n";
   for (const LedgerEntry& e : current_) {
@@ -144,7 +148,6 @@ void RankLedger::WriteLocked() {
     ok = n > 0;
     if (ok) done += static_cast<size_t>(n);
   }
-  if (ok) ok = ::fdatasync(lock_fd_) == 0;
   if (!ok) {
     DDP_LOG(WARNING) << "cannot write " << path_ << " (" << std::strerror(errno)
                      << "): a restarted worker may not find this one's ranks";
