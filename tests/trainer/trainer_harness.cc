@@ -104,6 +104,9 @@ std::vector<RankResult> TrainerGroup::Wait(
   }
   bool killed = false;
   auto kill_all = [&] {
+    // Stopped first, all of them, then killed: killed one by one, a rank could see its
+    // peer's socket close and exit by itself (code 1, no signal) before its own SIGKILL.
+    for (Rank& r : ranks_) r.proc->Signal(SIGSTOP);
     for (Rank& r : ranks_) r.proc->Signal(SIGKILL);
     killed = true;
   };
