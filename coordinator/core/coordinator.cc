@@ -16,6 +16,18 @@
 #include "coordinator/core/rendezvous.h"
 
 namespace ddp {
+namespace {
+
+// `caller` (a user) may not `what` the job, someone else's: whose it is, and the rule.
+absl::Status NotOwned(const Caller& caller, const v1::Job& job, const char* what,
+                      const char* rule) {
+  return absl::PermissionDeniedError(absl::StrCat(
+      caller.name, " may not ", what, " job ", job.id(), ": it belongs to ",
+      job.owner().empty() ? "no one (submitted without authentication)" : job.owner(), "; ",
+      rule));
+}
+
+}  // namespace
 
 absl::Status ValidateTimeouts(const CoordinatorOptions& o) {
   if (o.rpc_deadline <= absl::ZeroDuration() || o.rpc_deadline >= o.heartbeat_interval) {
@@ -253,11 +265,8 @@ absl::StatusOr<v1::CaptureStacksResponse> Coordinator::CaptureStacks(const std::
   JobRecord* rec = FindLocked(job_id);
   if (rec == nullptr) return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
   if (!caller.Owns(rec->job)) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        caller.name, " may not take the stacks of job ", job_id, ": it belongs to ",
-        rec->job.owner().empty() ? "no one (submitted without authentication)"
-                                 : rec->job.owner(),
-        "; a user asks only of the jobs it submitted (an admin token of any)"));
+    return NotOwned(caller, rec->job, "take the stacks of",
+                    "a user asks only of the jobs it submitted (an admin token of any)");
   }
   const v1::Attempt* a = ActiveAttempt(*rec);
   if (a == nullptr || a->state() != v1::RUNNING) {
@@ -742,11 +751,8 @@ absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& job_id, const Cal
       return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
     }
     if (!caller.Owns(rec->job)) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          caller.name, " may not cancel job ", job_id, ": it belongs to ",
-          rec->job.owner().empty() ? "no one (submitted without authentication)"
-                                   : rec->job.owner(),
-          "; a user cancels only the jobs it submitted (an admin token cancels any)"));
+      return NotOwned(caller, rec->job, "cancel",
+                      "a user cancels only the jobs it submitted (an admin token cancels any)");
     }
     auto delta = ddp::Cancel(*rec, clock_->Now());
     if (!delta.ok()) return delta.status();

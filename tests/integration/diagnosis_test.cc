@@ -95,6 +95,15 @@ std::string Row(const std::string& table, int rank) {
   return "";
 }
 
+// The job's first attempt, once it has failed.
+absl::StatusOr<v1::Attempt> WaitFailed(LocalCluster& c, const std::string& id) {
+  auto failed = c.WaitFor(id, [](const v1::Job& j) {
+    return j.attempts_size() > 0 && j.attempts(0).state() == v1::FAILED;
+  });
+  if (!failed.ok()) return failed.status();
+  return failed->attempts(0);
+}
+
 // Waits for the first attempt's failure and checks its reason explains the stall of
 // rank 1 in data loading while ranks 0 and 2 wait in an all-reduce.
 void ExpectExplainedStall(LocalCluster& c, const std::string& id, StalledSource& source,
@@ -112,12 +121,10 @@ void ExpectExplainedStall(LocalCluster& c, const std::string& id, StalledSource&
       << live.out;
   EXPECT_THAT(Row(live.out, 1), ContainsRegex(" running +data +[0-9.]+s ")) << live.out;
   EXPECT_THAT(Row(live.out, 2), HasSubstr(" comm_wait ")) << live.out;
-  auto failed = c.WaitFor(id, [](const v1::Job& j) {
-    return j.attempts_size() > 0 && j.attempts(0).state() == v1::FAILED;
-  });
+  auto failed = WaitFailed(c, id);
   ASSERT_TRUE(failed.ok()) << failed.status();
   const absl::Duration took = absl::Now() - source.hung_at();
-  const v1::Attempt& a = failed->attempts(0);
+  const v1::Attempt& a = *failed;
   const std::string& reason = a.reason();
   // Within the stall timeout plus 5 s of the moment rank 1 began to hang (the test saw
   // the attempt's failure after it, so this bounds the coordinator's own time).
@@ -252,12 +259,10 @@ TEST(DiagnosisTest, APyTorchRankBlockedInItsOwnFunctionIsNamedFromTheRanksPython
   EXPECT_THAT(now.out, ContainsRegex("\n  rank 0's stacks \\(capture 1, [^\n]* in a collective: "
                                      "all_reduce "));
   // The stall: named from the stacks its workers take when it is suspected.
-  auto failed = c.WaitFor(id, [](const v1::Job& j) {
-    return j.attempts_size() > 0 && j.attempts(0).state() == v1::FAILED;
-  });
+  auto failed = WaitFailed(c, id);
   ASSERT_TRUE(failed.ok()) << failed.status();
   const absl::Duration took = absl::Now() - source.hung_at();
-  const v1::Attempt& a = failed->attempts(0);
+  const v1::Attempt& a = *failed;
   const std::string& reason = a.reason();
   std::cout << "the reason, " << took << " after rank 1 blocked: " << reason << "\n";
   EXPECT_LE(took, absl::Seconds(kTimeoutS + 5)) << reason;
